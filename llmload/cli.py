@@ -1,0 +1,92 @@
+"""`llmload` command line: workloads, the embedded server, reports, the demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from llmload.workload import WorkloadError, save_workload
+
+
+def _workload_synth(args: argparse.Namespace) -> int:
+    from llmload.workload.synth import synthesize_chat_workload
+
+    out = Path(args.output)
+    spec, sessions = synthesize_chat_workload(
+        out.name.removesuffix(".yaml").removesuffix(".yml"),
+        sessions=args.sessions,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        think_time_median_s=args.think_time,
+    )
+    if args.target_qps:
+        spec = spec.model_copy(update={"target_qps": args.target_qps})
+    save_workload(spec, sessions, out)
+    requests = sum(len(s.turns) for s in sessions)
+    print(f"wrote {out} ({len(sessions)} sessions, {requests} requests) and {out.parent / spec.sessions}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from llmload.report import REPORT_FILE, write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "run.json").is_file():
+        print(f"llmload: {run_dir} is not a run directory (no run.json)", file=sys.stderr)
+        return 2
+    summary = write_report(run_dir)
+    print(f"{run_dir / REPORT_FILE}: {summary.requests.scheduled} scheduled, {summary.requests.ok} ok")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from llmload.demo import run_demo
+
+    return run_demo(duration_s=args.duration, reports_dir=args.reports_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from llmload.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(prog="llmload", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    workload = commands.add_parser("workload", help="build, synthesize and inspect workload files")
+    workload_commands = workload.add_subparsers(dest="workload_command", required=True)
+    synth = workload_commands.add_parser("synth", help="a synthetic multi-turn chat workload")
+    synth.add_argument("-o", "--output", required=True, help="workload YAML to write (sessions JSONL beside it)")
+    synth.add_argument("--sessions", type=int, default=200)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--max-turns", type=int, default=8)
+    synth.add_argument("--think-time", type=float, default=4.0, help="median seconds between turns")
+    synth.add_argument("--target-qps", type=float, default=None)
+    synth.set_defaults(handler=_workload_synth)
+
+    sim = commands.add_parser("sim", help="the embedded OpenAI-compatible target (vLLM-like on the wire)")
+    sim_cli.add_arguments(sim)
+    sim.set_defaults(handler=sim_cli.run)
+
+    report = commands.add_parser("report", help="rebuild summary.json and report.md from a run's records")
+    report.add_argument("run_dir")
+    report.set_defaults(handler=_report)
+
+    demo = commands.add_parser("demo", help="a short real load test against the embedded target")
+    demo.add_argument("--duration", type=float, default=40.0, help="seconds of ramp (4 stages)")
+    demo.add_argument("--reports-dir", default="reports")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except WorkloadError as exc:
+        print(f"llmload: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Streaming chat client: one HTTP request, every chunk timed, the outcome classified.
+
+The hot path reads the response event by event (`readline(b"\\n\\n")` on geventhttpclient, the
+transport Locust's FastHttpUser wraps) and parses each event with orjson. The openai SDK's chunk
+objects and Locust's block-wise `iter_lines()` both distort timing under load
+(shared/PERF_ANCHORS.md), so neither is on this path; the SDK is the reference parser in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+import orjson
+from geventhttpclient import HTTPClient
+from geventhttpclient.response import HTTPConnectionClosed
+from geventhttpclient.url import URL
+
+from llmload.failures import (
+    classify_exception,
+    classify_http_status,
+    classify_stream_error,
+    clip,
+    parse_error_body,
+)
+from llmload.models import FailureCategory, Message
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits: a stalled or endless stream ends as `timeout`, never hangs the run."""
+
+    connect_s: float = 10.0
+    first_token_s: float = 120.0
+    between_tokens_s: float = 30.0
+    total_s: float = 600.0
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """What one request did, in perf_counter seconds; turned into a record by the runner."""
+
+    sent_at: float
+    finished_at: float = 0.0
+    http_status: int | None = None
+    token_times: list[float] = field(default_factory=list)
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error_category: FailureCategory | None = None
+    error_message: str | None = None
+    stopped: bool = False  # the run was stopped (Ctrl-C, SIGTERM) while this request was in flight
+
+    @property
+    def ok(self) -> bool:
+        return self.error_category is None
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+
+def chat_body(
+    model: str,
+    messages: list[Message] | list[dict[str, str]],
+    *,
+    max_tokens: int | None,
+    output_tokens: int | None,
+) -> bytes:
+    """The request body: streaming with usage; a forced output length when the workload gives one."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [m.model_dump() if isinstance(m, Message) else m for m in messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if output_tokens is not None:
+        body.update(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
+    elif max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    return orjson.dumps(body)
+
+
+def _is_token_delta(delta: dict[str, Any]) -> tuple[bool, str]:
+    """(does this delta carry generated output, its text).
+
+    The role announcement (`{"role": "assistant", "content": ""}`) is not output. An empty content
+    delta without a role is: vLLM sends those while a token's bytes are an incomplete UTF-8
+    character, and the token was generated at that moment.
+    """
+    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+    if text:
+        return True, text
+    if delta.get("tool_calls"):
+        return True, ""
+    return ("content" in delta and "role" not in delta), ""
+
+
+class ChatClient:
+    """A connection to one target; not shared between concurrent sessions (one per Locust user)."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, limits: Limits | None = None) -> None:
+        url = URL(base_url)
+        self.limits = limits or Limits()
+        prefix = url.path.rstrip("/")
+        self.path = (prefix[: -len("/v1")] if prefix.endswith("/v1") else prefix) + CHAT_PATH
+        self._api_key = api_key
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = HTTPClient.from_url(
+            url,
+            concurrency=1,
+            connection_timeout=self.limits.connect_s,
+            network_timeout=self.limits.first_token_s,
+            headers=headers,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def stream_chat(self, body: bytes, *, deadline: float | None = None) -> StreamResult:
+        """Send one streaming chat completion and time every output chunk.
+
+        `deadline` (perf_counter) is the end of the run's drain: a request still in flight then
+        is `cancelled`, so a run always ends by itself.
+        """
+        result = StreamResult(sent_at=time.perf_counter())
+        budget = self.limits.total_s
+        run_ends_first = deadline is not None and deadline - result.sent_at < budget
+        if deadline is not None and run_ends_first:
+            budget = max(0.0, deadline - result.sent_at)
+        response = None
+        try:
+            with gevent.Timeout(budget):
+                response = self._post(body)
+                result.http_status = response.get_code()
+                if result.http_status != 200:
+                    message, param = parse_error_body(response.read())
+                    result.error_category = classify_http_status(result.http_status, message, param)
+                    result.error_message = clip(message, self._api_key)
+                else:
+                    self._read_stream(response, result)
+        except gevent.Timeout:
+            if run_ends_first:
+                result.error_category = "cancelled"
+                result.error_message = "still in flight when the run's drain time ended"
+            else:
+                result.error_category = "timeout"
+                result.error_message = f"no complete response within {self.limits.total_s:g} s"
+        except gevent.GreenletExit:
+            # recorded by the caller, which then lets the stop go on
+            result.error_category = "cancelled"
+            result.error_message = "run stopped while the request was in flight"
+            result.stopped = True
+        except Exception as exc:
+            category, message = classify_exception(exc, got_response=response is not None)
+            if category == "timeout":
+                limit = self.limits.between_tokens_s if result.token_times else self.limits.first_token_s
+                phase = "next token" if result.token_times else "first token"
+                message = f"no {phase} within {limit:g} s"
+            result.error_category = category
+            result.error_message = clip(message, self._api_key)
+        finally:
+            result.finished_at = time.perf_counter()
+            if response is not None:
+                response.release()  # back to the pool when complete, closed when not
+        return result
+
+    def _post(self, body: bytes) -> Any:
+        """POST, retrying once when a pooled keep-alive connection turns out closed by the server."""
+        try:
+            return self._http.request("POST", self.path, body=body)
+        except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError):
+            return self._http.request("POST", self.path, body=body)
+
+    def _read_stream(self, response: Any, result: StreamResult) -> None:
+        sock = response._sock
+        readline = response.readline
+        now = time.perf_counter
+        loads = orjson.loads
+        token_times = result.token_times
+        parts: list[str] = []
+        timeout_switched = False
+        try:
+            while True:
+                event = readline(b"\n\n")
+                if not event:
+                    result.error_category = "stream_error"
+                    result.error_message = "stream cut short: connection closed before [DONE]"
+                    break
+                t = now()
+                if not event.startswith(b"data:"):
+                    continue  # SSE comment or keep-alive
+                payload = event[5:].strip()
+                if payload == b"[DONE]":
+                    response.read()  # the closing chunk, so the connection can be reused
+                    break
+                chunk = loads(payload)
+                choices = chunk.get("choices")
+                if choices:
+                    is_token, text = _is_token_delta(choices[0].get("delta") or {})
+                    if is_token:
+                        token_times.append(t)
+                        if text:
+                            parts.append(text)
+                        if not timeout_switched and sock is not None:
+                            sock.settimeout(self.limits.between_tokens_s)
+                            timeout_switched = True
+                elif "error" in chunk:
+                    category, code, message = classify_stream_error(chunk["error"])
+                    result.error_category = category
+                    result.error_message = clip(message, self._api_key)
+                    if code is not None:
+                        result.http_status = code
+                usage = chunk.get("usage")
+                if usage:
+                    result.prompt_tokens = usage.get("prompt_tokens")
+                    result.completion_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    result.cached_tokens = details.get("cached_tokens")
+        finally:
+            if timeout_switched and sock is not None:
+                sock.settimeout(self.limits.first_token_s)
+            result.text = "".join(parts)

@@ -1,0 +1,45 @@
+"""`make demo`: a real, short load test against the embedded target, ending with a report path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from llmload.report import REPORT_FILE, SUMMARY_FILE
+from llmload.sim.process import SimProcess
+
+LOCUSTFILE = Path("loadtests/chat.py")
+WORKLOAD = Path("workloads/chat-multiturn.yaml")
+
+
+def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
+    if not LOCUSTFILE.is_file() or not WORKLOAD.is_file():
+        print(f"llmload demo: run it from the repository root (needs {LOCUSTFILE} and {WORKLOAD})", file=sys.stderr)
+        return 2
+    run_id = time.strftime("demo-%Y%m%d-%H%M%S")
+    # a target that answers like a small model on a fast GPU: prefill 20k tok/s, 8 ms per token
+    with SimProcess("--ttft-ms", "25", "--itl-ms", "8", "--prefill-tokens-per-s", "20000") as sim:
+        print(f"llmload demo: embedded target {sim.url} (pid {sim.pid}); {duration_s:g} s ramp to 150% of 4 req/s")
+        command = [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+            "--host", sim.url, "--workload", str(WORKLOAD), "--target-qps", "4",
+            "--stage-duration", str(duration_s / 4), "--drain-timeout", "15",
+            "--run-id", run_id, "--reports-dir", reports_dir,
+        ]  # fmt: skip
+        code = subprocess.run(command, check=False).returncode
+    run_dir = Path(reports_dir) / run_id
+    if not (run_dir / SUMMARY_FILE).is_file():
+        print(f"llmload demo: the load test wrote no report (locust exit code {code})", file=sys.stderr)
+        return code or 1
+    summary = orjson.loads((run_dir / SUMMARY_FILE).read_bytes())
+    r, ttft = summary["requests"], summary["latency_ms"]["ttft"]
+    print(
+        f"\nllmload demo: {r['scheduled']} requests scheduled, {r['ok']} ok, {r['failed']} failed, "
+        f"{r['not_sent']} not sent; TTFT p50 {ttft['p50']:.1f} ms, p99 {ttft['p99']:.1f} ms"
+    )
+    print(f"report: {run_dir / REPORT_FILE}")
+    return code

@@ -1,0 +1,503 @@
+"""Locust glue: command-line flags, the user class, the ramp shape and the event wiring.
+
+Thin on purpose: the engine (llmload.run) does the work and is tested without Locust. Import
+this module from a locustfile (loadtests/chat.py) and its users, shape and listeners are live.
+
+Processes: in a local run one process does everything. In a distributed run the master writes
+the run directory and decides the user count; each worker replays its share of the arrivals
+and streams its records to the master once a second (Locust's custom messages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+import openai
+import orjson
+from locust import LoadTestShape, User, events, task
+from locust.env import Environment
+from locust.runners import STATE_SPAWNING, LocalRunner, MasterRunner, WorkerRunner
+
+from llmload.client import ChatClient, Limits
+from llmload.models import RequestRecord, RunManifest
+from llmload.records import RECORDS_FILE, RecordWriter
+from llmload.report import MANIFEST_FILE, REPORT_FILE, write_report
+from llmload.run import Dispatcher, RunClock, SessionReplayer
+from llmload.schedule import ArrivalSchedule, build_stages, parse_stage_percents
+from llmload.workload import Workload, WorkloadError, load_workload
+from llmload.workload.tokens import get_tokenizer
+
+log = logging.getLogger("llmload")
+
+RECORDS_MESSAGE = "llmload_records"
+FLUSH_INTERVAL_S = 1.0
+TOKENS_TICK_S = 5.0
+START_LEAD_S = 1.0  # time for the master's spawn messages to reach every worker
+ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
+DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
+
+
+@events.init_command_line_parser.add_listener
+def add_arguments(parser: Any) -> None:
+    group = parser.add_argument_group("llmload", "open-loop replay of an LLM workload")
+    group.add_argument("--workload", default=DEFAULT_WORKLOAD, help="workload YAML file (v1)")
+    group.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
+    group.add_argument("--stages", default="25,50,100,150", help="stage rates as %% of --target-qps")
+    group.add_argument("--stage-duration", type=float, default=60.0, help="seconds per stage")
+    group.add_argument("--hold-duration", type=float, default=None, help="seconds of the last stage")
+    group.add_argument("--arrival", choices=["poisson", "constant", "gamma"], default="poisson")
+    group.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: <1 burstier, 1 = Poisson")
+    group.add_argument("--seed", type=int, default=0, help="seed of the arrival process")
+    group.add_argument("--model", default=None, help="served model name (default: the workload's, else /v1/models)")
+    parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
+        "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True, help="bearer token (never recorded)"
+    )
+    group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
+    group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
+    group.add_argument("--reports-dir", default="reports", help="where run directories are written")
+    group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
+    group.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
+    group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
+    group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
+    group.add_argument("--timeout-total", type=float, default=Limits.total_s)
+
+
+@dataclass
+class RunConfig:
+    """Everything the flags decide, checked before anything starts."""
+
+    workload: Workload
+    schedule: ArrivalSchedule
+    target_qps: float
+    limits: Limits
+    options: argparse.Namespace
+
+    @classmethod
+    def from_options(cls, options: argparse.Namespace) -> RunConfig:
+        workload = load_workload(options.workload)
+        target = options.target_qps or workload.spec.target_qps
+        if not target:
+            raise ValueError(f"no target rate: give --target-qps (the workload {options.workload} names none)")
+        stages = build_stages(
+            target, parse_stage_percents(options.stages), options.stage_duration, options.hold_duration
+        )
+        # the arrival process starts sessions; each brings mean_turns requests on average
+        schedule = ArrivalSchedule(
+            stages,
+            options.arrival,
+            burstiness=options.burstiness,
+            seed=options.seed,
+            rate_scale=1.0 / workload.mean_turns,
+        )
+        limits = Limits(
+            connect_s=options.timeout_connect,
+            first_token_s=options.timeout_first_token,
+            between_tokens_s=options.timeout_between_tokens,
+            total_s=options.timeout_total,
+        )
+        if options.history_turns is not None and options.history_turns < 1:
+            raise ValueError("--history-turns must be ≥ 1")
+        return cls(workload, schedule, target, limits, options)
+
+    def initial_users(self) -> int:
+        """Little's law with a guessed request time; the shape grows it when users run short."""
+        sessions = self.workload.sessions
+        think = sum(t.think_time_s for s in sessions for t in s.turns) / len(sessions)
+        session_s = think + self.workload.mean_turns * ASSUMED_REQUEST_S
+        peak = max(s.qps for s in self.schedule.stages) * self.schedule.rate_scale
+        return min(self.options.max_users, math.ceil(peak * session_s * 1.5) + 4)
+
+
+@dataclass
+class WorkerState:
+    users: int = 0
+    busy: int = 0
+    backlog: int = 0
+    done: bool = False
+    cpu_max: float = 0.0
+
+
+@dataclass
+class ProcessRun:
+    """This process's part of one run (a local run, the master, or one worker)."""
+
+    config: RunConfig
+    clock: RunClock
+    run_id: str
+    model: str
+    worker: int
+    dispatcher: Dispatcher | None = None  # processes that run users
+    writer: RecordWriter | None = None  # processes that write the run directory
+    manifest: RunManifest | None = None
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    workers: dict[str, WorkerState] = field(default_factory=dict)
+    tokens_window: list[int] = field(default_factory=lambda: [0, 0])  # output, prompt since last tick
+    cpu_max: float = 0.0
+    greenlets: list[gevent.Greenlet] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.options.reports_dir) / self.run_id
+
+
+@dataclass
+class _ProcessState:
+    config: RunConfig | None = None  # validated at init on master/local: bad flags fail before the run
+    run: ProcessRun | None = None  # set at each test start
+
+
+_state = _ProcessState()
+
+
+def _fail_config(message: str) -> None:
+    sys.stderr.write(f"llmload: {message}\n")
+    sys.exit(2)
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    options = environment.parsed_options
+    if options is None or isinstance(environment.runner, WorkerRunner):
+        return
+    try:
+        _state.config = RunConfig.from_options(options)
+    except (WorkloadError, ValueError) as exc:
+        _fail_config(str(exc))
+    if not environment.host:
+        _fail_config("no target: give --host http://127.0.0.1:8000 (the server's base URL)")
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(RECORDS_MESSAGE, _on_worker_records)
+
+
+def _resolve_model(host: str, options: argparse.Namespace, workload: Workload) -> str:
+    """The served model: --model, else the workload's, else the first one /v1/models lists."""
+    if options.model or workload.spec.model:
+        return str(options.model or workload.spec.model)
+    client = openai.OpenAI(base_url=host.rstrip("/") + "/v1", api_key=options.api_key or "EMPTY", max_retries=0)
+    try:
+        models = client.models.list().data
+    except openai.OpenAIError as exc:
+        raise ValueError(f"cannot list models at {host}/v1/models ({type(exc).__name__}); give --model") from None
+    if not models:
+        raise ValueError(f"{host}/v1/models lists no model; give --model")
+    return models[0].id
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    runner, options = environment.runner, environment.parsed_options
+    assert runner is not None and options is not None and environment.host
+    try:
+        config = _state.config if not isinstance(runner, WorkerRunner) else None
+        config = config or RunConfig.from_options(options)
+        if isinstance(runner, WorkerRunner):
+            model = options.llmload_model
+            start_wall = options.llmload_start_wall
+            run_id = options.run_id
+        else:
+            model = _resolve_model(environment.host, options, config.workload)
+            start_wall = time.time() + (START_LEAD_S if isinstance(runner, MasterRunner) else 0.0)
+            run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config.workload.spec.name}"
+            options.run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
+    except (WorkloadError, ValueError) as exc:
+        log.error("llmload: %s", exc)
+        environment.process_exit_code = 2
+        gevent.spawn(runner.quit)
+        return
+    clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
+    worker = 0
+    run = ProcessRun(config, clock, run_id, model, worker)
+    if isinstance(runner, MasterRunner):
+        indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
+        options.llmload_worker_indexes = indexes
+        run.workers = {client_id: WorkerState() for client_id in indexes}
+    if isinstance(runner, WorkerRunner):
+        run.worker = options.llmload_worker_indexes[runner.client_id]
+        count = len(options.llmload_worker_indexes)
+    else:
+        count = 1
+    if not isinstance(runner, MasterRunner):
+        run.dispatcher = Dispatcher(
+            config.schedule,
+            config.workload.sessions,
+            clock,
+            run_id=run_id,
+            worker_index=run.worker,
+            worker_count=count,
+            drain_s=options.drain_timeout,
+        )
+        run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
+    if not isinstance(runner, WorkerRunner):
+        run.manifest = RunManifest(
+            run_id=run_id,
+            host=environment.host,
+            model=model,
+            workload=str(options.workload),
+            arrival=options.arrival,
+            burstiness=options.burstiness,
+            seed=options.seed,
+            target_qps=config.target_qps,
+            session_rate_scale=config.schedule.rate_scale,
+            stages=config.schedule.stages,
+            drain_s=options.drain_timeout,
+            started_at=start_wall,
+            workers=max(1, len(run.workers)),
+            limits={k: float(v) for k, v in vars(config.limits).items()},
+        )
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
+        run.writer = RecordWriter(run.run_dir / RECORDS_FILE)
+        run.greenlets.append(gevent.spawn(_tokens_loop, environment, run))
+        log.info("llmload: run %s -> %s (%d planned session arrivals)", run_id, run.run_dir, _planned(config))
+    _state.run = run
+
+
+def _planned(config: RunConfig) -> int:
+    return sum(1 for _ in config.schedule.times())
+
+
+def _sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> None:
+    """Every record: to the file (or the master), and to Locust's live statistics."""
+    row = record.model_dump()
+    if run.writer is not None:
+        run.writer.write([row])
+        _count_tokens(run, row)
+    else:
+        run.outbox.append(row)
+    if record.status == "not_sent":
+        return
+    fire = environment.events.request.fire
+    exception = None
+    if record.status == "failed":
+        status = f" HTTP {record.http_status}" if record.http_status else ""
+        exception = RuntimeError(f"{record.error_category}{status}")
+    else:
+        fire(request_type="LLM", name="TTFT", response_time=record.ttft_ms, response_length=0, exception=None)
+        if record.tpot_ms is not None:
+            fire(request_type="LLM", name="TPOT", response_time=record.tpot_ms, response_length=0, exception=None)
+    fire(
+        request_type="LLM",
+        name="E2E",
+        response_time=record.e2e_ms or 0.0,
+        response_length=record.output_tokens or 0,
+        exception=exception,
+    )
+
+
+def _count_tokens(run: ProcessRun, row: dict[str, Any]) -> None:
+    if row["status"] == "ok":
+        run.tokens_window[0] += row["output_tokens"] or 0
+        run.tokens_window[1] += row["prompt_tokens"] or 0
+
+
+def _fleet(environment: Environment, run: ProcessRun) -> WorkerState:
+    """Users, busy and backlog summed over every process running users."""
+    if run.dispatcher is not None:
+        d = run.dispatcher
+        assert environment.runner is not None
+        return WorkerState(environment.runner.user_count, d.busy, d.backlog(time.perf_counter()), d.done)
+    states = list(run.workers.values())
+    return WorkerState(
+        sum(s.users for s in states),
+        sum(s.busy for s in states),
+        sum(s.backlog for s in states),
+        bool(states) and all(s.done for s in states),
+    )
+
+
+def _flush_loop(environment: Environment, run: ProcessRun) -> None:
+    """Once a second: expire arrivals the plan no longer holds, ship records, note our CPU."""
+    runner = environment.runner
+    assert run.dispatcher is not None and runner is not None
+    while True:
+        gevent.sleep(FLUSH_INTERVAL_S)
+        _expire(environment, run, time.perf_counter())
+        run.cpu_max = max(run.cpu_max, runner.current_cpu_usage)
+        if isinstance(runner, WorkerRunner):
+            _send_records(environment, run)
+
+
+def _expire(environment: Environment, run: ProcessRun, now: float, *, stopping: bool = False) -> None:
+    """Arrivals the run will never send become not_sent: after the plan's end, or at a stop."""
+    assert run.dispatcher is not None
+    if now < run.dispatcher.plan_end and not stopping:
+        return
+    for arrival in run.dispatcher.expire(now):
+        _sink(environment, run, run.dispatcher.record(arrival, 0, arrival.at, None))
+
+
+def _send_records(environment: Environment, run: ProcessRun) -> None:
+    runner = environment.runner
+    assert isinstance(runner, WorkerRunner) and run.dispatcher is not None
+    batch, run.outbox = run.outbox, []
+    d = run.dispatcher
+    runner.send_message(
+        RECORDS_MESSAGE,
+        {
+            "records": batch,
+            "users": runner.user_count,
+            "busy": d.busy,
+            "backlog": d.backlog(time.perf_counter()),
+            "done": d.done,
+            "cpu": run.cpu_max,
+        },
+    )
+
+
+def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
+    run = _state.run
+    if run is None or run.writer is None or run.finished:
+        return
+    data = msg.data
+    run.writer.write(data["records"])
+    for row in data["records"]:
+        _count_tokens(run, row)
+    state = run.workers.setdefault(msg.node_id, WorkerState())
+    state.users, state.busy, state.backlog, state.done = data["users"], data["busy"], data["backlog"], data["done"]
+    state.cpu_max = max(state.cpu_max, data["cpu"])
+
+
+def _tokens_loop(environment: Environment, run: ProcessRun) -> None:
+    """Token throughput as its own live entries (Locust shows the tok/s value in its ms columns)."""
+    fire = environment.events.request.fire
+    while True:
+        gevent.sleep(TOKENS_TICK_S)
+        output, prompt = run.tokens_window
+        run.tokens_window = [0, 0]
+        fire(request_type="TOKENS", name="output tok/s", response_time=output / TOKENS_TICK_S, response_length=0)
+        fire(
+            request_type="TOKENS",
+            name="total tok/s",
+            response_time=(output + prompt) / TOKENS_TICK_S,
+            response_length=0,
+        )
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    run = _state.run
+    if run is None or run.finished:
+        return
+    runner = environment.runner
+    assert runner is not None
+    if run.dispatcher is not None:
+        _expire(environment, run, time.perf_counter(), stopping=True)
+        run.cpu_max = max(run.cpu_max, runner.current_cpu_usage)
+    if isinstance(runner, WorkerRunner):
+        _send_records(environment, run)
+        run.finished = True
+        gevent.killall(run.greenlets)
+        return
+    run.finished = True
+    gevent.killall(run.greenlets)
+    assert run.writer is not None and run.manifest is not None
+    run.writer.close()
+    cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])
+    run.manifest = run.manifest.model_copy(update={"finished_at": time.time(), "load_generator_cpu_max_percent": cpu})
+    (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
+    summary = write_report(run.run_dir)
+    r = summary.requests
+    log.info(
+        "llmload: %d scheduled = %d ok + %d failed + %d not sent; report: %s",
+        r.scheduled,
+        r.ok,
+        r.failed,
+        r.not_sent,
+        run.run_dir / REPORT_FILE,
+    )
+    for warning in summary.run.warnings:
+        log.warning("llmload: %s", warning)
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    """Ctrl-C or SIGTERM: stop the users first, so their records are flushed into the report."""
+    runner = environment.runner
+    if _state.run is not None and not _state.run.finished and isinstance(runner, (LocalRunner, MasterRunner)):
+        runner.stop()
+
+
+class ChatUser(User):
+    """One concurrent session slot: claims the next due session arrival and replays it."""
+
+    def on_start(self) -> None:
+        run = _state.run
+        assert run is not None and run.dispatcher is not None, "test_start did not set up the run"
+        config = run.config
+        host = self.host or self.environment.host
+        self._client = ChatClient(host, api_key=config.options.api_key or None, limits=config.limits)
+        self._replayer = SessionReplayer(
+            self._client,
+            run.dispatcher,
+            lambda record: _sink(self.environment, run, record),
+            model=run.model,
+            tokenizer=get_tokenizer(config.workload.spec.tokenizer),
+            history_turns=config.options.history_turns or config.workload.spec.history_turns,
+        )
+        self._dispatcher = run.dispatcher
+
+    @task
+    def replay_next_session(self) -> None:
+        arrival = self._dispatcher.claim()
+        if arrival is None:
+            gevent.sleep(FLUSH_INTERVAL_S)  # plan over: idle until the shape ends the run
+            return
+        self._replayer.replay(arrival)
+
+    def on_stop(self) -> None:
+        self._client.close()
+
+
+class StagedRamp(LoadTestShape):
+    """Keeps enough users for the open-loop plan and ends the run when every record is in.
+
+    Users are session slots, not the load: the rate comes from the arrival plan. The shape grows
+    the user count when arrivals wait for a free user, up to --max-users; past that the
+    shortfall shows as schedule delay and achieved < offered in the report.
+    """
+
+    spawn_rate = 200.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._users = 0
+
+    def tick(self) -> tuple[int, float] | None:
+        config, run = _state.config, _state.run
+        if config is None:
+            return None
+        if run is None or run.manifest is None:
+            self._users = self._users or config.initial_users()
+            return self._users, self.spawn_rate
+        now = time.time()
+        plan_end = run.manifest.started_at + config.schedule.end_s
+        fleet = _fleet(self.runner.environment, run) if self.runner else WorkerState()
+        if now >= plan_end and fleet.done:
+            return None
+        if now >= plan_end + run.manifest.drain_s + 10:
+            log.warning("llmload: workers did not report done within the drain time; stopping")
+            return None
+        spawning = self.runner is not None and self.runner.state == STATE_SPAWNING
+        idle = fleet.users - fleet.busy
+        if not spawning and now < plan_end and (fleet.backlog > 0 or idle < max(2, 0.1 * self._users)):
+            grown = min(config.options.max_users, math.ceil(self._users * 1.5) + fleet.backlog)
+            if grown > self._users:
+                log.info(
+                    "llmload: %d of %d users busy, %d arrivals waiting: %d users",
+                    fleet.busy,
+                    fleet.users,
+                    fleet.backlog,
+                    grown,
+                )
+                self._users = grown
+        return self._users, self.spawn_rate

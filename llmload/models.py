@@ -1,0 +1,274 @@
+"""Typed contracts shared by every stage: workload file, per-request record, run summary.
+
+One place for the shapes other parts (and users' CI) rely on; see docs/ARCHITECTURE.md.
+Config-like models are strict (`extra="forbid"`): a misspelt key fails loudly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- workload (v1)
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class Turn(Strict):
+    """One request of a session: the messages this turn adds to the conversation."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = Field(
+        default=None, description="forced output length (min_tokens = max_tokens = this, ignore_eos)"
+    )
+    think_time_s: NonNegativeFloat = Field(
+        default=0.0, description="pause after the previous reply before this turn is sent"
+    )
+    prompt_tokens: PositiveInt | None = Field(
+        default=None, description="prompt length in the source (history included), for stats"
+    )
+
+
+class Session(Strict):
+    id: str
+    offset_s: NonNegativeFloat | None = Field(default=None, description="arrival offset in the source")
+    turns: list[Turn] = Field(min_length=1)
+
+
+class WorkloadSource(Strict):
+    files: list[str] = Field(default_factory=list)
+    format: str
+    built_at: datetime | None = None
+    generator: dict[str, object] | None = None
+
+
+class WorkloadSpec(Strict):
+    """The YAML file a person reads and edits; sessions live in a JSONL file beside it."""
+
+    version: Literal[1]
+    name: str
+    source: WorkloadSource | None = None
+    tokenizer: str = "cl100k_base"
+    model: str | None = None
+    target_qps: float | None = Field(default=None, gt=0)
+    sessions: str = Field(description="JSONL file of sessions, relative to the YAML file")
+    history_turns: PositiveInt | None = Field(default=None, description="replay keeps only the last N turns of history")
+    stats: dict[str, object] | None = None
+
+
+# --------------------------------------------------------------------------- run plan
+
+
+class Stage(Strict):
+    """One step of the ramp: `qps` requests/s (percent of the target) from start_s for duration_s."""
+
+    name: str
+    percent: float
+    qps: float
+    start_s: float
+    duration_s: float
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+class RunManifest(Strict):
+    """run.json: the plan of a run, written at its start, so reports can be rebuilt from records."""
+
+    run_id: str
+    host: str
+    model: str | None
+    workload: str
+    arrival: str
+    burstiness: float
+    seed: int
+    target_qps: float
+    session_rate_scale: float = Field(description="session arrivals per request/s (1 / mean turns)")
+    stages: list[Stage]
+    drain_s: float
+    started_at: float
+    workers: int
+    limits: dict[str, float]
+    finished_at: float | None = None
+    load_generator_cpu_max_percent: float | None = None
+
+
+# --------------------------------------------------------------------------- run records
+
+RequestStatus = Literal["ok", "failed", "not_sent"]
+
+FailureCategory = Literal[
+    "context_length",
+    "oom",
+    "engine_dead",
+    "server_down",
+    "stream_error",
+    "timeout",
+    "rate_limited",
+    "http_4xx",
+    "http_5xx",
+    "cancelled",
+]
+FAILURE_CATEGORIES: tuple[str, ...] = FailureCategory.__args__  # type: ignore[attr-defined]
+OOM_FAMILY: frozenset[str] = frozenset({"oom", "engine_dead", "server_down"})
+
+
+class RequestRecord(BaseModel):
+    """One line of requests.jsonl: one scheduled request, whatever became of it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    worker: int
+    stage: str
+    session_id: str
+    turn: int
+    scheduled_at: float
+    sent_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    schedule_delay_ms: float | None = None
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: list[float] = Field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    usage_from_server: bool = False
+    status: RequestStatus
+    error_category: FailureCategory | None = None
+    http_status: int | None = None
+    error_message: str | None = None
+
+
+# --------------------------------------------------------------------------- summary
+
+
+class Percentiles(BaseModel):
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    mean: float | None = None
+    max: float | None = None
+    count: int = 0
+
+
+class TokenPercentiles(BaseModel):
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+
+class RequestCounts(BaseModel):
+    scheduled: int
+    sent: int
+    ok: int
+    failed: int
+    not_sent: int
+
+
+class LatencySummary(BaseModel):
+    ttft: Percentiles
+    itl: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+    schedule_delay: Percentiles
+    ttft_from_schedule: Percentiles
+    e2e_from_schedule: Percentiles
+
+
+class Throughput(BaseModel):
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+
+
+class TokenSummary(BaseModel):
+    prompt: TokenPercentiles
+    output: TokenPercentiles
+
+
+class StageSummary(BaseModel):
+    name: str
+    target_qps: float
+    offered_qps: float
+    achieved_qps: float
+    duration_s: float
+    scheduled: int
+    ok: int
+    failed: int
+    not_sent: int
+    schedule_delay_p99_ms: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p99_ms: float | None
+    shortfall: bool = Field(description="achieved < 95% of offered, or schedule delay p99 > 100 ms")
+
+
+class TurnSummary(BaseModel):
+    turn: int
+    requests: int
+    prompt_tokens_p50: float | None
+    prompt_tokens_p99: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+
+
+class FailureSummary(BaseModel):
+    by_category: dict[str, int]
+    oom_family: int
+    examples: dict[str, str] = Field(default_factory=dict)
+
+
+class ServerSummary(BaseModel):
+    kv_cache_usage_max: float | None = None
+    preemptions: float | None = None
+    waiting_max: float | None = None
+
+
+class Verdict(BaseModel):
+    passed: bool
+    reasons: list[str]
+
+
+class RunInfo(BaseModel):
+    run_id: str
+    host: str
+    model: str | None
+    workload: str
+    arrival: str
+    target_qps: float
+    started_at: float
+    finished_at: float
+    workers: int
+    load_generator_cpu_max_percent: float | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+class Summary(BaseModel):
+    run: RunInfo
+    requests: RequestCounts
+    latency_ms: LatencySummary
+    throughput: Throughput
+    tokens: TokenSummary
+    stages: list[StageSummary]
+    turns: list[TurnSummary]
+    failures: FailureSummary
+    server: ServerSummary | None = None
+    verdict: Verdict | None = None

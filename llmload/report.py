@@ -1,0 +1,279 @@
+"""From raw records to summary.json and report.md.
+
+Every figure is computed from the raw per-request records (numpy's linear-interpolation
+percentiles), never from Locust's statistics, which keep response times to two significant
+digits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from llmload.models import (
+    OOM_FAMILY,
+    FailureSummary,
+    LatencySummary,
+    Percentiles,
+    RequestCounts,
+    RunInfo,
+    RunManifest,
+    StageSummary,
+    Summary,
+    Throughput,
+    TokenPercentiles,
+    TokenSummary,
+    TurnSummary,
+)
+from llmload.records import RECORDS_FILE, read_records
+
+MANIFEST_FILE = "run.json"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+CPU_WARNING_PERCENT = 60.0
+_QUANTILES = (50, 90, 95, 99, 99.9)
+
+
+def percentiles(values: Sequence[float] | np.ndarray | pd.Series) -> Percentiles:
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return Percentiles()
+    p50, p90, p95, p99, p999 = np.percentile(arr, _QUANTILES).tolist()
+    return Percentiles(
+        p50=p50, p90=p90, p95=p95, p99=p99, p999=p999, mean=float(arr.mean()), max=float(arr.max()), count=arr.size
+    )
+
+
+def _token_percentiles(values: pd.Series) -> TokenPercentiles:
+    p = percentiles(values)
+    return TokenPercentiles(p50=p.p50, p95=p.p95, p99=p.p99, max=p.max)
+
+
+def _quantile(values: pd.Series, q: float) -> float | None:
+    arr = values.dropna().to_numpy(dtype=float)
+    return float(np.percentile(arr, q)) if arr.size else None
+
+
+def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSummary]:
+    out = []
+    sent = df[df.status != "not_sent"]
+    for stage in manifest.stages:
+        rows = df[df.stage == stage.name]
+        window_start = manifest.started_at + stage.start_s
+        in_window = sent[(sent.sent_at >= window_start) & (sent.sent_at < window_start + stage.duration_s)]
+        offered = len(rows) / stage.duration_s
+        achieved = len(in_window) / stage.duration_s
+        delay_p99 = _quantile(rows.schedule_delay_ms, 99)
+        ok = rows[rows.status == "ok"]
+        out.append(
+            StageSummary(
+                name=stage.name,
+                target_qps=stage.qps,
+                offered_qps=offered,
+                achieved_qps=achieved,
+                duration_s=stage.duration_s,
+                scheduled=len(rows),
+                ok=int((rows.status == "ok").sum()),
+                failed=int((rows.status == "failed").sum()),
+                not_sent=int((rows.status == "not_sent").sum()),
+                schedule_delay_p99_ms=delay_p99,
+                ttft_p50_ms=_quantile(ok.ttft_ms, 50),
+                ttft_p99_ms=_quantile(ok.ttft_ms, 99),
+                e2e_p99_ms=_quantile(ok.e2e_ms, 99),
+                shortfall=bool(achieved < 0.95 * offered or (delay_p99 or 0) > 100),
+            )
+        )
+    return out
+
+
+def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
+    out = []
+    for turn, rows in df[df.status != "not_sent"].groupby("turn"):
+        ok = rows[rows.status == "ok"]
+        out.append(
+            TurnSummary(
+                turn=int(str(turn)) + 1,
+                requests=len(rows),
+                prompt_tokens_p50=_quantile(ok.prompt_tokens, 50),
+                prompt_tokens_p99=_quantile(ok.prompt_tokens, 99),
+                ttft_p50_ms=_quantile(ok.ttft_ms, 50),
+                ttft_p99_ms=_quantile(ok.ttft_ms, 99),
+            )
+        )
+    return out
+
+
+def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
+    ok = df[df.status == "ok"]
+    sent = df[df.status != "not_sent"]
+    failed = df[df.status == "failed"]
+    itl = np.concatenate([np.asarray(v, dtype=float) for v in ok.itl_ms]) if len(ok) else np.array([])
+    finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
+    elapsed = max(1e-9, finished - manifest.started_at)
+    output_tokens = float(ok.output_tokens.fillna(0).sum())
+    prompt_tokens = float(ok.prompt_tokens.fillna(0).sum())
+    categories = failed.error_category.value_counts().to_dict()
+    examples = failed.drop_duplicates("error_category").set_index("error_category").error_message.to_dict()
+    stages = _stage_summaries(df, manifest)
+    warnings = [
+        f"stage {s.name}: achieved {s.achieved_qps:.2f} of {s.offered_qps:.2f} req/s offered, schedule delay p99 "
+        f"{s.schedule_delay_p99_ms or 0:.0f} ms: the load generator could not hold the rate"
+        for s in stages
+        if s.shortfall
+    ]
+    cpu = manifest.load_generator_cpu_max_percent
+    if cpu is not None and cpu > CPU_WARNING_PERCENT:
+        warnings.append(
+            f"load generator CPU reached {cpu:.0f}% (> {CPU_WARNING_PERCENT:.0f}%): timings may include client delay;"
+            " add Locust workers (--processes)"
+        )
+    if len(ok) and not ok.usage_from_server.all():
+        warnings.append("some responses carried no usage: their token counts were counted client-side")
+    return Summary(
+        run=RunInfo(
+            run_id=manifest.run_id,
+            host=manifest.host,
+            model=manifest.model,
+            workload=manifest.workload,
+            arrival=manifest.arrival,
+            target_qps=manifest.target_qps,
+            started_at=manifest.started_at,
+            finished_at=finished,
+            workers=manifest.workers,
+            load_generator_cpu_max_percent=cpu,
+            warnings=warnings,
+        ),
+        requests=RequestCounts(
+            scheduled=len(df),
+            sent=len(sent),
+            ok=len(ok),
+            failed=len(failed),
+            not_sent=int((df.status == "not_sent").sum()),
+        ),
+        latency_ms=LatencySummary(
+            ttft=percentiles(ok.ttft_ms),
+            itl=percentiles(itl),
+            tpot=percentiles(ok.tpot_ms),
+            e2e=percentiles(ok.e2e_ms),
+            schedule_delay=percentiles(sent.schedule_delay_ms),
+            ttft_from_schedule=percentiles(ok.ttft_ms + ok.schedule_delay_ms),
+            e2e_from_schedule=percentiles(ok.e2e_ms + ok.schedule_delay_ms),
+        ),
+        throughput=Throughput(
+            requests_per_s=len(ok) / elapsed,
+            output_tokens_per_s=output_tokens / elapsed,
+            total_tokens_per_s=(output_tokens + prompt_tokens) / elapsed,
+        ),
+        tokens=TokenSummary(prompt=_token_percentiles(ok.prompt_tokens), output=_token_percentiles(ok.output_tokens)),
+        stages=stages,
+        turns=_turn_summaries(df),
+        failures=FailureSummary(
+            by_category={str(k): int(v) for k, v in categories.items()},
+            oom_family=int(sum(v for k, v in categories.items() if k in OOM_FAMILY)),
+            examples={str(k): str(v) for k, v in examples.items()},
+        ),
+    )
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def render_markdown(summary: Summary) -> str:
+    run, req, lat = summary.run, summary.requests, summary.latency_ms
+    lines = [
+        f"# llmload run `{run.run_id}`",
+        "",
+        f"Target `{run.host}` (model `{run.model or '?'}`), workload `{run.workload}`, {run.arrival} arrivals, "
+        f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
+        f"{run.finished_at - run.started_at:.0f} s.",
+        "",
+    ]
+    if summary.verdict is not None:
+        verdict = "PASS" if summary.verdict.passed else "FAIL"
+        lines += [f"**Verdict: {verdict}**", "", *[f"- {r}" for r in summary.verdict.reasons], ""]
+    lines += [
+        "## Requests",
+        "",
+        "| scheduled | sent | ok | failed | not sent | OOM family |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.not_sent} | {summary.failures.oom_family} |",
+        "",
+        "## Latency (ms, successful requests, from send)",
+        "",
+        "| metric | p50 | p90 | p95 | p99 | p99.9 | mean | max | n |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, p in (
+        ("TTFT", lat.ttft),
+        ("ITL", lat.itl),
+        ("TPOT", lat.tpot),
+        ("E2E", lat.e2e),
+        ("schedule delay", lat.schedule_delay),
+        ("TTFT from schedule", lat.ttft_from_schedule),
+        ("E2E from schedule", lat.e2e_from_schedule),
+    ):
+        cells = " | ".join(_fmt(v) for v in (p.p50, p.p90, p.p95, p.p99, p.p999, p.mean, p.max))
+        lines.append(f"| {name} | {cells} | {p.count} |")
+    tp, tok = summary.throughput, summary.tokens
+    lines += [
+        "",
+        f"Throughput: {tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:,.0f} output tok/s, "
+        f"{tp.total_tokens_per_s:,.0f} total tok/s. Prompt tokens p50/p95/p99/max: "
+        f"{_fmt(tok.prompt.p50, 0)}/{_fmt(tok.prompt.p95, 0)}/{_fmt(tok.prompt.p99, 0)}/{_fmt(tok.prompt.max, 0)}; "
+        f"output: {_fmt(tok.output.p50, 0)}/{_fmt(tok.output.p95, 0)}/{_fmt(tok.output.p99, 0)}/"
+        f"{_fmt(tok.output.max, 0)}.",
+        "",
+        "## Stages",
+        "",
+        "| stage | target req/s | offered | achieved | scheduled | ok | failed | not sent | delay p99 ms "
+        "| TTFT p50 | TTFT p99 | E2E p99 | shortfall |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for s in summary.stages:
+        lines.append(
+            f"| {s.name} | {s.target_qps:.2f} | {s.offered_qps:.2f} | {s.achieved_qps:.2f} | {s.scheduled} | {s.ok} "
+            f"| {s.failed} | {s.not_sent} | {_fmt(s.schedule_delay_p99_ms)} | {_fmt(s.ttft_p50_ms)} "
+            f"| {_fmt(s.ttft_p99_ms)} | {_fmt(s.e2e_p99_ms)} | {'**yes**' if s.shortfall else 'no'} |"
+        )
+    lines += [
+        "",
+        "## By turn (history growth)",
+        "",
+        "| turn | requests | prompt tokens p50 | prompt tokens p99 | TTFT p50 ms | TTFT p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in summary.turns:
+        lines.append(
+            f"| {t.turn} | {t.requests} | {_fmt(t.prompt_tokens_p50, 0)} | {_fmt(t.prompt_tokens_p99, 0)} "
+            f"| {_fmt(t.ttft_p50_ms)} | {_fmt(t.ttft_p99_ms)} |"
+        )
+    lines += ["", "## Failures", ""]
+    if summary.failures.by_category:
+        lines += ["| category | count | example |", "|---|---:|---|"]
+        for category, count in sorted(summary.failures.by_category.items(), key=lambda kv: -kv[1]):
+            example = summary.failures.examples.get(category, "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {category} | {count} | {example[:160]} |")
+    else:
+        lines.append("None.")
+    if run.warnings:
+        lines += ["", "## Warnings", "", *[f"- {w}" for w in run.warnings]]
+    return "\n".join(lines) + "\n"
+
+
+def load_manifest(run_dir: Path) -> RunManifest:
+    return RunManifest.model_validate_json((run_dir / MANIFEST_FILE).read_bytes())
+
+
+def write_report(run_dir: Path) -> Summary:
+    """(Re)build summary.json and report.md of a run directory from its manifest and records."""
+    manifest = load_manifest(run_dir)
+    summary = summarize(read_records(run_dir / RECORDS_FILE), manifest)
+    (run_dir / SUMMARY_FILE).write_bytes(orjson.dumps(summary.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
+    (run_dir / REPORT_FILE).write_text(render_markdown(summary))
+    return summary

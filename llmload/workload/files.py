@@ -1,0 +1,90 @@
+"""Workload file v1: a YAML spec a person edits plus a JSONL file of sessions, loaded strictly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import yaml
+from pydantic import ValidationError
+
+from llmload.models import Session, WorkloadSpec
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be used; the message names the file, line and key."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{where}: {reason}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Workload:
+    spec: WorkloadSpec
+    sessions: list[Session]
+    path: Path
+
+    @property
+    def requests(self) -> int:
+        return sum(len(s.turns) for s in self.sessions)
+
+    @property
+    def mean_turns(self) -> float:
+        return self.requests / len(self.sessions)
+
+
+def load_workload(path: str | Path) -> Workload:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read workload: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise WorkloadError(f"{path}: a workload file is a YAML mapping (version, name, sessions, ...)")
+    try:
+        spec = WorkloadSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise WorkloadError(f"{path}: {_describe(exc)}") from None
+    sessions_path = path.parent / spec.sessions
+    sessions = list(_read_sessions(sessions_path))
+    if not sessions:
+        raise WorkloadError(f"{sessions_path}: no sessions")
+    return Workload(spec, sessions, path)
+
+
+def _read_sessions(path: Path) -> Iterable[Session]:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read sessions: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield Session.model_validate(orjson.loads(line))
+            except orjson.JSONDecodeError as exc:
+                raise WorkloadError(f"{path}:{number}: not valid JSON: {exc}") from None
+            except ValidationError as exc:
+                raise WorkloadError(f"{path}:{number}: {_describe(exc)}") from None
+
+
+def save_workload(spec: WorkloadSpec, sessions: Iterable[Session], path: str | Path) -> Path:
+    """Write the YAML spec and its sessions file (named by `spec.sessions`, beside it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (path.parent / spec.sessions).open("wb") as out:
+        for session in sessions:
+            out.write(orjson.dumps(session.model_dump(exclude_none=True)) + b"\n")
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    return path

@@ -1,0 +1,82 @@
+"""Helpers to run real headless Locust processes against loopback targets and read their reports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+
+from llmload.models import Session, WorkloadSpec
+from llmload.records import read_records
+from llmload.workload import save_workload
+from llmload.workload.synth import synthesize_chat_workload
+
+REPO = Path(__file__).resolve().parents[1]
+LOCUSTFILE = REPO / "loadtests" / "chat.py"
+
+
+def small_workload(
+    directory: Path, name: str = "small", *, max_turns: int = 3, think_s: float = 0.3, output_median: float = 16
+) -> Path:
+    spec, sessions = synthesize_chat_workload(
+        name,
+        sessions=60,
+        seed=2,
+        max_turns=max_turns,
+        system_prompts=(40, 80),
+        user_tokens_median=30,
+        output_tokens_median=output_median,
+        think_time_median_s=think_s,
+    )
+    return save_workload(spec, sessions, directory / f"{name}.yaml")
+
+
+def write_workload(directory: Path, name: str, sessions: list[Session], **spec: Any) -> Path:
+    workload = WorkloadSpec(version=1, name=name, sessions=f"{name}.sessions.jsonl", **spec)
+    return save_workload(workload, sessions, directory / f"{name}.yaml")
+
+
+@dataclass
+class LocustRun:
+    returncode: int
+    output: str
+    run_dir: Path
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return orjson.loads((self.run_dir / "summary.json").read_bytes())
+
+    @property
+    def records(self) -> pd.DataFrame:
+        return read_records(self.run_dir / "requests.jsonl")
+
+
+def locust_command(host: str, workload: Path, reports: Path, run_id: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+        "--host", host, "--workload", str(workload), "--reports-dir", str(reports), "--run-id", run_id, *extra,
+    ]  # fmt: skip
+
+
+def run_locust(host: str, workload: Path, reports: Path, run_id: str, *extra: str, timeout: float = 90) -> LocustRun:
+    proc = subprocess.run(
+        locust_command(host, workload, reports, run_id, *extra),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return LocustRun(proc.returncode, proc.stdout + proc.stderr, reports / run_id)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

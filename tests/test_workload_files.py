@@ -1,0 +1,65 @@
+"""Workload file v1: strict loading with the file, line and key named; exact synthetic lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmload.workload import WorkloadError, load_workload, save_workload
+from llmload.workload.synth import TextSynthesizer, synthesize_chat_workload
+from llmload.workload.tokens import get_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_workload_is_multi_turn_with_growing_history() -> None:
+    workload = load_workload(REPO / "workloads" / "chat-multiturn.yaml")
+    turns = [len(s.turns) for s in workload.sessions]
+    assert min(turns) == 1 and max(turns) == 8
+    assert workload.spec.tokenizer == "cl100k_base"
+    long_session = next(s for s in workload.sessions if len(s.turns) >= 4)
+    prompts = [t.prompt_tokens for t in long_session.turns]
+    assert prompts == sorted(prompts) and prompts[-1] > prompts[0]
+    assert all(t.think_time_s > 0 for t in long_session.turns[1:])
+
+
+def test_synthetic_text_has_the_exact_token_count() -> None:
+    tokenizer = get_tokenizer("cl100k_base")
+    synth = TextSynthesizer(tokenizer, seed=5)
+    for n in (1, 2, 17, 256, 3000):
+        assert tokenizer.count(synth.text(n)) == n
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    spec, sessions = synthesize_chat_workload("rt", sessions=5, seed=1)
+    path = save_workload(spec, sessions, tmp_path / "rt.yaml")
+    loaded = load_workload(path)
+    assert loaded.sessions == sessions and loaded.spec.name == "rt"
+
+
+def test_misspelt_key_names_the_key_and_file(tmp_path: Path) -> None:
+    spec, sessions = synthesize_chat_workload("typo", sessions=2)
+    path = save_workload(spec, sessions, tmp_path / "typo.yaml")
+    path.write_text(path.read_text().replace("target_qps", "taget_qps") + "taget_qps: 3\n")
+    with pytest.raises(WorkloadError, match=r"typo\.yaml: taget_qps: unknown key"):
+        load_workload(path)
+
+
+def test_bad_session_line_names_file_and_line(tmp_path: Path) -> None:
+    spec, sessions = synthesize_chat_workload("bad", sessions=3)
+    path = save_workload(spec, sessions, tmp_path / "bad.yaml")
+    jsonl = tmp_path / "bad.sessions.jsonl"
+    lines = jsonl.read_text().splitlines()
+    lines[1] = lines[1].replace('"turns"', '"tunrs"')
+    jsonl.write_text("\n".join(lines) + "\n")
+    with pytest.raises(WorkloadError, match=r"bad\.sessions\.jsonl:2: .*tunrs: unknown key"):
+        load_workload(path)
+    jsonl.write_text(lines[0] + "\n{not json\n")
+    with pytest.raises(WorkloadError, match=r"bad\.sessions\.jsonl:2: not valid JSON"):
+        load_workload(path)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match="cannot read workload"):
+        load_workload(tmp_path / "nope.yaml")

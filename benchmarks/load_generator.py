@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import gevent
 import numpy as np
-from llmload.sim.process import SimProcess
 
 from llmload.client import ChatClient, StreamResult, chat_body
+from llmload.sim.process import SimProcess
 
 MESSAGES = [{"role": "user", "content": "benchmark"}]
 CPU_WARN = 60.0
@@ -56,7 +56,7 @@ def _pinned(sim: SimProcess) -> Iterator[SimProcess]:
 
 def drive(url: str, *, streams: int, tokens: int, seconds: float | None = None, requests: int | None = None) -> Load:
     """`streams` concurrent sessions sending back-to-back requests until time or count runs out."""
-    body = chat_body("bench", MESSAGES, max_tokens=None, output_tokens=tokens)
+    body = chat_body("llmload-sim", MESSAGES, max_tokens=None, output_tokens=tokens)
     results: list[StreamResult] = []
     stop_at = time.perf_counter() + (seconds or 1e9)
     per_stream = (requests // streams) if requests else None

@@ -48,7 +48,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from llmload.sim import cli as sim_cli
+    import llmload.sim.cli as sim_cli
 
     parser = argparse.ArgumentParser(prog="llmload", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)

@@ -21,6 +21,8 @@ MESSAGE_LIMIT = 500
 
 _CONTEXT_MARKERS = (
     "maximum context length",
+    # vLLM clamps max_tokens to max_model_len - prompt; a forced min_tokens above that is refused
+    "min_tokens must be less than or equal to max_tokens",
     "context length",
     "context window",
     "prompt is too long",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -84,8 +85,8 @@ class RunConfig:
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> RunConfig:
         workload = load_workload(options.workload)
-        target = options.target_qps or workload.spec.target_qps
-        if not target:
+        target = options.target_qps if options.target_qps is not None else workload.spec.target_qps
+        if target is None:
             raise ValueError(f"no target rate: give --target-qps (the workload {options.workload} names none)")
         stages = build_stages(
             target, parse_stage_percents(options.stages), options.stage_duration, options.hold_duration
@@ -177,6 +178,13 @@ def _on_init(environment: Environment, **_: Any) -> None:
         _fail_config("no target: give --host http://127.0.0.1:8000 (the server's base URL)")
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(RECORDS_MESSAGE, _on_worker_records)
+    # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
+    # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _resolve_model(host: str, options: argparse.Namespace, workload: Workload) -> str:

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from llmload.sim.process import SimProcess
 
 from llmload.client import ChatClient, Limits, chat_body
+from llmload.sim.process import SimProcess
 
+MODEL = "llmload-sim"  # the name the embedded target serves
 MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]
 
 
@@ -21,7 +22,7 @@ def paced() -> Iterator[SimProcess]:
 
 def test_stream_is_timed_per_token_and_matches_the_sdk(paced: SimProcess) -> None:
     client = ChatClient(paced.url)
-    result = client.stream_chat(chat_body("m", MESSAGES, max_tokens=None, output_tokens=12))
+    result = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=12))
     assert result.ok, result.error_message
     assert result.http_status == 200
     assert result.completion_tokens == 12 == len(result.token_times)
@@ -32,7 +33,7 @@ def test_stream_is_timed_per_token_and_matches_the_sdk(paced: SimProcess) -> Non
     # the openai SDK, parsing the same server's stream, sees the same text and usage
     sdk = openai.OpenAI(base_url=paced.url + "/v1", api_key="x")
     stream = sdk.chat.completions.create(
-        model="m",
+        model=MODEL,
         messages=MESSAGES,  # type: ignore[arg-type]
         max_tokens=12,
         stream=True,
@@ -50,14 +51,14 @@ def test_stream_is_timed_per_token_and_matches_the_sdk(paced: SimProcess) -> Non
 
 def test_base_url_may_end_in_v1(paced: SimProcess) -> None:
     client = ChatClient(paced.url + "/v1")
-    assert client.stream_chat(chat_body("m", MESSAGES, max_tokens=3, output_tokens=None)).ok
+    assert client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=3, output_tokens=None)).ok
     client.close()
 
 
 def test_prompt_over_max_model_len_is_context_length(paced: SimProcess) -> None:
     client = ChatClient(paced.url)
     long = [{"role": "user", "content": "word " * 2000}]
-    result = client.stream_chat(chat_body("m", long, max_tokens=4, output_tokens=None))
+    result = client.stream_chat(chat_body(MODEL, long, max_tokens=4, output_tokens=None))
     assert (result.error_category, result.http_status) == ("context_length", 400)
     assert "maximum context length" in (result.error_message or "")
     client.close()
@@ -80,11 +81,11 @@ def test_prompt_over_max_model_len_is_context_length(paced: SimProcess) -> None:
 def test_each_fault_is_classified(fault: str, category: str, status: int) -> None:
     with SimProcess("--fault", f"{fault}:1.0", "--ttft-ms", "5", "--itl-ms", "2") as sim:
         client = ChatClient(sim.url, limits=Limits(first_token_s=2.0, between_tokens_s=0.5, total_s=5.0))
-        result = client.stream_chat(chat_body("m", MESSAGES, max_tokens=None, output_tokens=20))
+        result = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=20))
         assert (result.error_category, result.http_status) == (category, status), result.error_message
         assert result.error_message
         # the connection is left usable or closed: a following request on the same client works or fails cleanly
-        follow = client.stream_chat(chat_body("m", MESSAGES, max_tokens=None, output_tokens=2))
+        follow = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=2))
         assert follow.error_category == category
         client.close()
 
@@ -93,6 +94,6 @@ def test_server_gone_is_server_down() -> None:
     with SimProcess() as sim:
         url = sim.url
     client = ChatClient(url, limits=Limits(connect_s=2.0))
-    result = client.stream_chat(chat_body("m", MESSAGES, max_tokens=2, output_tokens=None))
+    result = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=2, output_tokens=None))
     assert result.error_category == "server_down"
     assert result.http_status is None

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llmload.sim.process import SimProcess
 
 from llmload.models import FAILURE_CATEGORIES
 from llmload.schedule import ArrivalSchedule, build_stages
+from llmload.sim.process import SimProcess
 from llmload.workload import load_workload
 from tests.locust_runs import REPO, free_port, locust_command, run_locust, small_workload
 
@@ -137,7 +137,7 @@ def test_failures_are_classified_and_the_run_goes_on(tmp_path: Path) -> None:
     workload = small_workload(tmp_path, "faulty", max_turns=1)
     faults = ["--fault", "http_429:0.1", "--fault", "stream_engine_dead:0.1", "--fault", "cut:0.05",
               "--fault", "http_500:0.05"]  # fmt: skip
-    with SimProcess("--ttft-ms", "10", "--itl-ms", "2", "--max-model-len", "110", "--seed", "3", *faults) as sim:
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "2", "--max-model-len", "200", "--seed", "3", *faults) as sim:
         run = run_locust(sim.url, workload, tmp_path / "reports", "faulty", "--target-qps", "12",
                          "--stage-duration", "3", "--arrival", "poisson")  # fmt: skip
     req, failures = run.summary["requests"], run.summary["failures"]["by_category"]
@@ -181,8 +181,9 @@ def test_sigterm_mid_run_writes_a_partial_report_with_every_record(tmp_path: Pat
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--stages", "25,fifty"), "--stages wants comma-separated percents"),
-        (("--target-qps", "0"), "no target rate"),
+        (("--target-qps", "2", "--stages", "25,fifty"), "--stages wants comma-separated percents"),
+        (("--target-qps", "0"), "target QPS must be > 0"),
+        ((), "no target rate"),
     ],
 )
 def test_bad_flags_exit_2_with_a_message(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:

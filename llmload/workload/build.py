@@ -1,0 +1,533 @@
+"""Workloads from request logs: sessions, token counts, synthesized or redacted text, streaming write.
+
+The pipeline is one pass: `ingest` yields requests in log order; `_Sessions` groups them into
+multi-turn sessions; sessions that can no longer grow are finished in batches (token counts with
+`count_batch`, text synthesis) and written in start order to the sessions JSONL; a 44-byte row
+per request is kept for the statistics. `source_table` runs the same pass without writing.
+
+Session grouping: a chat request whose messages are an earlier request's messages, that
+request's assistant reply, then at least one new message, is that session's next turn. Lookups
+use a 16-byte digest of the message prefix, so grouping is O(total message length). Memory is
+the open sessions: a session closes when no request continued it for `session_gap_s` of log time,
+or when more than `max_open_sessions` are open (the least recently active closes); a request that
+continues a closed session starts a new session whose first turn carries the history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import time
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+import orjson
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+
+from llmload.models import Message, Session, Turn, WorkloadSource, WorkloadSpec
+from llmload.workload.files import WorkloadError
+from llmload.workload.ingest import FORMATS, MOONCAKE_BLOCK_TOKENS, Issue, LogRequest, detect_format, read_log
+from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
+from llmload.workload.synth import TextSynthesizer
+from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
+
+PROGRESS_EVERY = 100_000
+_FINISH_BATCH = 512
+_TEXT_CACHE = 16_384  # blocks of 512 tokens: 8M tokens, more than any KV cache holds
+_ISSUES_KEPT = 1_000
+
+
+class BuildOptions(BaseModel):
+    """How a log becomes a workload (the `llmload workload build` flags)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: str | None = None
+    tokenizer: str = "cl100k_base"
+    redact: bool = False
+    skip_bad: bool = False
+    session_gap_s: PositiveFloat = 1800.0
+    max_open_sessions: PositiveInt = 100_000
+    seed: int = 0
+    model: str | None = None
+
+
+class BuildError(WorkloadError):
+    """Bad lines in the sources (without --skip-bad): nothing was written."""
+
+    def __init__(self, issues: list[Issue], by_kind: Counter[str]) -> None:
+        total = sum(by_kind.values())
+        super().__init__(f"{total:,} bad line(s) in the sources; nothing written (--skip-bad skips them)")
+        self.issues = issues
+        self.by_kind = by_kind
+
+
+@dataclass
+class LogTable:
+    """A log read once: its request table and what was skipped (bad) or ignored (not requests)."""
+
+    table: pd.DataFrame
+    format: str
+    sessions: int
+    skipped: Counter[str]
+    ignored: Counter[str]
+
+
+@dataclass
+class BuildResult:
+    spec: WorkloadSpec
+    path: Path
+    stats: WorkloadStats
+    log: LogTable
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def _update(hasher: hashlib.blake2b, role: str, content: str) -> None:
+    hasher.update(role.encode())
+    hasher.update(b"\x00")
+    hasher.update(content.encode())
+    hasher.update(b"\x01")
+
+
+@dataclass(slots=True, eq=False)
+class _Open:
+    """A session being assembled: its turns are requests holding only their new messages."""
+
+    index: int
+    turns: list[LogRequest]
+    n_messages: int = 0
+    keys: tuple[bytes | str, ...] = ()
+    last_seen: float | None = None
+    closed: bool = False
+
+
+class _Sessions:
+    """Groups requests into sessions and hands back closed sessions in start order."""
+
+    def __init__(self, gap_s: float, max_open: int) -> None:
+        self._gap_s = gap_s
+        self._max_open = max_open
+        self._by_key: dict[bytes | str, list[_Open]] = {}
+        self._active: dict[int, _Open] = {}  # by last activity, oldest first
+        self._started: deque[_Open] = deque()
+        self.count = 0
+
+    def add(self, request: LogRequest) -> None:
+        if request.timestamp is not None:
+            self._expire(request.timestamp)
+        messages = request.messages
+        if messages is None:  # length-only trace: a session of its own
+            self._close(self._start(request))
+            return
+        if request.session is not None:  # explicit conversation (ShareGPT): the reply follows the last request
+            keys: tuple[bytes | str, ...] = (request.session,)
+            found = self._take(request.session)
+            split = found.n_messages if found is not None else None
+        else:
+            found, split, keys = self._match(messages, request.reply)
+        if found is None or split is None:
+            found = self._start(request)
+        else:
+            previous = found.turns[-1]
+            if previous.reply is None:
+                previous.reply = messages[split]["content"]
+            request.messages = messages[split + 1 :]
+            found.turns.append(request)
+            del self._active[found.index]
+            self._active[found.index] = found
+        found.n_messages = len(messages)
+        found.last_seen = request.timestamp
+        found.keys = keys
+        for key in keys:
+            self._by_key.setdefault(key, []).append(found)
+        if request.last:
+            self._close(found)
+        while len(self._active) > self._max_open:
+            self._close(next(iter(self._active.values())))
+
+    def _match(
+        self, messages: list[dict[str, str]], reply: str | None
+    ) -> tuple[_Open | None, int | None, tuple[bytes | str, ...]]:
+        """(the open session this request continues, its reply's index, the keys to find this request by).
+
+        A reply can sit at any assistant message but the first and last; the digests before and
+        after each are taken in one pass over the messages.
+        """
+        hasher = hashlib.blake2b(digest_size=16)
+        last = len(messages) - 1
+        candidates: list[tuple[int, bytes, bytes]] = []
+        for index, message in enumerate(messages):
+            if message["role"] == "assistant" and 0 < index < last:
+                before = hasher.digest()
+                _update(hasher, "assistant", message["content"])
+                candidates.append((index, before, hasher.digest()))
+            else:
+                _update(hasher, message["role"], message["content"])
+        keys: tuple[bytes | str, ...] = (hasher.digest(),)
+        if reply is not None:
+            _update(hasher, "assistant", reply)
+            keys = (hasher.digest(), keys[0])
+        for index, before, after in reversed(candidates):
+            # registered with its reply known (exact), else without (the log had no response)
+            found = self._take(after) or self._take(before)
+            if found is not None:
+                return found, index, keys
+        return None, None, keys
+
+    def _take(self, key: bytes | str) -> _Open | None:
+        waiting = self._by_key.get(key)
+        if not waiting:
+            return None
+        found = waiting[0]  # identical histories: the longest-waiting session continues first
+        self._unregister(found)
+        return found
+
+    def _unregister(self, session: _Open) -> None:
+        for key in session.keys:
+            waiting = self._by_key.get(key)
+            if waiting is not None:
+                waiting.remove(session)
+                if not waiting:
+                    del self._by_key[key]
+        session.keys = ()
+
+    def _start(self, request: LogRequest) -> _Open:
+        session = _Open(self.count, [request], last_seen=request.timestamp)
+        self.count += 1
+        self._active[session.index] = session
+        self._started.append(session)
+        return session
+
+    def _close(self, session: _Open) -> None:
+        self._unregister(session)
+        self._active.pop(session.index, None)
+        session.closed = True
+
+    def _expire(self, now: float) -> None:
+        while self._active:
+            oldest = next(iter(self._active.values()))
+            if oldest.last_seen is None or oldest.last_seen >= now - self._gap_s:
+                return
+            self._close(oldest)
+
+    def close_all(self) -> None:
+        for session in list(self._active.values()):
+            self._close(session)
+
+    def ready(self) -> Iterator[_Open]:
+        """Closed sessions at the head of start order (the output keeps the source's order)."""
+        while self._started and self._started[0].closed:
+            yield self._started.popleft()
+
+
+# --------------------------------------------------------------------------- finishing
+
+
+@dataclass
+class _Table:
+    """The request table's columns, kept compact (44 bytes a request) while the build streams."""
+
+    session: array[int] = field(default_factory=lambda: array("q"))
+    turn: array[int] = field(default_factory=lambda: array("l"))
+    arrival: array[float] = field(default_factory=lambda: array("d"))
+    prompt: array[int] = field(default_factory=lambda: array("q"))
+    output: array[float] = field(default_factory=lambda: array("d"))
+    max_tokens: array[float] = field(default_factory=lambda: array("d"))
+
+    def frame(self, name: str) -> pd.DataFrame:
+        ids = f"{name}-" + pd.Series(self.session, dtype="int64").astype(str).str.zfill(6)
+        return table_frame(
+            {
+                "session_id": ids,
+                "turn": self.turn,
+                "arrival_s": self.arrival,
+                "prompt_tokens": self.prompt,
+                "output_tokens": self.output,
+                "max_tokens": self.max_tokens,
+            }
+        )
+
+
+def _session_id(name: str, index: int) -> str:
+    return f"{name}-{index:06d}"
+
+
+class _Finisher:
+    """Closed sessions to `Session`s: token counts, synthesized or redacted text, table rows."""
+
+    def __init__(self, name: str, tokenizer: Tokenizer, *, write: bool, redact: bool, seed: int) -> None:
+        self.name = name
+        self.tokenizer = tokenizer
+        self.write = write
+        self.redact = redact
+        self.seed = seed
+        self.table = _Table()
+        self.t0: float | None = None
+
+    @cached_property
+    def _synth(self) -> TextSynthesizer:
+        return TextSynthesizer(self.tokenizer, self.seed)
+
+    @cached_property
+    def _keyed_text(self) -> Callable[[object, int], str]:
+        """Text by key: the same Mooncake hash id, or the same redacted message, gets the same text."""
+        return lru_cache(maxsize=_TEXT_CACHE)(lambda _key, n_tokens: self._synth.text(n_tokens))
+
+    @cached_property
+    def _template_tokens(self) -> int:
+        """What the chat template adds to one user message (0 without a template)."""
+        return self.tokenizer.count_chat([{"role": "user", "content": ""}])
+
+    def finish(self, batch: Sequence[_Open]) -> list[Session]:
+        counts = self._counts(batch)
+        return [s for s in (self._session(o, counts) for o in batch) if s is not None]
+
+    def _counts(self, batch: Sequence[_Open]) -> Iterator[int]:
+        """Content token counts of each turn's new messages then reply (all turns in order), when needed."""
+        turns = [t for o in batch for t in o.turns if t.messages is not None]
+        needed = self.redact or any(
+            t.prompt_tokens is None or (t.output_tokens is None and t.reply is not None) for t in turns
+        )
+        if not needed:
+            return iter(())
+        texts = [text for t in turns for text in (*(m["content"] for m in t.messages or ()), t.reply or "")]
+        return iter(self.tokenizer.count_batch(texts))
+
+    def _session(self, session: _Open, counts: Iterator[int]) -> Session | None:
+        turns: list[Turn] = []
+        history: list[dict[str, str]] = []  # for templated counting only
+        templated = self.tokenizer.templated
+        prompt = previous_reply = 0
+        first, previous_ts = session.turns[0].timestamp, None
+        if first is not None and self.t0 is None:
+            self.t0 = first
+        offset = None if first is None or self.t0 is None else max(0.0, first - self.t0)
+        for index, request in enumerate(session.turns):
+            messages = request.messages or []
+            message_counts = [next(counts, 0) for _ in messages]
+            reply_count = next(counts, 0) if request.messages is not None else 0
+            if templated:
+                history += messages
+            if request.prompt_tokens is not None:
+                prompt = request.prompt_tokens
+            elif templated:
+                try:
+                    prompt = self.tokenizer.count_chat(history)
+                except TokenizerError as exc:
+                    raise WorkloadError(f"{request.where}: {exc}") from None
+            else:  # content-only counting is additive: the history is not counted again
+                prompt = (prompt + previous_reply if index else 0) + sum(message_counts)
+            if templated and request.reply is not None:
+                history.append({"role": "assistant", "content": request.reply})
+            output = request.output_tokens
+            if output is None and request.reply is not None:
+                output = reply_count
+            previous_reply = reply_count
+            think = 0.0
+            if previous_ts is not None and request.timestamp is not None:
+                think = max(0.0, request.timestamp - previous_ts)
+            previous_ts = request.timestamp
+            self._row(
+                session.index, index, offset=offset, think=think, prompt=prompt, output=output, limit=request.max_tokens
+            )
+            if self.write:
+                turns.append(
+                    Turn(
+                        messages=self._messages(request, message_counts),
+                        max_tokens=request.max_tokens,
+                        output_tokens=output or None,
+                        think_time_s=think,
+                        prompt_tokens=prompt or None,
+                    )
+                )
+        if not self.write:
+            return None
+        return Session(id=_session_id(self.name, session.index), offset_s=offset, turns=turns)
+
+    def _row(
+        self,
+        session: int,
+        turn: int,
+        *,
+        offset: float | None,
+        think: float,
+        prompt: int,
+        output: int | None,
+        limit: int | None,
+    ) -> None:
+        table = self.table
+        arrival = math.nan if offset is None else (offset if turn == 0 else table.arrival[-1] + think)
+        table.session.append(session)
+        table.turn.append(turn)
+        table.arrival.append(arrival)
+        table.prompt.append(prompt)
+        table.output.append(output or math.nan)  # 0 tokens cannot be replayed: unknown
+        table.max_tokens.append(math.nan if limit is None else limit)
+
+    def _messages(self, request: LogRequest, counts: list[int]) -> list[Message]:
+        if request.messages is None:
+            return [Message(role="user", content=self._length_only_text(request))]
+        if not self.redact:
+            return [Message.model_validate(m) for m in request.messages]
+        return [
+            Message.model_validate(
+                {"role": m["role"], "content": self._keyed_text(hashlib.blake2b(m["content"].encode()).digest(), n)}
+            )
+            for m, n in zip(request.messages, counts, strict=True)
+        ]
+
+    def _length_only_text(self, request: LogRequest) -> str:
+        """Text whose chat prompt has the trace's length; shared hash ids give shared prefixes."""
+        wanted = max(1, (request.prompt_tokens or 1) - self._template_tokens)
+        if not request.hash_ids:
+            return self._synth.text(wanted)
+        parts = []
+        for position, hash_id in enumerate(request.hash_ids):
+            size = min(MOONCAKE_BLOCK_TOKENS, wanted - position * MOONCAKE_BLOCK_TOKENS)
+            if size <= 0:
+                break
+            block = self._keyed_text(("block", hash_id), MOONCAKE_BLOCK_TOKENS)
+            if size < MOONCAKE_BLOCK_TOKENS:
+                block = self.tokenizer.decode(self.tokenizer.encode(block)[:size])
+            parts.append(block)
+        return "".join(parts)
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def _format(sources: Sequence[Path], given: str | None) -> str:
+    if given is not None:
+        if given not in FORMATS:
+            raise WorkloadError(f"unknown format {given!r}: one of {', '.join(FORMATS)}")
+        return given
+    found = {path: detect_format(path) for path in sources}
+    if len(set(found.values())) > 1:
+        listing = ", ".join(f"{p}: {f}" for p, f in found.items())
+        raise WorkloadError(f"the sources have different formats ({listing}); build them separately")
+    return next(iter(found.values()))
+
+
+def _run(
+    sources: Sequence[Path],
+    options: BuildOptions,
+    name: str,
+    *,
+    out: BinaryIO | None = None,
+    progress: TextIO | None = None,
+) -> tuple[LogTable, _Finisher]:
+    """Read, group and finish every request; finished sessions go to `out` as JSONL when given."""
+    for path in sources:
+        if not path.is_file():
+            raise WorkloadError(f"{path}: no such file")
+    if not sources:
+        raise WorkloadError("no source files")
+    fmt = _format(sources, options.format)
+    try:
+        tokenizer = get_tokenizer(options.tokenizer)
+    except TokenizerError as exc:
+        raise WorkloadError(str(exc)) from None
+    finisher = _Finisher(name, tokenizer, write=out is not None, redact=options.redact, seed=options.seed)
+    sessions = _Sessions(options.session_gap_s, options.max_open_sessions)
+    issues: list[Issue] = []
+    skipped: Counter[str] = Counter()
+    ignored: Counter[str] = Counter()
+    batch: list[_Open] = []
+    seen = 0
+    started = time.perf_counter()
+
+    def flush(force: bool) -> None:
+        batch.extend(sessions.ready())
+        if len(batch) >= _FINISH_BATCH or (force and batch):
+            if options.skip_bad or not skipped:  # a failing build only goes on to report every bad line
+                finished = finisher.finish(batch)
+                if out is not None:
+                    out.writelines(orjson.dumps(s.model_dump(exclude_none=True)) + b"\n" for s in finished)
+            batch.clear()
+
+    for path in sources:
+        for item in read_log(path, fmt)[1]:
+            if isinstance(item, Issue):
+                if not item.fatal:
+                    ignored[item.kind] += 1
+                    continue
+                skipped[item.kind] += 1
+                if len(issues) < _ISSUES_KEPT:
+                    issues.append(item)
+                continue
+            sessions.add(item)
+            seen += 1
+            flush(force=False)
+            if progress is not None and seen % PROGRESS_EVERY == 0:
+                rate = seen / (time.perf_counter() - started)
+                print(f"  {seen:,} requests, {sessions.count:,} sessions ({rate:,.0f} requests/s)", file=progress)
+    sessions.close_all()
+    flush(force=True)
+    if skipped and not options.skip_bad:
+        raise BuildError(issues, skipped)
+    if not seen:
+        raise WorkloadError(f"no requests in {', '.join(map(str, sources))}")
+    return LogTable(finisher.table.frame(name), fmt, sessions.count, skipped, ignored), finisher
+
+
+def source_table(sources: Sequence[Path | str], options: BuildOptions | None = None) -> LogTable:
+    """The request table of logs, read as `build_workload` reads them (nothing is synthesized or written)."""
+    log, _ = _run([Path(s) for s in sources], options or BuildOptions(), "source")
+    return log
+
+
+def build_workload(
+    sources: Sequence[Path | str],
+    output: Path | str,
+    options: BuildOptions | None = None,
+    *,
+    progress: TextIO | None = sys.stderr,
+) -> BuildResult:
+    """Write `output` (YAML) and its sessions JSONL from logs; on failure nothing is written."""
+    options = options or BuildOptions()
+    output = Path(output)
+    name = output.name.removesuffix(".yaml").removesuffix(".yml")
+    sessions_path = output.parent / f"{name}.sessions.jsonl"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = sessions_path.with_name(f".{sessions_path.name}.{os.getpid()}.partial")
+    try:
+        with partial.open("wb") as out:
+            log, _ = _run([Path(s) for s in sources], options, name, out=out, progress=progress)
+        stats = workload_stats(log.table)
+        spec = WorkloadSpec(
+            version=1,
+            name=name,
+            source=WorkloadSource(
+                files=[str(s) for s in sources],
+                format=log.format,
+                built_at=datetime.now(UTC).replace(microsecond=0),
+                generator={
+                    "redacted": options.redact,
+                    "skipped_lines": dict(log.skipped),
+                    "session_gap_s": options.session_gap_s,
+                },
+            ),
+            tokenizer=options.tokenizer,
+            model=options.model,
+            target_qps=stats.requests_per_s or None,
+            sessions=sessions_path.name,
+            stats=stats.model_dump(mode="json"),
+        )
+        os.replace(partial, sessions_path)
+    finally:
+        partial.unlink(missing_ok=True)
+    # The YAML as files.save_workload writes it (which wants every session in memory at once).
+    output.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    return BuildResult(spec, output, stats, log)

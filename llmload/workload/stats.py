@@ -1,0 +1,245 @@
+"""Workload statistics: request lengths, turns, history growth and arrivals, from a request table.
+
+Everything is computed from one pandas "request table", one row per request, whatever the
+workload came from (a workload file: `request_table`; a log: `build.source_table`):
+
+| column | type | meaning |
+|---|---|---|
+| `session_id` | str | session the request belongs to |
+| `turn` | int | 0-based turn index in its session |
+| `arrival_s` | float | seconds from the first request; NaN when the source has no times |
+| `prompt_tokens` | int | prompt length, history included |
+| `output_tokens` | float | output length; NaN when unknown |
+| `max_tokens` | float | the request's max_tokens; NaN when unknown |
+
+`workload_stats(table, max_tokens=None) -> WorkloadStats` is the stable entry point (used by
+`llmload capacity` for the P99 request length). Percentiles are `llmload.report.percentiles`:
+numpy linear interpolation on the raw values, as everywhere else in llmload.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmload.models import Percentiles, Session
+from llmload.report import percentiles
+from llmload.workload.files import Workload
+from llmload.workload.tokens import get_tokenizer
+
+TABLE_COLUMNS = ("session_id", "turn", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens")
+MAX_MODEL_LEN_MULTIPLE = 16
+_TURN_ROWS_SHOWN = 16
+
+
+class TurnLengths(BaseModel):
+    """Prompt length at one turn index (1 = first turn), as summary.json's `turns[]` counts them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int
+    requests: int
+    prompt_tokens_p50: float
+    prompt_tokens_p99: float
+
+
+class WorkloadStats(BaseModel):
+    """What a workload asks of a server; stored as the workload file's `stats`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: int
+    sessions: int
+    prompt_tokens: Percentiles = Field(description="per request, history included")
+    output_tokens: Percentiles = Field(description="requests whose output length is known")
+    total_tokens: Percentiles = Field(description="prompt + output, requests whose output length is known")
+    turns_per_session: Percentiles
+    prompt_tokens_by_turn: list[TurnLengths] = Field(description="history growth")
+    duration_s: float | None = Field(description="first to last arrival; None without times")
+    requests_per_s: float | None = Field(description="mean request rate: 1 / mean inter-arrival time")
+    inter_arrival_s: Percentiles
+    max_tokens_p99: float | None = Field(description="P99 of max_tokens, or of the output length where unset")
+    max_tokens: int | None = Field(description="the max_tokens the recommendation assumes")
+    max_tokens_configured: bool = Field(description="max_tokens was given, not taken from the source")
+    recommended_max_model_len: int | None = Field(description="P99 prompt + max_tokens, rounded up to a multiple of 16")
+
+
+def _round_up(value: float, multiple: int) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def workload_stats(table: pd.DataFrame, *, max_tokens: int | None = None) -> WorkloadStats:
+    """Statistics of a request table; `max_tokens` overrides the source's P99 in the recommendation."""
+    missing = set(TABLE_COLUMNS) - set(table.columns)
+    if missing:
+        raise ValueError(f"request table lacks columns {sorted(missing)}")
+    prompt = table["prompt_tokens"].astype(float)
+    output = table["output_tokens"].astype(float)
+    arrivals = np.sort(table["arrival_s"].dropna().to_numpy(dtype=float))
+    gaps = np.diff(arrivals)
+    span = float(arrivals[-1] - arrivals[0]) if arrivals.size else None
+    by_turn = [
+        TurnLengths(
+            turn=int(turn) + 1,
+            requests=len(rows),
+            prompt_tokens_p50=float(np.percentile(rows, 50)),
+            prompt_tokens_p99=float(np.percentile(rows, 99)),
+        )
+        for turn, rows in prompt.groupby(table["turn"], sort=True)
+    ]
+    limit = table["max_tokens"].astype(float).fillna(output)
+    limit_p99 = percentiles(limit).p99
+    prompt_p99 = percentiles(prompt).p99
+    assumed = max_tokens if max_tokens is not None else None if limit_p99 is None else math.ceil(limit_p99)
+    recommended = (
+        None if prompt_p99 is None or assumed is None else _round_up(prompt_p99 + assumed, MAX_MODEL_LEN_MULTIPLE)
+    )
+    return WorkloadStats(
+        requests=len(table),
+        sessions=int(table["session_id"].nunique()),
+        prompt_tokens=percentiles(prompt),
+        output_tokens=percentiles(output),
+        total_tokens=percentiles(prompt + output),
+        turns_per_session=percentiles(table.groupby("session_id", sort=False).size()),
+        prompt_tokens_by_turn=by_turn,
+        duration_s=span,
+        requests_per_s=gaps.size / span if span else None,
+        inter_arrival_s=percentiles(gaps),
+        max_tokens_p99=limit_p99,
+        max_tokens=assumed,
+        max_tokens_configured=max_tokens is not None,
+        recommended_max_model_len=recommended,
+    )
+
+
+def table_frame(columns: dict[str, object]) -> pd.DataFrame:
+    """A request table from column sequences, with the documented dtypes."""
+    frame = pd.DataFrame(columns, columns=list(TABLE_COLUMNS))
+    return frame.astype(
+        {
+            "session_id": str,
+            "turn": "int64",
+            "arrival_s": "float64",
+            "prompt_tokens": "int64",
+            "output_tokens": "float64",
+            "max_tokens": "float64",
+        }
+    )
+
+
+def _prompt_lengths(session: Session, tokenizer_name: str) -> list[int]:
+    """Turns' prompt_tokens; missing ones (hand-written workloads) estimated as history + new messages."""
+    known = [t.prompt_tokens for t in session.turns]
+    if all(n is not None for n in known):
+        return [int(n or 0) for n in known]
+    tokenizer = get_tokenizer(tokenizer_name)
+    out: list[int] = []
+    history = 0
+    for turn, given in zip(session.turns, known, strict=True):
+        new = tokenizer.count_chat([m.model_dump() for m in turn.messages])
+        history = given if given is not None else history + new
+        out.append(history)
+        history += turn.output_tokens or turn.max_tokens or 0
+    return out
+
+
+def request_table(workload: Workload) -> pd.DataFrame:
+    """The request table of a loaded workload file (arrivals = session offset + think times)."""
+    columns: dict[str, list[object]] = {name: [] for name in TABLE_COLUMNS}
+    for session in workload.sessions:
+        arrival = math.nan if session.offset_s is None else session.offset_s
+        prompts = _prompt_lengths(session, workload.spec.tokenizer)
+        for index, (turn, prompt) in enumerate(zip(session.turns, prompts, strict=True)):
+            arrival += turn.think_time_s if index else 0.0
+            for name, value in zip(
+                TABLE_COLUMNS,
+                (session.id, index, arrival, prompt, turn.output_tokens, turn.max_tokens),
+                strict=True,
+            ):
+                columns[name].append(math.nan if value is None else value)
+    return table_frame(dict(columns))
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _cell(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def render_stats(stats: WorkloadStats) -> str:
+    """The statistics as Markdown tables, for a terminal or a report."""
+    lines = [
+        f"{stats.requests:,} requests in {stats.sessions:,} sessions",
+        "",
+        "| per request | p50 | p90 | p95 | p99 | max | mean | n |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, p, digits in (
+        ("prompt tokens", stats.prompt_tokens, 0),
+        ("output tokens", stats.output_tokens, 0),
+        ("total tokens", stats.total_tokens, 0),
+        ("turns per session", stats.turns_per_session, 1),
+        ("inter-arrival s", stats.inter_arrival_s, 3),
+    ):
+        cells = " | ".join(_cell(v, digits) for v in (p.p50, p.p90, p.p95, p.p99, p.max, p.mean))
+        lines.append(f"| {name} | {cells} | {p.count:,} |")
+    lines += ["", "| turn | requests | prompt tokens p50 | prompt tokens p99 |", "|---:|---:|---:|---:|"]
+    for row in stats.prompt_tokens_by_turn[:_TURN_ROWS_SHOWN]:
+        lines.append(f"| {row.turn} | {row.requests:,} | {row.prompt_tokens_p50:,.0f} | {row.prompt_tokens_p99:,.0f} |")
+    hidden = len(stats.prompt_tokens_by_turn) - _TURN_ROWS_SHOWN
+    if hidden > 0:
+        lines.append(f"| … | {hidden} more turn indexes (see --json) | | |")
+    lines.append("")
+    if stats.requests_per_s is not None:
+        lines.append(f"Arrivals: {stats.requests_per_s:.3f} requests/s over {stats.duration_s:,.1f} s.")
+    else:
+        lines.append("Arrivals: the source has no timestamps.")
+    if stats.recommended_max_model_len is not None:
+        origin = "given" if stats.max_tokens_configured else "P99 of max_tokens, or of output where unset"
+        lines.append(
+            f"Recommended max_model_len: {stats.recommended_max_model_len:,} = P99 prompt "
+            f"{_cell(stats.prompt_tokens.p99)} + max_tokens {stats.max_tokens:,} ({origin}), "
+            f"rounded up to a multiple of {MAX_MODEL_LEN_MULTIPLE}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_stats(table: pd.DataFrame, stats: WorkloadStats, path: Path) -> Path:
+    """A PNG: length histograms, history growth by turn, arrivals over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    lengths, growth, arrivals, turns = axes.flat
+    total = table["prompt_tokens"] + table["output_tokens"]
+    for label, values in (("prompt", table["prompt_tokens"]), ("output", table["output_tokens"]), ("total", total)):
+        data = values.dropna()
+        if len(data):
+            lengths.hist(data, bins=60, histtype="step", label=label)
+    lengths.set(title="tokens per request", xlabel="tokens", ylabel="requests", yscale="log")
+    lengths.legend()
+    rows = stats.prompt_tokens_by_turn
+    growth.plot([r.turn for r in rows], [r.prompt_tokens_p50 for r in rows], marker="o", label="p50")
+    growth.plot([r.turn for r in rows], [r.prompt_tokens_p99 for r in rows], marker="o", label="p99")
+    growth.set(title="prompt tokens by turn (history growth)", xlabel="turn", ylabel="prompt tokens")
+    growth.legend()
+    times = table["arrival_s"].dropna()
+    if len(times):
+        width = max(1.0, float(times.max()) / 120)
+        counts, edges = np.histogram(times, bins=np.arange(0.0, float(times.max()) + width, width))
+        arrivals.plot(edges[:-1], counts / width)
+    arrivals.set(title="arrivals", xlabel="seconds from the first request", ylabel="requests/s")
+    turns.hist(table.groupby("session_id").size(), bins=30)
+    turns.set(title="turns per session", xlabel="turns", ylabel="sessions", yscale="log")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

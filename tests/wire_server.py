@@ -1,0 +1,68 @@
+"""A loopback HTTP/1.1 server for client tests: canned responses, request bodies kept for inspection."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# (status, body, streamed as chunked SSE?)
+Response = tuple[int, bytes, bool]
+Responder = Callable[[dict[str, Any]], Response]
+
+
+def sse(*chunks: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def chat_stream(text_tokens: list[str], prompt_tokens: int = 7) -> bytes:
+    """A vLLM-shaped stream: role chunk, one chunk per token, usage, [DONE]."""
+    return sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        *({"choices": [{"index": 0, "delta": {"content": t}}]} for t in text_tokens),
+        {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text_tokens)}},
+    )
+
+
+@contextmanager
+def canned_server(respond: Responder) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Yields (base URL, list of received JSON bodies)."""
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(body)
+            status, payload, streamed = respond(body)
+            self.send_response(status)
+            if streamed:
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in payload.split(b"\n\n"):
+                    if event.strip():
+                        part = event + b"\n\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", received
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -14,11 +14,14 @@ p50 ≤ 2 ms / p99 ≤ 25 ms, ITL error p99 ≤ 3 ms.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import gevent
 import numpy as np
@@ -54,15 +57,33 @@ def _pinned(sim: SimProcess) -> Iterator[SimProcess]:
         yield sim
 
 
-def drive(url: str, *, streams: int, tokens: int, seconds: float | None = None, requests: int | None = None) -> Load:
-    """`streams` concurrent sessions sending back-to-back requests until time or count runs out."""
+def _sim_stats(url: str, method: str) -> dict[str, Any]:
+    with urllib.request.urlopen(urllib.request.Request(url + "/sim/stats", method=method), timeout=10) as resp:
+        body = resp.read()
+    return json.loads(body) if body else {}
+
+
+def drive(
+    url: str,
+    *,
+    streams: int,
+    tokens: int,
+    seconds: float | None = None,
+    requests: int | None = None,
+    stagger_s: float = 0.0,
+) -> Load:
+    """`streams` concurrent sessions sending back-to-back requests until time or count runs out.
+
+    `stagger_s` spreads the sessions' first requests, so they do not all hit the target in lockstep.
+    """
     body = chat_body("llmload-sim", MESSAGES, max_tokens=None, output_tokens=tokens)
     results: list[StreamResult] = []
     stop_at = time.perf_counter() + (seconds or 1e9)
     per_stream = (requests // streams) if requests else None
 
-    def loop() -> None:
+    def loop(delay: float) -> None:
         client = ChatClient(url)
+        gevent.sleep(delay)
         sent = 0
         while time.perf_counter() < stop_at and (per_stream is None or sent < per_stream):
             results.append(client.stream_chat(body))
@@ -70,7 +91,7 @@ def drive(url: str, *, streams: int, tokens: int, seconds: float | None = None, 
         client.close()
 
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    gevent.joinall([gevent.spawn(loop) for _ in range(streams)])
+    gevent.joinall([gevent.spawn(loop, stagger_s * i / streams) for i in range(streams)])
     return Load(results, time.perf_counter() - wall0, time.process_time() - cpu0)
 
 
@@ -95,8 +116,11 @@ def saturation(seconds: float) -> list[tuple[str, str]]:
 def accuracy(rounds: int) -> list[tuple[str, str]]:
     ttft_truth, itl_truth = 50.0, 10.0
     with _pinned(SimProcess("--ttft-ms", str(ttft_truth), "--itl-ms", str(itl_truth))) as sim:
+        request_s = (ttft_truth + 63 * itl_truth) / 1000
         drive(sim.url, streams=100, tokens=64, requests=100)
-        load = drive(sim.url, streams=100, tokens=64, requests=100 * rounds)
+        _sim_stats(sim.url, "DELETE")  # forget the warm-up
+        load = drive(sim.url, streams=100, tokens=64, requests=100 * rounds, stagger_s=request_s)
+        lag = _sim_stats(sim.url, "GET")["emission_lag_ms"]
     ok = [r for r in load.results if r.ok]
     ttft_err = np.array([(r.token_times[0] - r.sent_at) * 1000 - ttft_truth for r in ok])
     itl_err = np.concatenate([np.diff(r.token_times) * 1000 - itl_truth for r in ok])
@@ -105,6 +129,7 @@ def accuracy(rounds: int) -> list[tuple[str, str]]:
         ("TTFT error p50 / p99 (ms)", f"{np.percentile(ttft_err, 50):+.2f} / {np.percentile(ttft_err, 99):+.2f}"),
         ("ITL error p50 / p99 (ms)", f"{np.percentile(itl_err, 50):+.3f} / {np.percentile(itl_err, 99):+.3f}"),
         ("client CPU", f"{load.cpu_percent:.0f}% of one core ({load.chunks / load.wall_s:,.0f} chunks/s)"),
+        ("target's own emission lag p50 / p99 (ms)", f"{lag['p50']:.3f} / {lag['p99']:.3f} (part of the errors above)"),
     ]
     if load.cpu_percent > CPU_WARN:
         rows.append(("WARNING", f"client CPU above {CPU_WARN:.0f}%: its timings include its own delay"))

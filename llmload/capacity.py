@@ -889,7 +889,8 @@ def explain_vllm_log(text: str, *, source: str = "<log>") -> LogExplanation:
         or "cpu" in str(settings.get("device_config", ""))
         or bool(kinds & {"kv_memory_set", "node_memory"})
     )
-    block_size = int(settings.get("block_size", 128 if cpu else DEFAULT_BLOCK_SIZE))
+    logged_block_size = settings.get("block_size")
+    block_size = logged_block_size if isinstance(logged_block_size, int) else 128 if cpu else DEFAULT_BLOCK_SIZE
     bpt, basis = _implied_bytes_per_token(facts, settings, block_size)
     return LogExplanation(
         source=source,
@@ -997,7 +998,7 @@ def render_log_explanation(explanation: LogExplanation) -> str:
     if explanation.implied_bytes_per_token is not None:
         out += [
             "",
-            f"Implied KV per token (per GPU): {explanation.implied_bytes_per_token:,.0f} B "
+            f"Implied KV per token (per GPU or CPU worker): {explanation.implied_bytes_per_token:,.0f} B "
             f"({explanation.implied_bytes_per_token_basis})",
         ]
     if explanation.advice:

@@ -96,35 +96,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--vllm-log", metavar="FILE", help="explain the KV-cache lines of a vLLM startup log (- = stdin)"
     )
     memory = parser.add_argument_group("server (named after vLLM's flags)")
-    memory.add_argument("--gpu-memory-gib", type=_number(float), help="memory of one GPU, GiB (as torch reports it)")
-    memory.add_argument("--tensor-parallel-size", "-tp", type=_number(int), default=1)
+    memory.add_argument(
+        "--gpu-memory-gib", metavar="GIB", type=_number(float), help="memory of one GPU, GiB (as torch reports it)"
+    )
+    memory.add_argument(
+        "--tensor-parallel-size", "-tp", metavar="N", type=_number(int), default=1, help="GPUs per replica"
+    )
     memory.add_argument(
         "--gpu-memory-utilization",
+        metavar="FRACTION",
         type=_number(float, at_most=1.0),
         default=DEFAULT_GPU_MEMORY_UTILIZATION,
         help="share of each GPU vLLM may use (default %(default)s, vLLM 0.32's default)",
     )
-    memory.add_argument("--weights-gib", type=_number(float, allow_zero=True), help="whole model; default: estimated")
+    memory.add_argument(
+        "--weights-gib", metavar="GIB", type=_number(float, allow_zero=True), help="whole model; default: estimated"
+    )
     memory.add_argument(
         "--overhead-gib",
+        metavar="GIB",
         type=_number(float, allow_zero=True),
         default=DEFAULT_OVERHEAD_GIB,
         help="per GPU: activation peak, CUDA graphs, NCCL/cuBLAS (default %(default)s)",
     )
     memory.add_argument(
-        "--kv-cache-gib", type=_number(float), help="KV memory per GPU, instead of the budget (--kv-cache-memory-bytes)"
+        "--kv-cache-gib",
+        metavar="GIB",
+        type=_number(float),
+        help="KV memory per GPU, instead of the budget (--kv-cache-memory-bytes)",
     )
     memory.add_argument("--dtype", choices=get_args(ModelDtype), default="auto")
     memory.add_argument("--kv-cache-dtype", choices=get_args(KVCacheDtype), default="auto")
     memory.add_argument(
-        "--block-size", type=_number(int), default=DEFAULT_BLOCK_SIZE, help="tokens per block (GPU 16, CPU 128)"
+        "--block-size",
+        metavar="TOKENS",
+        type=_number(int),
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per block (GPU 16, CPU 128)",
     )
     workload = parser.add_argument_group("workload")
-    workload.add_argument("--max-model-len", type=_number(int), help="default: the model's max_position_embeddings")
     workload.add_argument(
-        "--request-tokens", type=_number(int), help="tokens per request (prompt + output), e.g. the workload's P99"
+        "--max-model-len", metavar="TOKENS", type=_number(int), help="default: the model's max_position_embeddings"
     )
-    workload.add_argument("--min-concurrency", type=_number(float), help="full-length requests that must fit at once")
+    workload.add_argument(
+        "--request-tokens",
+        metavar="TOKENS",
+        type=_number(int),
+        help="tokens per request (prompt + output), e.g. the workload's P99",
+    )
+    workload.add_argument(
+        "--min-concurrency", metavar="X", type=_number(float), help="full-length requests that must fit at once"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

@@ -49,6 +49,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     import llmload.sim.cli as sim_cli
+    from llmload import capacity_cli
 
     parser = argparse.ArgumentParser(prog="llmload", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -67,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("sim", help="the embedded OpenAI-compatible target (vLLM-like on the wire)")
     sim_cli.add_arguments(sim)
     sim.set_defaults(handler=sim_cli.run)
+
+    capacity = commands.add_parser(
+        "capacity", help="KV-cache capacity of a model on a server, or explain a vLLM startup log"
+    )
+    capacity_cli.add_arguments(capacity)
+    capacity.set_defaults(handler=capacity_cli.run)
 
     report = commands.add_parser("report", help="rebuild summary.json and report.md from a run's records")
     report.add_argument("run_dir")

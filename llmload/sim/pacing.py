@@ -11,6 +11,7 @@ same clock, but uvloop's is truncated to whole milliseconds.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 import math
@@ -52,7 +53,7 @@ class Schedule:
 class LagStats:
     """Emission lag (actual minus scheduled write time) in 10 µs bins: constant memory for any run."""
 
-    BIN_S = 1e-5
+    BINS_PER_S = 100_000
     BINS = 100_000  # up to 1 s; anything later lands in the last bin (max stays exact)
 
     def __init__(self) -> None:
@@ -65,33 +66,23 @@ class LagStats:
         self.max = 0.0
 
     def record(self, lag_s: float) -> None:
-        i = int(lag_s * 100_000.0)
-        self._bins[min(max(i, 0), self.BINS - 1)] += 1
+        self._bins[min(int(lag_s * self.BINS_PER_S), self.BINS - 1)] += 1
         self.count += 1
         self._sum += lag_s
         self.max = max(self.max, lag_s)
 
-    def percentile_ms(self, q: float) -> float | None:
-        """The q-th percentile (0..100), to the middle of its 10 µs bin."""
-        if not self.count:
-            return None
-        rank = q / 100.0 * (self.count - 1)
-        seen = 0
-        for i, n in enumerate(self._bins):
-            seen += n
-            if seen > rank:
-                return (i + 0.5) * self.BIN_S * 1000.0
-        return self.max * 1000.0
+    def percentiles_ms(self, *qs: float) -> list[float]:
+        """Each q-th percentile (0..100), to the middle of its 10 µs bin."""
+        cumulative = list(itertools.accumulate(self._bins))
+        ranks = (q / 100.0 * (self.count - 1) for q in qs)
+        return [(bisect.bisect_right(cumulative, r) + 0.5) * 1000.0 / self.BINS_PER_S for r in ranks]
 
     def snapshot(self) -> dict[str, float | int | None]:
-        return {
-            "count": self.count,
-            "mean": self._sum / self.count * 1000.0 if self.count else None,
-            "p50": self.percentile_ms(50),
-            "p90": self.percentile_ms(90),
-            "p99": self.percentile_ms(99),
-            "max": self.max * 1000.0 if self.count else None,
-        }
+        if not self.count:
+            return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+        p50, p90, p99 = self.percentiles_ms(50, 90, 99)
+        mean, top = self._sum / self.count * 1000.0, self.max * 1000.0
+        return {"count": self.count, "mean": mean, "p50": p50, "p90": p90, "p99": p99, "max": top}
 
 
 class _Paced(Protocol):

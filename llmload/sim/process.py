@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 from types import TracebackType
-from typing import NoReturn
+from typing import IO, NoReturn
 
 _LISTENING = re.compile(rb"^llmload sim listening on (http://\S+)$")
 
@@ -33,8 +33,7 @@ class SimProcess:
         self.stop_timeout_s = stop_timeout_s
         self.url = ""
         self._proc: subprocess.Popen[bytes] | None = None
-        # A file, not a pipe: a chatty child never blocks on it. Closed in stop().
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self._stderr: IO[bytes] | None = None
 
     @property
     def pid(self) -> int:
@@ -52,6 +51,8 @@ class SimProcess:
         self.stop()
 
     def start(self) -> None:
+        # A file, not a pipe, for stderr: a chatty child never blocks on it. Closed in stop().
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
         self._proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr)
         try:
             self.url = self._read_url()
@@ -84,6 +85,7 @@ class SimProcess:
         return match.group(1).decode()
 
     def _fail(self, what: str) -> NoReturn:
+        assert self._stderr is not None
         self._stderr.seek(0)
         stderr = self._stderr.read().decode(errors="replace").strip()
         raise RuntimeError(f"llmload sim ({' '.join(self.args[1:])}) {what}; stderr:\n{stderr}")
@@ -101,5 +103,6 @@ class SimProcess:
                 proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-        self._stderr.close()
-        self._proc = None
+        if self._stderr is not None:
+            self._stderr.close()
+        self._proc = self._stderr = None

@@ -28,6 +28,7 @@ from llmload.failures import (
 from llmload.models import FailureCategory, Message
 
 CHAT_PATH = "/v1/chat/completions"
+HEALTH_PATH = "/health"
 
 
 @dataclass(frozen=True)
@@ -120,9 +121,21 @@ class ChatClient:
             network_timeout=self.limits.first_token_s,
             headers=headers,
         )
+        self._health_path = self.path[: -len(CHAT_PATH)] + HEALTH_PATH
+        self._health = HTTPClient.from_url(url, concurrency=1, connection_timeout=2.0, network_timeout=2.0)
 
     def close(self) -> None:
         self._http.close()
+        self._health.close()
+
+    def probe_health(self) -> int | None:
+        """GET /health on a connection of its own: the status, or None when the server is unreachable."""
+        try:
+            response = self._health.get(self._health_path)
+            response.read()
+            return int(response.get_code())
+        except Exception:
+            return None
 
     def stream_chat(self, body: bytes, *, deadline: float | None = None) -> StreamResult:
         """Send one streaming chat completion and time every output chunk.

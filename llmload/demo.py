@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 
+from llmload.locust import EMBEDDED_TARGET_ARGS
 from llmload.report import REPORT_FILE, SUMMARY_FILE
 from llmload.sim.process import SimProcess
 
@@ -21,8 +22,7 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
         print(f"llmload demo: run it from the repository root (needs {LOCUSTFILE} and {WORKLOAD})", file=sys.stderr)
         return 2
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
-    # a target that answers like a small model on a fast GPU: prefill 20k tok/s, 8 ms per token
-    with SimProcess("--ttft-ms", "25", "--itl-ms", "8", "--prefill-tokens-per-s", "20000") as sim:
+    with SimProcess(*EMBEDDED_TARGET_ARGS) as sim:
         print(f"llmload demo: embedded target {sim.url} (pid {sim.pid}); {duration_s:g} s ramp to 150% of 4 req/s")
         command = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",

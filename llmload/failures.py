@@ -89,6 +89,19 @@ def classify_stream_error(error_obj: Any) -> tuple[FailureCategory, int | None, 
     return category, status, f"in-stream error: {message}"
 
 
+# failures whose cause the server's /health tells: a dead engine (503) or a server gone (unreachable)
+HEALTH_PROBED: frozenset[str] = frozenset({"server_down", "stream_error", "http_5xx"})
+
+
+def refine_with_health(category: FailureCategory, message: str, health: int | None) -> tuple[FailureCategory, str]:
+    """vLLM answers /health 503 once its engine is dead, and stops listening soon after."""
+    if health == 503 and category in HEALTH_PROBED:
+        return "engine_dead", f"{message} (/health answered 503: engine dead)"
+    if health is None and category == "stream_error":
+        return "server_down", f"{message} (server unreachable afterwards)"
+    return category, message
+
+
 def classify_exception(exc: BaseException, *, got_response: bool) -> tuple[FailureCategory, str]:
     """Transport-level failures: a limit hit, the stream cut, the server gone or garbled."""
     name = type(exc).__name__

@@ -11,6 +11,7 @@ and streams its records to the master once a second (Locust's custom messages).
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import math
 import signal
@@ -33,6 +34,7 @@ from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.report import MANIFEST_FILE, REPORT_FILE, write_report
 from llmload.run import Dispatcher, RunClock, SessionReplayer
 from llmload.schedule import ArrivalSchedule, build_stages, parse_stage_percents
+from llmload.sim.process import SimProcess
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
 
@@ -44,6 +46,8 @@ TOKENS_TICK_S = 5.0
 START_LEAD_S = 1.0  # time for the master's spawn messages to reach every worker
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
+# the embedded target answers like a small model on a fast GPU: prefill 20k tok/s, 8 ms per token
+EMBEDDED_TARGET_ARGS = ("--ttft-ms", "25", "--itl-ms", "8", "--prefill-tokens-per-s", "20000")
 
 
 @events.init_command_line_parser.add_listener
@@ -175,12 +179,24 @@ def _on_init(environment: Environment, **_: Any) -> None:
     except (WorkloadError, ValueError) as exc:
         _fail_config(str(exc))
     if not environment.host:
-        _fail_config("no target: give --host http://127.0.0.1:8000 (the server's base URL)")
+        environment.host = _start_embedded_target()
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(RECORDS_MESSAGE, _on_worker_records)
     # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
     # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+def _start_embedded_target() -> str:
+    """No --host: serve the run from the embedded simulator, and say so loudly."""
+    sim = SimProcess(*EMBEDDED_TARGET_ARGS)
+    try:
+        sim.start()
+    except RuntimeError as exc:
+        _fail_config(f"no --host given and the embedded target did not start: {exc}")
+    atexit.register(sim.stop)
+    log.warning("llmload: no --host given: started the embedded target (llmload sim, pid %d) at %s", sim.pid, sim.url)
+    return sim.url
 
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:

@@ -152,6 +152,10 @@ class RequestRecord(BaseModel):
     error_category: FailureCategory | None = None
     http_status: int | None = None
     error_message: str | None = None
+    # the server's state when a request failed: /health right after, last scraped metrics
+    server_health: int | None = None
+    server_kv_cache_usage: float | None = None
+    server_waiting: float | None = None
 
 
 # --------------------------------------------------------------------------- summary

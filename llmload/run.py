@@ -17,6 +17,7 @@ import gevent
 import numpy as np
 
 from llmload.client import ChatClient, StreamResult, chat_body
+from llmload.failures import HEALTH_PROBED, refine_with_health
 from llmload.models import Message, RequestRecord, Session
 from llmload.schedule import ArrivalSchedule, stage_at
 from llmload.workload.tokens import Tokenizer
@@ -184,6 +185,13 @@ class SessionReplayer:
         self.tokenizer = tokenizer
         self.history_turns = history_turns
 
+    def _with_health(self, record: RequestRecord) -> RequestRecord:
+        """Ask /health what a transport-level failure was: a dead engine, a server gone, or neither."""
+        assert record.error_category is not None and record.error_message is not None
+        health = self.client.probe_health()
+        category, message = refine_with_health(record.error_category, record.error_message, health)
+        return record.model_copy(update={"error_category": category, "error_message": message, "server_health": health})
+
     def _wait_until(self, arrival: Arrival, turn: int, scheduled: float) -> None:
         """Sleep until a request's time; stopped while waiting for a due request, record it not_sent."""
         try:
@@ -211,7 +219,10 @@ class SessionReplayer:
                 result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
                 if result.prompt_tokens is None and result.ok:
                     result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)
-                self.sink(self.dispatcher.record(arrival, index, scheduled, result))
+                record = self.dispatcher.record(arrival, index, scheduled, result)
+                if record.error_category in HEALTH_PROBED and not result.stopped:
+                    record = self._with_health(record)
+                self.sink(record)
                 if result.stopped:
                     raise gevent.GreenletExit
                 if not result.ok:

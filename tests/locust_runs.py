@@ -57,14 +57,18 @@ class LocustRun:
         return read_records(self.run_dir / "requests.jsonl")
 
 
-def locust_command(host: str, workload: Path, reports: Path, run_id: str, *extra: str) -> list[str]:
+def locust_command(host: str | None, workload: Path, reports: Path, run_id: str, *extra: str) -> list[str]:
+    """A headless Locust run of loadtests/chat.py; no host means the embedded target."""
+    target = ["--host", host] if host else []
     return [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-        "--host", host, "--workload", str(workload), "--reports-dir", str(reports), "--run-id", run_id, *extra,
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", *target,
+        "--workload", str(workload), "--reports-dir", str(reports), "--run-id", run_id, *extra,
     ]  # fmt: skip
 
 
-def run_locust(host: str, workload: Path, reports: Path, run_id: str, *extra: str, timeout: float = 90) -> LocustRun:
+def run_locust(
+    host: str | None, workload: Path, reports: Path, run_id: str, *extra: str, timeout: float = 90
+) -> LocustRun:
     proc = subprocess.run(
         locust_command(host, workload, reports, run_id, *extra),
         cwd=REPO,

@@ -178,6 +178,16 @@ def test_sigterm_mid_run_writes_a_partial_report_with_every_record(tmp_path: Pat
     assert set(summary["failures"]["by_category"]) <= {"cancelled"}
 
 
+def test_without_host_the_embedded_target_serves_and_says_so(tmp_path: Path) -> None:
+    run = run_locust(None, small_workload(tmp_path), tmp_path / "reports", "embedded", "--target-qps", "4",
+                     "--stage-duration", "1")  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    assert "no --host given: started the embedded target" in run.output
+    summary = run.summary
+    assert summary["run"]["host"].startswith("http://127.0.0.1:")
+    assert summary["requests"]["ok"] == summary["requests"]["scheduled"] > 0
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from llmload.models import Message, Session, Turn
+from llmload.records import read_records
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
-from tests.locust_runs import run_locust, write_workload
+from tests.conftest import VllmServerFactory
+from tests.locust_runs import REPO, locust_command, run_locust, write_workload
 from tests.vllm_harness import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -66,3 +71,38 @@ def test_replay_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> No
     for _, row in complete.iterrows():
         assert list(row) == sorted(row) and row.iloc[-1] > row.iloc[0] + 16 * 3
     assert summary["turns"][0]["turn"] == 1 and len(summary["turns"]) == 4
+
+
+def test_run_survives_its_vllm_killed_mid_run(vllm_server_factory: VllmServerFactory, tmp_path: Path) -> None:
+    """kill -9 the API server mid-run: the run goes on to its planned end and accounts for everything."""
+    server = vllm_server_factory()
+    reports = tmp_path / "reports"
+    command = locust_command(
+        server.url, _workload(tmp_path), reports, "killed",
+        "--target-qps", "4", "--stage-duration", "5", "--arrival", "constant", "--timeout-connect", "2",
+    )  # fmt: skip
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        records_file = reports / "killed" / "requests.jsonl"
+        deadline = time.time() + 60
+        while time.time() < deadline and (not records_file.exists() or len(records_file.read_bytes().splitlines()) < 8):
+            time.sleep(0.2)
+        killed_at = time.time()
+        server.kill()
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run_dir = reports / "killed"
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    records = read_records(run_dir / "requests.jsonl")
+    req = summary["requests"]
+    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"] == len(records), output[-3000:]
+    # the plan ran to its end (20 s of stages), with requests scheduled in the last stage too
+    assert summary["run"]["finished_at"] - summary["run"]["started_at"] >= 20
+    assert (records.stage == "150%").sum() > 0
+    after = records[(records.scheduled_at > killed_at + 1) & (records.status != "not_sent")]
+    assert len(after) > 0 and (after.status == "failed").all()
+    assert set(after.error_category) <= {"server_down", "engine_dead"}
+    assert summary["failures"]["oom_family"] >= len(after)
+    assert (after.server_health.isna() | (after.server_health == 503)).all()

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install browser demo test test-fast bench lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,14 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/llmload demo
 
+# headless Chromium (Debian's package) for the HTML report test; without root it is skipped, and says so
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "make: no chromium and not root: the HTML report rendering test will be skipped"
+
 # everything, the real-vLLM end-to-end tests included (first run builds their venv: ~3 min, 3.5 GB)
-test: install lint
+test: install lint browser
 	$(BIN)/pytest
 
 # without the real vLLM (prints that it skipped them)

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmload.compare import InputError
 from llmload.workload import WorkloadError, save_workload
 
 
@@ -50,6 +51,9 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     import llmload.sim.cli as sim_cli
     from llmload import capacity_cli
+    from llmload import compare as compare_cli
+    from llmload import soak as soak_cli
+    from llmload.workload import cli as workload_cli
 
     parser = argparse.ArgumentParser(prog="llmload", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--think-time", type=float, default=4.0, help="median seconds between turns")
     synth.add_argument("--target-qps", type=float, default=None)
     synth.set_defaults(handler=_workload_synth)
+    workload_cli.add_arguments(workload_commands)
 
     sim = commands.add_parser("sim", help="the embedded OpenAI-compatible target (vLLM-like on the wire)")
     sim_cli.add_arguments(sim)
@@ -75,9 +80,22 @@ def build_parser() -> argparse.ArgumentParser:
     capacity_cli.add_arguments(capacity)
     capacity.set_defaults(handler=capacity_cli.run)
 
-    report = commands.add_parser("report", help="rebuild summary.json and report.md from a run's records")
+    compare = commands.add_parser(
+        "compare", help="regression gate: p50/p95/p99 of a run against a baseline run; exit 1 on regression"
+    )
+    compare_cli.add_arguments(compare)
+    compare.set_defaults(handler=compare_cli.run)
+
+    report = commands.add_parser("report", help="rebuild summary.json, report.md and report.html from a run's records")
     report.add_argument("run_dir")
     report.set_defaults(handler=_report)
+
+    soak = commands.add_parser(
+        "soak",
+        help="ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust",
+    )
+    soak_cli.add_arguments(soak)
+    soak.set_defaults(handler=soak_cli.run, passthrough=True)
 
     demo = commands.add_parser("demo", help="a short real load test against the embedded target")
     demo.add_argument("--duration", type=float, default=40.0, help="seconds of ramp (4 stages)")
@@ -87,10 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.handler(args))
-    except WorkloadError as exc:
+        return int(args.handler(args, extra) if getattr(args, "passthrough", False) else args.handler(args))
+    except (WorkloadError, InputError) as exc:
         print(f"llmload: {exc}", file=sys.stderr)
         return 2
 

@@ -30,11 +30,13 @@ from locust.runners import STATE_SPAWNING, LocalRunner, MasterRunner, WorkerRunn
 
 from llmload.client import ChatClient, Limits
 from llmload.models import RequestRecord, RunManifest
+from llmload.observe import SERVER_FILE, Observer
 from llmload.records import RECORDS_FILE, RecordWriter
-from llmload.report import MANIFEST_FILE, REPORT_FILE, write_report
+from llmload.report import MANIFEST_FILE, REPORT_FILE, VERDICT_FILE, write_report
 from llmload.run import Dispatcher, RunClock, SessionReplayer
 from llmload.schedule import ArrivalSchedule, build_stages, parse_stage_percents
 from llmload.sim.process import SimProcess
+from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
 
@@ -74,6 +76,11 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
     group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
     group.add_argument("--timeout-total", type=float, default=Limits.total_s)
+    group.add_argument(
+        "--verdict", action="store_true", help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL"
+    )
+    add_criteria_arguments(group)
+    group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
 
 
 @dataclass
@@ -142,6 +149,7 @@ class ProcessRun:
     worker: int
     dispatcher: Dispatcher | None = None  # processes that run users
     writer: RecordWriter | None = None  # processes that write the run directory
+    observer: Observer | None = None  # processes that write the run directory
     manifest: RunManifest | None = None
     outbox: list[dict[str, Any]] = field(default_factory=list)
     workers: dict[str, WorkerState] = field(default_factory=dict)
@@ -158,6 +166,7 @@ class ProcessRun:
 @dataclass
 class _ProcessState:
     config: RunConfig | None = None  # validated at init on master/local: bad flags fail before the run
+    criteria: SoakCriteria | None = None  # with --verdict
     run: ProcessRun | None = None  # set at each test start
 
 
@@ -176,7 +185,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
         return
     try:
         _state.config = RunConfig.from_options(options)
-    except (WorkloadError, ValueError) as exc:
+        _state.criteria = criteria_from_args(options) if options.verdict else None
+    except (WorkloadError, ValueError) as exc:  # InputError is a ValueError
         _fail_config(str(exc))
     if not environment.host:
         environment.host = _start_embedded_target()
@@ -281,6 +291,9 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
         run.writer = RecordWriter(run.run_dir / RECORDS_FILE)
+        run.observer = Observer(
+            environment.host, run.run_dir / SERVER_FILE, options.metrics_interval, options.api_key or None
+        ).start()
         run.greenlets.append(gevent.spawn(_tokens_loop, environment, run))
         log.info("llmload: run %s -> %s (%d planned session arrivals)", run_id, run.run_dir, _planned(config))
     _state.run = run
@@ -294,8 +307,7 @@ def _sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> N
     """Every record: to the file (or the master), and to Locust's live statistics."""
     row = record.model_dump()
     if run.writer is not None:
-        run.writer.write([row])
-        _count_tokens(run, row)
+        _write(run, [row])
     else:
         run.outbox.append(row)
     if record.status == "not_sent":
@@ -318,10 +330,21 @@ def _sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> N
     )
 
 
-def _count_tokens(run: ProcessRun, row: dict[str, Any]) -> None:
-    if row["status"] == "ok":
-        run.tokens_window[0] += row["output_tokens"] or 0
-        run.tokens_window[1] += row["prompt_tokens"] or 0
+def _write(run: ProcessRun, rows: list[dict[str, Any]]) -> None:
+    """Records into requests.jsonl; a failure gets the server's state at that moment attached."""
+    assert run.writer is not None
+    for row in rows:
+        if row["status"] == "ok":
+            run.tokens_window[0] += row["output_tokens"] or 0
+            run.tokens_window[1] += row["prompt_tokens"] or 0
+        elif row["status"] == "failed" and run.observer is not None:
+            sample = run.observer.state_at(row["finished_at"] or row["scheduled_at"])
+            if sample is not None:
+                row["server_kv_cache_usage"] = sample.kv_cache_usage
+                row["server_waiting"] = sample.waiting
+                if row["server_health"] is None:
+                    row["server_health"] = sample.health
+    run.writer.write(rows)
 
 
 def _fleet(environment: Environment, run: ProcessRun) -> WorkerState:
@@ -383,9 +406,7 @@ def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
     if run is None or run.writer is None or run.finished:
         return
     data = msg.data
-    run.writer.write(data["records"])
-    for row in data["records"]:
-        _count_tokens(run, row)
+    _write(run, data["records"])
     state = run.workers.setdefault(msg.node_id, WorkerState())
     state.users, state.busy, state.backlog, state.done = data["users"], data["busy"], data["backlog"], data["done"]
     state.cpu_max = max(state.cpu_max, data["cpu"])
@@ -424,12 +445,21 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
         return
     run.finished = True
     gevent.killall(run.greenlets)
-    assert run.writer is not None and run.manifest is not None
+    assert run.writer is not None and run.manifest is not None and run.observer is not None
+    run.observer.stop()
     run.writer.close()
     cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])
     run.manifest = run.manifest.model_copy(update={"finished_at": time.time(), "load_generator_cpu_max_percent": cpu})
     (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
+    if _state.criteria is not None:
+        verdict = evaluate(run.run_dir, _state.criteria).verdict
+        (run.run_dir / VERDICT_FILE).write_bytes(orjson.dumps(verdict.model_dump()))
+        environment.process_exit_code = 0 if verdict.passed else 1
     summary = write_report(run.run_dir)
+    if summary.verdict is not None:
+        log.info("llmload: verdict %s", "PASS" if summary.verdict.passed else "FAIL")
+        for reason in summary.verdict.reasons:
+            log.info("llmload:   %s", reason)
     r = summary.requests
     log.info(
         "llmload: %d scheduled = %d ok + %d failed + %d not sent; report: %s",

@@ -28,12 +28,15 @@ from llmload.models import (
     TokenPercentiles,
     TokenSummary,
     TurnSummary,
+    Verdict,
 )
+from llmload.observe import SERVER_FILE, server_summary
 from llmload.records import RECORDS_FILE, read_records
 
 MANIFEST_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
+VERDICT_FILE = "verdict.json"
 CPU_WARNING_PERCENT = 60.0
 _QUANTILES = (50, 90, 95, 99, 99.9)
 
@@ -114,7 +117,9 @@ def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
     failed = df[df.status == "failed"]
     itl = np.concatenate([np.asarray(v, dtype=float) for v in ok.itl_ms]) if len(ok) else np.array([])
     finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
-    elapsed = max(1e-9, finished - manifest.started_at)
+    # over the planned stages (or less, when stopped early): start-up and drain would make throughput
+    # depend on how long a run took to wind down rather than on the target
+    elapsed = max(1e-9, min(finished - manifest.started_at, manifest.stages[-1].end_s))
     output_tokens = float(ok.output_tokens.fillna(0).sum())
     prompt_tokens = float(ok.prompt_tokens.fillna(0).sum())
     categories = failed.error_category.value_counts().to_dict()
@@ -180,7 +185,7 @@ def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
     )
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
@@ -218,16 +223,16 @@ def render_markdown(summary: Summary) -> str:
         ("TTFT from schedule", lat.ttft_from_schedule),
         ("E2E from schedule", lat.e2e_from_schedule),
     ):
-        cells = " | ".join(_fmt(v) for v in (p.p50, p.p90, p.p95, p.p99, p.p999, p.mean, p.max))
+        cells = " | ".join(fmt(v) for v in (p.p50, p.p90, p.p95, p.p99, p.p999, p.mean, p.max))
         lines.append(f"| {name} | {cells} | {p.count} |")
     tp, tok = summary.throughput, summary.tokens
     lines += [
         "",
         f"Throughput: {tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:,.0f} output tok/s, "
         f"{tp.total_tokens_per_s:,.0f} total tok/s. Prompt tokens p50/p95/p99/max: "
-        f"{_fmt(tok.prompt.p50, 0)}/{_fmt(tok.prompt.p95, 0)}/{_fmt(tok.prompt.p99, 0)}/{_fmt(tok.prompt.max, 0)}; "
-        f"output: {_fmt(tok.output.p50, 0)}/{_fmt(tok.output.p95, 0)}/{_fmt(tok.output.p99, 0)}/"
-        f"{_fmt(tok.output.max, 0)}.",
+        f"{fmt(tok.prompt.p50, 0)}/{fmt(tok.prompt.p95, 0)}/{fmt(tok.prompt.p99, 0)}/{fmt(tok.prompt.max, 0)}; "
+        f"output: {fmt(tok.output.p50, 0)}/{fmt(tok.output.p95, 0)}/{fmt(tok.output.p99, 0)}/"
+        f"{fmt(tok.output.max, 0)}.",
         "",
         "## Stages",
         "",
@@ -238,8 +243,8 @@ def render_markdown(summary: Summary) -> str:
     for s in summary.stages:
         lines.append(
             f"| {s.name} | {s.target_qps:.2f} | {s.offered_qps:.2f} | {s.achieved_qps:.2f} | {s.scheduled} | {s.ok} "
-            f"| {s.failed} | {s.not_sent} | {_fmt(s.schedule_delay_p99_ms)} | {_fmt(s.ttft_p50_ms)} "
-            f"| {_fmt(s.ttft_p99_ms)} | {_fmt(s.e2e_p99_ms)} | {'**yes**' if s.shortfall else 'no'} |"
+            f"| {s.failed} | {s.not_sent} | {fmt(s.schedule_delay_p99_ms)} | {fmt(s.ttft_p50_ms)} "
+            f"| {fmt(s.ttft_p99_ms)} | {fmt(s.e2e_p99_ms)} | {'**yes**' if s.shortfall else 'no'} |"
         )
     lines += [
         "",
@@ -250,8 +255,8 @@ def render_markdown(summary: Summary) -> str:
     ]
     for t in summary.turns:
         lines.append(
-            f"| {t.turn} | {t.requests} | {_fmt(t.prompt_tokens_p50, 0)} | {_fmt(t.prompt_tokens_p99, 0)} "
-            f"| {_fmt(t.ttft_p50_ms)} | {_fmt(t.ttft_p99_ms)} |"
+            f"| {t.turn} | {t.requests} | {fmt(t.prompt_tokens_p50, 0)} | {fmt(t.prompt_tokens_p99, 0)} "
+            f"| {fmt(t.ttft_p50_ms)} | {fmt(t.ttft_p99_ms)} |"
         )
     lines += ["", "## Failures", ""]
     if summary.failures.by_category:
@@ -271,9 +276,16 @@ def load_manifest(run_dir: Path) -> RunManifest:
 
 
 def write_report(run_dir: Path) -> Summary:
-    """(Re)build summary.json and report.md of a run directory from its manifest and records."""
+    """(Re)build summary.json, report.md and report.html of a run directory from what the run wrote:
+    its manifest, records, server samples and verdict."""
+    from llmload.report_html import render_html  # it builds on this module
+
     manifest = load_manifest(run_dir)
     summary = summarize(read_records(run_dir / RECORDS_FILE), manifest)
+    summary.server = server_summary(run_dir / SERVER_FILE)
+    if (run_dir / VERDICT_FILE).is_file():
+        summary.verdict = Verdict.model_validate_json((run_dir / VERDICT_FILE).read_bytes())
     (run_dir / SUMMARY_FILE).write_bytes(orjson.dumps(summary.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
     (run_dir / REPORT_FILE).write_text(render_markdown(summary))
+    render_html(run_dir)
     return summary

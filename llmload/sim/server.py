@@ -1,45 +1,69 @@
-"""The simulator's HTTP server: vLLM's OpenAI-compatible endpoints, paced and with faults.
+"""The simulator's HTTP server: vLLM's OpenAI-compatible endpoints, paced or engine-driven, with faults.
 
 Request handling follows vLLM 0.32's order of checks (media type, JSON and schema, model name,
 admission, output cap, prompt length, sampling limits) so each error is the one vLLM would give.
+Without a profile every response is paced by fixed deadlines (pacing.py); with `--profile` the
+engine (engine.py) decides when each token exists and writes it from its step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import ValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
 
+from llmload.capacity import CapacityReport
 from llmload.sim import wire
 from llmload.sim.config import SimConfig
+from llmload.sim.engine import Engine, EngineRequest
 from llmload.sim.faults import Fault, FaultPicker
+from llmload.sim.metrics import EngineMetrics
 from llmload.sim.pacing import LagStats, Pacer, Schedule
-from llmload.sim.protocol import MAX_CHARS_PER_TOKEN, ChatCompletionRequest, count_tokens, render_chatml
-from llmload.workload.tokens import get_tokenizer
+from llmload.sim.profiles import EngineProfile
+from llmload.sim.protocol import (
+    MAX_CHARS_PER_TOKEN,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    PromptTokenizer,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    render_chatml,
+)
 
 # The simulator never samples an end-of-sequence token: every completion runs to its cap.
 FINISH_REASON = "length"
+Parsed = TypeVar("Parsed", bound=BaseModel)
+SIM: web.AppKey[SimServer] = web.AppKey("sim")
+GenerationRequest = ChatCompletionRequest | CompletionRequest
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One admitted chat request: what to generate, from when, and the fault it drew."""
+    """One admitted generation request: what to generate, from when, and the fault it drew."""
 
     request_id: str
     t0: float
-    prompt_tokens: int
+    prompt_ids: list[int]
     output_tokens: int
     include_usage: bool
     fault: Fault | None
+    chat: bool
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
 
     @property
     def completes(self) -> bool:
@@ -47,23 +71,105 @@ class Job:
         return self.fault is None or self.fault.action == "stall"
 
 
-class SimServer:
-    """State shared by the handlers: config, fault draws, counters and the emission-lag histogram."""
+class StreamSink:
+    """An engine request's SSE stream: each token written to the transport from the engine's step."""
 
-    def __init__(self, config: SimConfig) -> None:
+    __slots__ = ("_done", "_encoder", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, encoder: wire.ChunkEncoder, done: asyncio.Future[Any]) -> None:
+        self._transport = transport
+        self._encoder = encoder
+        self._done = done
+
+    def token(self, request: EngineRequest, last: bool) -> bool:
+        transport = self._transport
+        if transport.is_closing() or self._done.done():
+            return False
+        k = request.output - 1
+        encoder = self._encoder
+        if last:
+            usage = encoder.usage(request.num_prompt, request.output, request.cached_tokens)
+            data = encoder.last_token(k, FINISH_REASON) + usage + wire.DONE
+        else:
+            data = encoder.token(k)
+        transport.write(wire.http_chunk(encoder.role() + data if k == 0 else data))
+        if last:
+            self._done.set_result(None)
+        return True
+
+    def fail(self, error: wire.VllmError | None) -> None:
+        if self._done.done():
+            return
+        if error is None:
+            self._transport.abort()
+        elif not self._transport.is_closing():
+            self._transport.write(wire.http_chunk(error.sse_event() + wire.DONE))
+        self._done.set_result(None)
+
+
+class ResponseSink:
+    """A non-streaming engine request: resolves with the finished request, or the error it ended with."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self, done: asyncio.Future[Any]) -> None:
+        self._done = done
+
+    def token(self, request: EngineRequest, last: bool) -> bool:
+        if last and not self._done.done():
+            self._done.set_result(request)
+        return True  # a client that goes away cancels the handler, which aborts the request
+
+    def fail(self, error: wire.VllmError | None) -> None:
+        if not self._done.done():
+            self._done.set_result(error)
+
+
+class SimServer:
+    """State shared by the handlers: config, engine, fault draws, counters and the emission-lag histogram."""
+
+    def __init__(self, config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None = None) -> None:
         self.config = config
-        self.fingerprint = wire.system_fingerprint(config.model_name, config.max_model_len)
+        profile = engine_plan[0] if engine_plan else None
+        self.max_model_len = profile.max_model_len if profile else config.max_model_len
+        self.fingerprint = wire.system_fingerprint(config.model_name, self.max_model_len)
+        self.tokenizer = PromptTokenizer(config.tokenizer)
         self.lag = LagStats()
-        self._picker = FaultPicker(config.faults, config.seed)
+        self.metrics = EngineMetrics(config.model_name)
+        self._picker = FaultPicker(config.faults.faults, config.faults.seed)
         self._started = time.monotonic()
         self.in_flight = 0
+        self.dead = False
+        self.exit_code = 0
+        self.stopped = asyncio.Event()
+        self.sites: list[web.BaseSite] = []
         self.pacer: Pacer | None = None  # needs the serving loop: made on startup
+        self.engine = (
+            Engine(
+                engine_plan[0],
+                num_blocks=engine_plan[1].cache.num_blocks,
+                metrics=self.metrics,
+                faults=config.faults,
+                lag=self.lag,
+                output_ids=self.tokenizer.word_ids(wire.WORDS),
+                on_death=self._on_engine_death,
+            )
+            if engine_plan
+            else None
+        )
+        self._engine_task: asyncio.Task[None] | None = None
         self.reset_counters()
 
     async def start(self, app: web.Application) -> None:
         self.pacer = Pacer(asyncio.get_running_loop(), self.lag)
+        if self.engine is not None:
+            self._engine_task = asyncio.create_task(self.engine.run(self.pacer))
 
     async def close(self, app: web.Application) -> None:
+        if self._engine_task is not None:
+            self._engine_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._engine_task
         if self.pacer is not None:
             self.pacer.close()
 
@@ -71,16 +177,40 @@ class SimServer:
         self.requests = 0
         self.completion_tokens = 0
         self.statuses: Counter[int] = Counter()
-        self.faults: Counter[str] = Counter({f.kind: 0 for f in self.config.faults})
+        self.faults: Counter[str] = Counter({f.kind: 0 for f in self.config.faults.faults})
+
+    # ------------------------------------------------------------------ engine death (vLLM's watchdog)
+
+    def _on_engine_death(self) -> None:
+        """/health turns 503 now; the listener closes, then the process exits, on vLLM's timeline."""
+        self.dead = True
+        death = self.config.faults.engine_death
+        assert death is not None
+        loop = asyncio.get_running_loop()
+        loop.call_later(death.stop_listening_s, lambda: asyncio.ensure_future(self._stop_listening()))
+        loop.call_later(death.exit_s, self._exit, 1)
+
+    async def _stop_listening(self) -> None:
+        for site in self.sites:
+            await site.stop()
+
+    def _exit(self, code: int) -> None:
+        self.exit_code = code
+        self.stopped.set()
 
     # ------------------------------------------------------------------ small endpoints
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(headers=wire.BASE_HEADERS)
+        return web.Response(status=503 if self.dead else 200, headers=wire.BASE_HEADERS)
 
     async def models(self, request: web.Request) -> web.Response:
-        body = wire.model_list_body(self.config.model_name, self.config.max_model_len)
+        body = wire.model_list_body(self.config.model_name, self.max_model_len)
         return web.Response(body=body, headers=wire.JSON_HEADERS)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        if self.engine is None:
+            self.metrics.running = self.in_flight
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(self, request: web.Request) -> web.Response:
         """What benchmarks read: how late emissions left, and what was served."""
@@ -101,74 +231,212 @@ class SimServer:
         self.reset_counters()
         return web.Response(status=204)
 
-    # ------------------------------------------------------------------ chat completions
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """POST /tokenize: the completion form (`prompt`) or the chat form (`messages`)."""
+        body = await request.read()
+        is_chat = isinstance(data := _json_object(body), dict) and "messages" in data
+        parsed = _parse(body, TokenizeChatRequest if is_chat else TokenizeCompletionRequest)
+        error = self._request_error(request, parsed)
+        if error is not None:
+            return self._error(error)
+        assert isinstance(parsed, TokenizeChatRequest | TokenizeCompletionRequest)
+        if isinstance(parsed, TokenizeChatRequest):
+            pieces = render_chatml(parsed.messages, generation_prompt=parsed.add_generation_prompt)
+        else:
+            pieces = [parsed.prompt]
+        tokens = self.tokenizer.ids(pieces)
+        strs = [self.tokenizer.tokenizer.decode([t]) for t in tokens] if parsed.return_token_strs else None
+        return web.Response(body=wire.tokenize_body(tokens, self.max_model_len, strs), headers=wire.JSON_HEADERS)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        parsed = _parse(await request.read(), DetokenizeRequest)
+        error = self._request_error(request, parsed)
+        if error is not None:
+            return self._error(error)
+        assert isinstance(parsed, DetokenizeRequest)
+        try:
+            text = self.tokenizer.tokenizer.decode(parsed.tokens)
+        except (KeyError, ValueError, OverflowError) as exc:
+            return self._error(wire.validation_error(f"Token id out of vocabulary: {exc}", param="tokens"))
+        return web.Response(body=wire.detokenize_body(text), headers=wire.JSON_HEADERS)
+
+    def _request_error(self, request: web.Request, parsed: BaseModel | wire.VllmError) -> wire.VllmError | None:
+        """Media type, schema and model name, in vLLM's order."""
+        if request.content_type != "application/json":
+            return wire.UNSUPPORTED_MEDIA_TYPE
+        if isinstance(parsed, wire.VllmError):
+            return parsed
+        model = getattr(parsed, "model", None)
+        if model and model != self.config.model_name:
+            return wire.model_not_found(model, self.config.model_name)
+        return None
+
+    # ------------------------------------------------------------------ generation
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         self.requests += 1
-        if request.content_type != "application/json":
-            return self._error(wire.UNSUPPORTED_MEDIA_TYPE)
         body = await request.read()
-        t0 = time.monotonic()  # pacing is measured from here
-        parsed = _parse_request(body)
-        if isinstance(parsed, wire.VllmError):
-            return self._error(parsed)
+        t0 = time.monotonic()  # pacing and engine latencies are measured from here
+        assert self.pacer is not None
+        self.pacer.run_due()
+        parsed = _parse(body, ChatCompletionRequest if chat else CompletionRequest)
+        error = self._request_error(request, parsed)
+        if error is not None:
+            return self._error(error)
+        assert isinstance(parsed, ChatCompletionRequest | CompletionRequest)
+        if self.dead:
+            return self._error(wire.ENGINE_DEAD)
         config = self.config
-        if parsed.model and parsed.model != config.model_name:
-            return self._error(wire.model_not_found(parsed.model, config.model_name))
-        if config.concurrency_limit and self.in_flight >= config.concurrency_limit:
+        busy = config.concurrency_limit and self.in_flight >= config.concurrency_limit
+        if busy or (self.engine is not None and self.engine.queue_full()):
             return self._error(wire.ENGINE_BUSY)
         checked = self._check_lengths(parsed)
         if isinstance(checked, wire.VllmError):
             return self._error(checked)
+        self.pacer.run_due()
         fault = self._picker.draw()
         if fault is not None:
             self.faults[fault.kind] += 1
             if fault.error is not None and fault.at_arrival and not (fault.in_stream and parsed.stream):
                 return self._error(fault.error)
+        prefix = "chatcmpl-" if chat else "cmpl-"
         job = Job(
-            request_id="chatcmpl-" + (request.headers.get("X-Request-Id") or parsed.request_id or wire.random_hex()),
+            request_id=prefix + (request.headers.get("X-Request-Id") or parsed.request_id or wire.random_hex()),
             t0=t0,
-            prompt_tokens=checked[0],
+            prompt_ids=checked[0],
             output_tokens=checked[1],
             include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
             fault=fault,
+            chat=chat,
         )
         self.in_flight += 1
         try:
+            if self.engine is not None and not (fault is not None and fault.at_arrival):
+                return await self._in_engine(request, job, self.engine, bool(parsed.stream))
             if parsed.stream:
                 return await self._stream(request, job)
             return await self._complete(request, job)
         finally:
             self.in_flight -= 1
 
-    def _check_lengths(self, req: ChatCompletionRequest) -> tuple[int, int] | wire.VllmError:
-        """Prompt and output lengths, clamped to the context as vLLM's get_max_tokens() does."""
-        max_len = self.config.max_model_len
+    def _check_lengths(self, req: GenerationRequest) -> tuple[list[int], int] | wire.VllmError:
+        """Prompt ids and output length, clamped to the context as vLLM's get_max_tokens() does."""
+        max_len = self.max_model_len
         param, requested = req.output_limit()
         if requested is not None and requested > max_len:
             return wire.max_tokens_over_limit(param, requested, max_len)
-        prompt = render_chatml(req.messages)
+        prompt = req.prompt_pieces()
         chars = sum(map(len, prompt))
         if chars > max_len * MAX_CHARS_PER_TOKEN:
             return wire.prompt_chars_error(max_len, chars, MAX_CHARS_PER_TOKEN)
-        n_prompt = count_tokens(prompt)
-        if n_prompt > max_len:
-            return wire.context_length_error(max_len, n_prompt)
+        ids = self.tokenizer.ids(prompt)
+        if len(ids) > max_len:
+            return wire.context_length_error(max_len, len(ids))
         cap = requested if requested is not None else self.config.default_max_tokens
-        n_output = min(max_len - n_prompt, cap)
+        n_output = min(max_len - len(ids), cap)
         if n_output < 1:
             return wire.max_tokens_below_one(n_output)
         if req.min_tokens < 0:
             return wire.validation_error(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.")
         if req.min_tokens > n_output:
             return wire.min_tokens_over_max(req.min_tokens, n_output)
-        return n_prompt, n_output
+        return ids, n_output
+
+    def _encoder(self, job: Job) -> wire.ChunkEncoder:
+        return wire.ChunkEncoder(
+            job.request_id,
+            int(time.time()),
+            self.config.model_name,
+            self.fingerprint,
+            include_usage=job.include_usage,
+            usage_details=self.config.enable_prompt_tokens_details,
+            choice=wire.CHAT if job.chat else wire.TEXT,
+        )
+
+    def _body(self, job: Job, cached_tokens: int = 0) -> bytes:
+        return wire.completion_body(
+            request_id=job.request_id,
+            created=int(time.time()),
+            model=self.config.model_name,
+            fingerprint=self.fingerprint,
+            prompt_tokens=job.prompt_tokens,
+            completion_tokens=job.output_tokens,
+            finish_reason=FINISH_REASON,
+            usage_details=self.config.enable_prompt_tokens_details,
+            cached_tokens=cached_tokens,
+            chat=job.chat,
+        )
+
+    async def _in_engine(self, request: web.Request, job: Job, engine: Engine, stream: bool) -> web.StreamResponse:
+        """Hand the request to the engine after the API server's own latency; its steps write the tokens."""
+        assert self.pacer is not None
+        fault = job.fault
+        stall_at = fault.strike_index(job.output_tokens) if fault is not None and fault.action == "stall" else -1
+        stall_s = self.config.faults.stall_s
+        ready = job.t0 + engine.profile.timing.frontend_ms / 1000 + (stall_s if stall_at == 0 else 0.0)
+        await self.pacer.sleep_until(ready, record=False)
+        if self.dead:
+            return self._error(wire.ENGINE_DEAD)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        response: web.StreamResponse | None = None
+        if stream:
+            response = web.StreamResponse(headers=wire.SSE_HEADERS)
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            assert request.transport is not None
+            sink: StreamSink | ResponseSink = StreamSink(request.transport, self._encoder(job), done)
+        else:
+            sink = ResponseSink(done)
+        entry = EngineRequest(job.prompt_ids, job.output_tokens, sink, job.t0)
+        if stall_at > 0:
+            entry.pause_after, entry.stall_s = stall_at - 1, stall_s
+        elif fault is not None and fault.action != "stall":
+            entry.strike, entry.strike_error = fault.strike_index(job.output_tokens), fault.error
+        engine.add(entry)
+        if stream:
+            self.statuses[200] += 1
+        try:
+            outcome = await done
+        finally:
+            engine.abort(entry)  # a no-op once it finished; frees its blocks if the client went away
+        if response is not None:
+            self.completion_tokens += entry.output
+            return response
+        if isinstance(outcome, wire.VllmError):
+            return self._error(outcome)
+        if outcome is None:  # a cut
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        self.completion_tokens += job.output_tokens
+        self.statuses[200] += 1
+        return web.Response(body=self._body(job, outcome.cached_tokens), headers=wire.JSON_HEADERS)
+
+    # ------------------------------------------------------------------ fixed pacing (no profile)
+
+    def _record_paced(self, job: Job) -> None:
+        """The metrics an engine would have counted for a fully paced response."""
+        metrics, config = self.metrics, self.config
+        metrics.prompt_tokens += job.prompt_tokens
+        metrics.generation_tokens += job.output_tokens
+        metrics.success[FINISH_REASON] += 1
+        ttft = config.ttft_s(job.prompt_tokens)
+        metrics.ttft.observe(ttft)
+        metrics.itl.observe(config.itl_s, job.output_tokens - 1)
+        metrics.e2e.observe(ttft + (job.output_tokens - 1) * config.itl_s)
+        self.completion_tokens += job.output_tokens
 
     async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         schedule = self._schedule(job)
         self.statuses[200] += 1
         if job.completes:
-            self.completion_tokens += job.output_tokens
+            self._record_paced(job)
         if schedule.all_due(time.monotonic()):
             # Saturation mode: headers, every event and the terminator in a single write.
             whole = web.Response(body=schedule.body(), headers=wire.SSE_HEADERS)
@@ -185,14 +453,7 @@ class SimServer:
         """One stream's emissions: role and first token at TTFT, a token per ITL, usage and [DONE]
         with the last; a fault replaces token `strike` with its error (or a cut) and ends there."""
         config = self.config
-        encoder = wire.ChunkEncoder(
-            job.request_id,
-            int(time.time()),
-            config.model_name,
-            self.fingerprint,
-            include_usage=job.include_usage,
-            usage_details=config.enable_prompt_tokens_details,
-        )
+        encoder = self._encoder(job)
         fault = job.fault
         start = job.t0 + config.ttft_s(job.prompt_tokens)
         last = job.output_tokens - 1
@@ -219,7 +480,7 @@ class SimServer:
             count=strike + 1 if strike >= 0 else job.output_tokens,
             payload=payload,
             pause_at=pause_at,
-            pause_s=config.stall_s,
+            pause_s=config.faults.stall_s,
             abort_after=fault is not None and fault.action == "cut",
         )
 
@@ -230,7 +491,7 @@ class SimServer:
         first = job.t0 + config.ttft_s(job.prompt_tokens)
         when = first + (job.output_tokens - 1) * config.itl_s
         if fault is not None and fault.action == "stall":
-            when += config.stall_s
+            when += config.faults.stall_s
         elif fault is not None:  # engine death or a cut, striking mid-generation
             when = first + fault.strike_index(job.output_tokens) * config.itl_s
         if when > time.monotonic():
@@ -242,26 +503,23 @@ class SimServer:
             return web.Response()
         if fault is not None and fault.error is not None:
             return self._error(fault.error)
-        self.completion_tokens += job.output_tokens
+        self._record_paced(job)
         self.statuses[200] += 1
-        body = wire.completion_body(
-            request_id=job.request_id,
-            created=int(time.time()),
-            model=config.model_name,
-            fingerprint=self.fingerprint,
-            prompt_tokens=job.prompt_tokens,
-            completion_tokens=job.output_tokens,
-            finish_reason=FINISH_REASON,
-            usage_details=config.enable_prompt_tokens_details,
-        )
-        return web.Response(body=body, headers=wire.JSON_HEADERS)
+        return web.Response(body=self._body(job), headers=wire.JSON_HEADERS)
 
     def _error(self, error: wire.VllmError) -> web.Response:
         self.statuses[error.status] += 1
         return web.Response(status=error.status, body=error.body(), headers=wire.JSON_HEADERS)
 
 
-def _parse_request(body: bytes) -> ChatCompletionRequest | wire.VllmError:
+def _json_object(body: bytes) -> object:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _parse(body: bytes, model: type[Parsed]) -> Parsed | wire.VllmError:
     """JSON, then schema; errors worded as FastAPI and vLLM word them."""
     if not body:
         return wire.request_validation_error(
@@ -289,19 +547,23 @@ def _parse_request(body: bytes) -> ChatCompletionRequest | wire.VllmError:
     if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
         return wire.stream_options_without_stream()
     try:
-        return ChatCompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         errors: list[dict[str, Any]] = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
         return wire.request_validation_error(errors)
 
 
-def build_app(config: SimConfig) -> web.Application:
-    get_tokenizer("cl100k_base")  # load before serving, not on the first request
-    sim = SimServer(config)
+def build_app(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None = None) -> web.Application:
+    sim = SimServer(config, engine_plan)
     app = web.Application()
+    app[SIM] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/metrics", sim.prometheus)
     app.router.add_post("/v1/chat/completions", sim.chat_completions)
+    app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_post("/tokenize", sim.tokenize)
+    app.router.add_post("/detokenize", sim.detokenize)
     app.router.add_get("/sim/stats", sim.stats)
     app.router.add_delete("/sim/stats", sim.reset_stats)
     app.on_startup.append(sim.start)
@@ -309,30 +571,41 @@ def build_app(config: SimConfig) -> web.Application:
     return app
 
 
-def serve(config: SimConfig) -> None:
-    """Run until SIGINT/SIGTERM; uvloop when installed (cheaper I/O per chunk)."""
+def serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None = None) -> int:
+    """Run until SIGINT/SIGTERM (0) or the engine's death (1); uvloop when installed (cheaper I/O per chunk)."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(config))
-    else:
-        uvloop.run(_serve(config))
+        return asyncio.run(_serve(config, engine_plan))
+    return uvloop.run(_serve(config, engine_plan))
 
 
-async def _serve(config: SimConfig) -> None:
+async def _serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None) -> int:
     # handler_cancellation: a client that disconnects cancels its handler and its timers.
-    runner = web.AppRunner(build_app(config), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+    app = build_app(config, engine_plan)
+    sim = app[SIM]
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
+    # Garbage collection stops every stream while it runs. What startup loaded (tokenizer, pydantic,
+    # aiohttp: ~50k objects) never becomes garbage: freeze it out of every collection. Each stream's
+    # objects live for its whole response, so they survive the youngest generation; collecting the
+    # middle one after every second young collection keeps each pause a few hundred microseconds
+    # (the default, every tenth, makes pauses of milliseconds at 500 streams), and full collections
+    # wait for a thousand of those.
+    gc.freeze()
+    gc.set_threshold(700, 1, 1000)
     try:
-        await web.TCPSite(runner, config.host, config.port).start()
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        sim.sites.append(site)
         host, port = runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"llmload sim listening on http://{shown}:{port}", flush=True)
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):  # Windows
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+                loop.add_signal_handler(sig, sim.stopped.set)
+        await sim.stopped.wait()
     finally:
         await runner.cleanup()
+    return sim.exit_code

@@ -47,10 +47,39 @@ def system_fingerprint(model: str, max_model_len: int) -> str:
 # --------------------------------------------------------------------------- completions
 
 
-class ChunkEncoder:
-    """The SSE events of one streamed completion; the JSON around each delta is built once."""
+@dataclass(frozen=True, slots=True)
+class ChoiceFormat:
+    """How one endpoint's stream chunks carry a token (model_dump_json(exclude_unset) of its choice)."""
 
-    __slots__ = ("_fingerprint", "_head", "_include_usage", "_tokens", "_usage_details")
+    object: bytes
+    token: bytes
+    """The choice of a non-final token, `%b` standing for the JSON string."""
+    final: bytes
+    """The finishing choice: `%b` for the token, then `%b` for the finish reason."""
+    role: bool
+    """Chat streams open with an assistant-role chunk; text completions do not."""
+
+
+CHAT = ChoiceFormat(
+    b"chat.completion.chunk",
+    b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":null,"token_ids":null}',
+    b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":"%b","stop_reason":null,"token_ids":null}',
+    role=True,
+)
+TEXT = ChoiceFormat(
+    b"text_completion",
+    b'{"index":0,"text":%b,"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
+    b'"token_ids":null}',
+    b'{"index":0,"text":%b,"logprobs":null,"finish_reason":"%b","stop_reason":null,"prompt_token_ids":null,'
+    b'"token_ids":null}',
+    role=False,
+)
+
+
+class ChunkEncoder:
+    """The SSE events of one streamed completion (chat or text); the JSON around each token is built once."""
+
+    __slots__ = ("_fingerprint", "_format", "_head", "_include_usage", "_tokens", "_usage_details")
 
     def __init__(
         self,
@@ -61,33 +90,26 @@ class ChunkEncoder:
         *,
         include_usage: bool,
         usage_details: bool,
+        choice: ChoiceFormat = CHAT,
     ) -> None:
-        self._head = b'data: {"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b,"choices":[' % (
+        self._format = choice
+        self._head = b'data: {"id":%b,"object":"%b","created":%d,"model":%b,"choices":[' % (
             orjson.dumps(request_id),
+            choice.object,
             created,
             orjson.dumps(model),
         )
         self._fingerprint = b',"system_fingerprint":' + orjson.dumps(fingerprint)
         self._include_usage = include_usage
         self._usage_details = usage_details
-        self._tokens = tuple(self._token_event(word, None) for word in _WORD_JSON)
+        self._tokens = tuple(self._event(choice.token % word) for word in _WORD_JSON)
 
     def _event(self, choice: bytes, tail: bytes = b"") -> bytes:
         return b"%b%b]%b}\n\n" % (self._head, choice, tail)
 
-    def _token_event(self, word: bytes, finish_reason: str | None) -> bytes:
-        if finish_reason is None:
-            return self._event(
-                b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":null,"token_ids":null}' % word
-            )
-        # vLLM stamps the fingerprint on the finishing chunk unless a usage chunk follows.
-        return self._event(
-            b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":"%b","stop_reason":null,'
-            b'"token_ids":null}' % (word, finish_reason.encode()),
-            b"" if self._include_usage else self._fingerprint,
-        )
-
     def role(self) -> bytes:
+        if not self._format.role:
+            return b""
         return self._event(
             b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}',
             b',"prompt_token_ids":null,"prompt_text":null',
@@ -97,17 +119,23 @@ class ChunkEncoder:
         return self._tokens[k % len(_WORD_JSON)]
 
     def last_token(self, k: int, finish_reason: str) -> bytes:
-        return self._token_event(_WORD_JSON[k % len(_WORD_JSON)], finish_reason)
+        # vLLM stamps the fingerprint on the finishing chunk unless a usage chunk follows.
+        return self._event(
+            self._format.final % (_WORD_JSON[k % len(_WORD_JSON)], finish_reason.encode()),
+            b"" if self._include_usage else self._fingerprint,
+        )
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
         """The `choices: []` chunk sent when `stream_options.include_usage` is set (else empty)."""
         if not self._include_usage:
             return b""
-        usage = usage_dict(prompt_tokens, completion_tokens, self._usage_details, streaming=True)
+        usage = usage_dict(prompt_tokens, completion_tokens, self._usage_details, streaming=True, cached=cached_tokens)
         return self._event(b"", b',"usage":%b%b' % (orjson.dumps(usage), self._fingerprint))
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, details: bool, *, streaming: bool) -> dict[str, Any]:
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, details: bool, *, streaming: bool, cached: int = 0
+) -> dict[str, Any]:
     """vLLM's UsageInfo; streaming drops the nulls (`exclude_none`), the full response keeps them."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
@@ -116,9 +144,9 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, details: bool, *, str
     }
     if details:
         usage["prompt_tokens_details"] = (
-            {"cached_tokens": 0}
+            {"cached_tokens": cached}
             if streaming
-            else {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+            else {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
         )
     elif not streaming:
         usage["prompt_tokens_details"] = None
@@ -137,45 +165,58 @@ def completion_body(
     prompt_tokens: int,
     finish_reason: str,
     usage_details: bool,
+    cached_tokens: int = 0,
+    chat: bool = True,
 ) -> bytes:
-    """A non-streaming ChatCompletionResponse, every null field included as vLLM sends it."""
+    """A non-streaming ChatCompletionResponse or CompletionResponse, every null field included as vLLM sends it."""
     content = "".join(WORDS[k % len(WORDS)] for k in range(completion_tokens))
-    message = {
-        "role": "assistant",
-        "content": content,
-        "refusal": None,
-        "annotations": None,
-        "audio": None,
-        "function_call": None,
-        "reasoning": None,
-    }
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": None,
-        "finish_reason": finish_reason,
-        "stop_reason": None,
-        "token_ids": None,
-        "routed_experts": None,
-    }
-    return orjson.dumps(
-        {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "service_tier": None,
-            "system_fingerprint": fingerprint,
-            "usage": usage_dict(prompt_tokens, completion_tokens, usage_details, streaming=False),
+    tail = {"finish_reason": finish_reason, "stop_reason": None, "token_ids": None}
+    if chat:
+        message = {
+            "role": "assistant",
+            "content": content,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choice = {"index": 0, "message": message, "logprobs": None, **tail, "routed_experts": None}
+    else:
+        choice = {
+            "index": 0,
+            "text": content,
+            "logprobs": None,
+            **tail,
             "prompt_logprobs": None,
             "prompt_token_ids": None,
-            "prompt_text": None,
-            "kv_transfer_params": None,
-            "ec_transfer_params": None,
-            "metrics": None,
+            "routed_experts": None,
         }
+    body: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": usage_dict(prompt_tokens, completion_tokens, usage_details, streaming=False, cached=cached_tokens),
+    }
+    if chat:
+        body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+    body.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+    return orjson.dumps(body)
+
+
+def tokenize_body(tokens: list[int], max_model_len: int, token_strs: list[str] | None) -> bytes:
+    """POST /tokenize: vLLM's TokenizeResponse."""
+    return orjson.dumps(
+        {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": token_strs}
     )
+
+
+def detokenize_body(text: str) -> bytes:
+    return orjson.dumps({"prompt": text})
 
 
 def model_list_body(model: str, max_model_len: int) -> bytes:

@@ -1,4 +1,7 @@
-"""Workloads: the file format (v1), loading, synthesis; building from logs arrives with issue 3."""
+"""Workloads: the file format (v1), loading, synthesis (`synth`), building from request logs
+(`ingest`, `build`), statistics (`stats`) and the `workload build|stats` commands (`cli`).
+
+Only the file API is imported here, so that loading a workload stays light."""
 
 from llmload.workload.files import Workload, WorkloadError, load_workload, save_workload
 

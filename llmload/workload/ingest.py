@@ -18,14 +18,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 
+from llmload.models import Message
 from llmload.workload.files import WorkloadError
 
 MOONCAKE_BLOCK_TOKENS = 512
-_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_ROLES = frozenset(get_args(Message.model_fields["role"].annotation))
 _SHAREGPT_ROLES = {
     "system": "system",
     "human": "user",
@@ -146,7 +147,11 @@ def _messages(value: object) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in _ROLES:
             raise _Bad(f"unsupported role: messages[{index}] has role {role!r}")
-        out.append({"role": role, "content": _content(message.get("content"), f"messages[{index}]")})
+        content = message.get("content")
+        if type(content) is str and len(message) == 2:
+            out.append(message)  # already {role, content}: keep the decoded dict
+        else:
+            out.append({"role": role, "content": _content(content, f"messages[{index}]")})
     return out
 
 
@@ -463,6 +468,7 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
     clock = _VllmClock()
     prompts: OrderedDict[str, tuple[str | None, int | None]] = OrderedDict()
     bodies: OrderedDict[str, str] = OrderedDict()
+    logs_bodies = False
     with path.open(encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, start=1):
             if "equest " not in raw:
@@ -471,6 +477,7 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
             where = f"{path}:{number}"
             try:
                 if (body := _BODY.search(line)) is not None:
+                    logs_bodies = True
                     _bounded_put(bodies, body.group(1), body.group(2))
                 elif (details := _DETAILS.search(line)) is not None:
                     prompt = ast.literal_eval(details.group(2))
@@ -478,12 +485,13 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
                 elif (old := _RECEIVED_OLD.search(line)) is not None:
                     _, prompt, params, ids = old.groups()
                     stamp = clock.read(line[: old.start()])
-                    yield _vllm_request(
+                    yield from _vllm_request(
                         where, stamp, prompt=ast.literal_eval(prompt), n_ids=_count_ids(ids), params=params, body=None
                     )
                 elif (received := _RECEIVED.search(line)) is not None:
                     request_id, params = received.groups()
                     if params.startswith("None"):
+                        prompts.pop(request_id, None)
                         yield Issue(where, f"not a generation request (no sampling params): {request_id}", False)
                         continue
                     if request_id not in prompts:
@@ -493,8 +501,10 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
                         )
                     prompt, n_ids = prompts.pop(request_id)
                     body_text = bodies.pop(request_id.removeprefix("chatcmpl-"), None)
+                    if body_text is None and logs_bodies and request_id.startswith("chatcmpl-"):
+                        yield Issue(where, f"templated prompt used: no JSON body matches {request_id}", False)
                     stamp = clock.read(line[: received.start()])
-                    yield _vllm_request(where, stamp, prompt=prompt, n_ids=n_ids, params=params, body=body_text)
+                    yield from _vllm_request(where, stamp, prompt=prompt, n_ids=n_ids, params=params, body=body_text)
                 elif "Received request" in line:
                     raise _Bad("unreadable vLLM request line: cut short, or a format this parser does not know")
             except (_Bad, SyntaxError, ValueError) as exc:
@@ -503,7 +513,7 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
 
 def _vllm_request(
     where: str, stamp: float | None, *, prompt: str | None, n_ids: int | None, params: str, body: str | None
-) -> LogRequest:
+) -> Iterator[Parsed]:
     if prompt is None and n_ids is None:
         raise _Bad("no prompt logged: neither a prompt nor prompt_token_ids")
     # Token ids without text (a client sent ids): a length-only request, synthesized like a trace.
@@ -512,11 +522,12 @@ def _vllm_request(
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
-            parsed = None  # cut by --max-log-len: the templated prompt stands in
+            parsed = None
+            yield Issue(where, "templated prompt used: JSON body cut short (--max-log-len)", False)
         if isinstance(parsed, dict) and "messages" in parsed:
             messages = _messages(parsed["messages"])
     max_tokens, forced = _sampling(params)
-    return LogRequest(
+    yield LogRequest(
         where=where,
         timestamp=stamp,
         messages=messages,

@@ -77,6 +77,7 @@ def workload_stats(table: pd.DataFrame, *, max_tokens: int | None = None) -> Wor
     missing = set(TABLE_COLUMNS) - set(table.columns)
     if missing:
         raise ValueError(f"request table lacks columns {sorted(missing)}")
+    turns = table["session_id"].value_counts(sort=False)
     prompt = table["prompt_tokens"].astype(float)
     output = table["output_tokens"].astype(float)
     arrivals = np.sort(table["arrival_s"].dropna().to_numpy(dtype=float))
@@ -100,11 +101,11 @@ def workload_stats(table: pd.DataFrame, *, max_tokens: int | None = None) -> Wor
     )
     return WorkloadStats(
         requests=len(table),
-        sessions=int(table["session_id"].nunique()),
+        sessions=len(turns),
         prompt_tokens=percentiles(prompt),
         output_tokens=percentiles(output),
         total_tokens=percentiles(prompt + output),
-        turns_per_session=percentiles(table.groupby("session_id", sort=False).size()),
+        turns_per_session=percentiles(turns),
         prompt_tokens_by_turn=by_turn,
         duration_s=span,
         requests_per_s=gaps.size / span if span else None,
@@ -215,6 +216,7 @@ def plot_stats(table: pd.DataFrame, stats: WorkloadStats, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     lengths, growth, arrivals, turns = axes.flat
@@ -238,6 +240,8 @@ def plot_stats(table: pd.DataFrame, stats: WorkloadStats, path: Path) -> Path:
     arrivals.set(title="arrivals", xlabel="seconds from the first request", ylabel="requests/s")
     turns.hist(table.groupby("session_id").size(), bins=30)
     turns.set(title="turns per session", xlabel="turns", ylabel="sessions", yscale="log")
+    for axis in (growth, turns):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

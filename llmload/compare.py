@@ -1,0 +1,475 @@
+"""`llmload compare BASELINE CURRENT`: a regression gate between two runs that does not cry wolf.
+
+Two runs of the same plan never measure the same numbers, so a metric is called a regression
+only when the whole bootstrap confidence interval of its degradation lies beyond its limit.
+The interval comes from resampling each run's requests (an ITL resample pools the gaps of the
+requests drawn), so it is as wide as the run's own noise. Limits: docs/gates.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
+
+from llmload.models import RunManifest, Strict, Summary
+from llmload.records import RECORDS_FILE, read_records
+from llmload.report import MANIFEST_FILE, load_manifest, summarize
+
+LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
+LATENCY_PERCENTILES = (50, 95, 99)
+_RESAMPLE_BLOCK_VALUES = 2_000_000  # counts held at once: resamples × requests, about 16 MB
+
+# --------------------------------------------------------------------------- thresholds
+
+
+class LatencyRise(Strict):
+    """Relative rise a latency percentile may show before it is a regression (0.10 = 10%)."""
+
+    p50: NonNegativeFloat = 0.10
+    p95: NonNegativeFloat = 0.10
+    p99: NonNegativeFloat = 0.15
+
+
+class LatencyFloorMs(Strict):
+    """Absolute rise (ms) below which a latency change is never a regression: fast targets jitter."""
+
+    ttft: NonNegativeFloat = 5.0
+    itl: NonNegativeFloat = 1.0
+    tpot: NonNegativeFloat = 1.0
+    e2e: NonNegativeFloat = 5.0
+
+
+class Bootstrap(Strict):
+    resamples: PositiveInt = 1000
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    seed: int = 0
+
+
+class Thresholds(Strict):
+    """What `llmload compare` tolerates; a YAML file overrides any subset (unknown keys fail)."""
+
+    latency_rise: LatencyRise = LatencyRise()
+    latency_floor_ms: LatencyFloorMs = LatencyFloorMs()
+    throughput_drop: NonNegativeFloat = Field(default=0.05, description="relative drop of req/s and output tok/s")
+    error_rate_rise: NonNegativeFloat = Field(default=0.01, description="rise of failed/sent, as a fraction")
+    oom_family_rise: NonNegativeInt = Field(default=0, description="more oom+engine_dead+server_down failures")
+    bootstrap: Bootstrap = Bootstrap()
+
+
+class InputError(ValueError):
+    """Bad input (not a run directory, bad YAML): exit code 2, with this message."""
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def load_yaml_model(path: Path, model: type[ModelT]) -> ModelT:
+    """A strict model from a YAML file; every error names the file and the offending key."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(f"{path}: {validation_message(exc)}") from None
+
+
+def validation_message(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One metric's values of a run, sorted, each with the request it came from (ITL: many each)."""
+
+    values: np.ndarray
+    owners: np.ndarray
+    per_owner: np.ndarray  # values per request, float for BLAS products with resample counts
+
+    @classmethod
+    def of(cls, values: np.ndarray, owners: np.ndarray, requests: int) -> Pooled:
+        keep = ~np.isnan(values)
+        order = np.argsort(values[keep])
+        owners = owners[keep][order]
+        return cls(values[keep][order], owners, np.bincount(owners, minlength=requests).astype(float))
+
+
+class ResampledPercentile:
+    """numpy's linear q-th percentile of each resample's pooled values (NaN for a resample without any).
+
+    Resample b holds counts[b, i] copies of request i, so of each of its values. Its order
+    statistics lie near the full sample's q-th percentile, so only a window of the sorted values
+    is scanned: about ±8 standard errors of the quantile's level (the ratio-estimator variance
+    over requests, which accounts for ITL gaps of one request moving together), widened when a
+    resample falls outside it. The result is exact; the cost is resamples × window instead of
+    resamples × values (ITL has millions).
+    """
+
+    def __init__(self, pooled: Pooled, q: float) -> None:
+        self.pooled, self.q = pooled, q
+        size = pooled.values.size
+        self.centre = int(q / 100 * (size - 1)) if size else 0
+        below_centre = np.bincount(pooled.owners[: self.centre + 1], minlength=pooled.per_owner.size)
+        level = (self.centre + 1) / max(size, 1)
+        spread = np.sqrt(np.sum((below_centre - level * pooled.per_owner) ** 2)) / max(size, 1)
+        self._set_window(int(8 * spread * size) + 32)
+
+    def _set_window(self, half: int) -> None:
+        size = self.pooled.values.size
+        self.half = half
+        self.lo, self.hi = max(0, self.centre - half), min(size, self.centre + half + 2)
+        self.below = np.bincount(self.pooled.owners[: self.lo], minlength=self.pooled.per_owner.size).astype(float)
+        self.window_owners = self.pooled.owners[self.lo : self.hi]
+
+    def __call__(self, counts: np.ndarray, totals: np.ndarray, below: np.ndarray) -> np.ndarray:
+        """`totals` and `below` are counts @ pooled.per_owner and counts @ self.below, computed by the caller."""
+        values = self.pooled.values
+        position = self.q / 100 * np.maximum(totals - 1, 0)
+        lower = np.floor(position)
+        ranks = np.stack([lower, np.minimum(lower + 1, np.maximum(totals - 1, 0))], axis=1)  # 0-based, (b, 2)
+        if values.size == 0:
+            return np.full(len(totals), np.nan)
+        while True:
+            cumulative = below[:, None] + np.cumsum(counts[:, self.window_owners], axis=1)
+            inside = (ranks >= below[:, None]) & (ranks < cumulative[:, -1:])
+            if (inside.all(axis=1) | (totals == 0)).all() or (self.lo == 0 and self.hi == values.size):
+                break
+            self._set_window(self.half * 4)
+            below = counts @ self.below
+        index = self.lo + np.array(
+            [np.searchsorted(c, r, side="right") for c, r in zip(cumulative, ranks, strict=True)]
+        )
+        low, high = values[np.minimum(index, values.size - 1)].T
+        out: np.ndarray = low + (position - lower) * (high - low)
+        out[totals == 0] = np.nan
+        return out
+
+
+@dataclass(frozen=True)
+class RunSample:
+    """A run reduced to what is resampled: per-request vectors and each latency metric pooled."""
+
+    name: str
+    manifest: RunManifest
+    summary: Summary
+    requests: int
+    plan_s: float  # the stages' total duration: start-up and drain time vary from run to run
+    ok: np.ndarray
+    sent: np.ndarray
+    failed: np.ndarray
+    ok_output_tokens: np.ndarray
+    latency: dict[str, Pooled]
+
+    @property
+    def throughput(self) -> dict[str, float]:
+        """Successful requests and their output tokens per second of the plan."""
+        return {
+            "requests_per_s": float(self.ok.sum() / self.plan_s),
+            "output_tokens_per_s": float(self.ok_output_tokens.sum() / self.plan_s),
+        }
+
+
+def read_run(run_dir: Path) -> tuple[RunManifest, pd.DataFrame]:
+    """A run's plan and records, or an InputError that says what is wrong with the directory."""
+    if not (run_dir / MANIFEST_FILE).is_file():
+        raise InputError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
+    if not (run_dir / RECORDS_FILE).is_file():
+        raise InputError(f"{run_dir} has no {RECORDS_FILE}")
+    try:
+        manifest = load_manifest(run_dir)
+        df = read_records(run_dir / RECORDS_FILE)
+    except ValueError as exc:
+        raise InputError(f"{run_dir}: {exc}") from None
+    if df.empty:
+        raise InputError(f"{run_dir}: no request records")
+    return manifest, df
+
+
+def load_run(run_dir: Path) -> RunSample:
+    manifest, df = read_run(run_dir)
+    summary = summarize(df, manifest)
+    n = len(df)
+    ok = (df.status == "ok").to_numpy()
+    index = np.arange(n)
+    gaps = [np.asarray(v, dtype=float) for v in df.itl_ms[ok]]
+    latency = {
+        metric: Pooled.of(df[f"{metric}_ms"].to_numpy(dtype=float)[ok], index[ok], n)
+        for metric in LATENCY_METRICS
+        if metric != "itl"
+    }
+    latency["itl"] = Pooled.of(
+        np.concatenate([np.array([]), *gaps]), np.repeat(index[ok], [g.size for g in gaps]).astype(np.int64), n
+    )
+    return RunSample(
+        name=str(run_dir),
+        manifest=manifest,
+        summary=summary,
+        requests=n,
+        plan_s=sum(stage.duration_s for stage in manifest.stages),
+        ok=ok.astype(float),
+        sent=(df.status != "not_sent").to_numpy(dtype=float),
+        failed=(df.status == "failed").to_numpy(dtype=float),
+        ok_output_tokens=np.where(ok, df.output_tokens.fillna(0).to_numpy(dtype=float), 0.0),
+        latency=latency,
+    )
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    return np.divide(numerator, denominator, out=np.full(len(numerator), np.nan), where=denominator > 0)
+
+
+def bootstrap(run: RunSample, settings: Bootstrap, stream: int) -> dict[str, np.ndarray]:
+    """Every compared figure in each of `settings.resamples` seeded resamples of the run's requests.
+
+    Each block's count-weighted sums come from one matrix product: many small ones are far
+    slower when BLAS threads compete for a busy machine's cores.
+    """
+    rng = np.random.default_rng([settings.seed, stream])
+    n = run.requests
+    estimators = {
+        f"{m}.p{q}": ResampledPercentile(run.latency[m], q) for m in LATENCY_METRICS for q in LATENCY_PERCENTILES
+    }
+    block = max(1, min(settings.resamples, _RESAMPLE_BLOCK_VALUES // n))
+    parts: dict[str, list[np.ndarray]] = defaultdict(list)
+    for start in range(0, settings.resamples, block):
+        b = min(block, settings.resamples - start)
+        draws = rng.integers(0, n, size=(b, n)) + n * np.arange(b)[:, None]
+        counts = np.bincount(draws.ravel(), minlength=b * n).reshape(b, n).astype(float)
+        columns = [run.ok, run.ok_output_tokens, run.failed, run.sent]
+        columns += [v for e in estimators.values() for v in (e.pooled.per_owner, e.below)]
+        ok, tokens, failed, sent, *pairs = (counts @ np.column_stack(columns)).T
+        parts["requests_per_s"].append(ok / run.plan_s)
+        parts["output_tokens_per_s"].append(tokens / run.plan_s)
+        parts["error_rate"].append(_ratio(failed, sent))
+        for (key, estimate), totals, below in zip(estimators.items(), pairs[::2], pairs[1::2], strict=True):
+            parts[key].append(estimate(counts, totals, below))
+    return {key: np.concatenate(chunks) for key, chunks in parts.items()}
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+class Row(BaseModel):
+    """One compared figure; `worse` is +1 when a rise is bad (latency), -1 when a drop is (throughput)."""
+
+    metric: str
+    unit: str
+    worse: Literal[1, -1]
+    baseline: float | None
+    current: float | None
+    ci: tuple[float, float] | None = Field(description="confidence interval of current − baseline")
+    limit: float = Field(description="degradation allowed, in the metric's unit")
+    regressed: bool | None = Field(description="None when either run has no value")
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.baseline is None or self.current is None else self.current - self.baseline
+
+    @property
+    def delta_percent(self) -> float | None:
+        delta = self.delta
+        return None if delta is None or not self.baseline else 100 * delta / self.baseline
+
+
+class Comparison(BaseModel):
+    baseline: str
+    current: str
+    confidence: float
+    rows: list[Row]
+    warnings: list[str]
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.regressed]
+
+
+def _row(
+    metric: str,
+    unit: str,
+    worse: Literal[1, -1],
+    *,
+    values: tuple[float | None, float | None],
+    diffs: np.ndarray | None,
+    limit: float,
+    confidence: float,
+) -> Row:
+    """Regressed when the degradation's whole interval exceeds the limit; a count has no interval."""
+    base, cur = values
+    ci = None
+    if base is not None and cur is not None:
+        tail = 50 * (1 - confidence)
+        lo, hi = (cur - base, cur - base) if diffs is None else np.nanpercentile(diffs, [tail, 100 - tail]).tolist()
+        ci = (lo, hi)
+    return Row(
+        metric=metric, unit=unit, worse=worse, baseline=base, current=cur, ci=ci, limit=limit,
+        regressed=None if ci is None else bool(min(worse * ci[0], worse * ci[1]) > limit),
+    )  # fmt: skip
+
+
+def _plan_warnings(base: RunManifest, cur: RunManifest) -> list[str]:
+    def plan(m: RunManifest) -> tuple[object, ...]:
+        return (m.workload, m.arrival, m.target_qps, [(s.percent, s.duration_s) for s in m.stages])
+
+    if plan(base) == plan(cur):
+        return []
+    return [
+        f"the runs' plans differ (workload, arrival, target req/s, stages): {plan(base)} vs {plan(cur)}; "
+        "their deltas compare different loads"
+    ]
+
+
+def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds) -> Comparison:
+    settings = thresholds.bootstrap
+    base_boot, cur_boot = bootstrap(baseline, settings, 0), bootstrap(current, settings, 1)
+    base, cur = baseline.summary, current.summary
+    judge = functools.partial(_row, confidence=settings.confidence)
+    rows = []
+    for metric in LATENCY_METRICS:
+        for q in LATENCY_PERCENTILES:
+            key = f"p{q}"
+            b, c = (getattr(getattr(s.latency_ms, metric), key) for s in (base, cur))
+            floor = getattr(thresholds.latency_floor_ms, metric)
+            limit = max(getattr(thresholds.latency_rise, key) * (b or 0.0), floor)
+            diffs = cur_boot[f"{metric}.{key}"] - base_boot[f"{metric}.{key}"]
+            rows.append(judge(f"{metric.upper()} {key}", "ms", 1, values=(b, c), diffs=diffs, limit=limit))
+    for key, name, unit in (("requests_per_s", "throughput", "req/s"), ("output_tokens_per_s", "output", "tok/s")):
+        b, c = (r.throughput[key] for r in (baseline, current))
+        diffs = cur_boot[key] - base_boot[key]
+        rows.append(judge(name, unit, -1, values=(b, c), diffs=diffs, limit=thresholds.throughput_drop * b))
+    b, c = (s.requests.failed / s.requests.sent if s.requests.sent else None for s in (base, cur))
+    diffs = cur_boot["error_rate"] - base_boot["error_rate"]
+    rows.append(judge("error rate", "%", 1, values=(b, c), diffs=diffs, limit=thresholds.error_rate_rise))
+    oom = (float(base.failures.oom_family), float(cur.failures.oom_family))
+    rows.append(judge("OOM-family failures", "count", 1, values=oom, diffs=None, limit=thresholds.oom_family_rise))
+    return Comparison(
+        baseline=baseline.name,
+        current=current.name,
+        confidence=settings.confidence,
+        rows=rows,
+        warnings=_plan_warnings(baseline.manifest, current.manifest),
+    )
+
+
+# --------------------------------------------------------------------------- rendering
+
+HEADER = ("metric", "baseline", "current", "Δ", "Δ %", "CI of Δ", "allowed", "result")
+
+
+def _number(value: float | None, unit: str, *, sign: bool = False) -> str:
+    if value is None:
+        return "–"
+    if unit == "%":
+        value *= 100
+    digits = 0 if unit == "count" else 2 if unit in ("req/s", "%") else 1
+    return f"{value:{'+' if sign else ''},.{digits}f}"
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    pct = row.delta_percent
+    ci = (
+        "–"
+        if row.ci is None
+        else f"[{_number(row.ci[0], row.unit, sign=True)}, {_number(row.ci[1], row.unit, sign=True)}]"
+    )
+    result = "n/a" if row.regressed is None else "REGRESSION" if row.regressed else "ok"
+    return (
+        f"{row.metric} ({row.unit})",
+        _number(row.baseline, row.unit),
+        _number(row.current, row.unit),
+        _number(row.delta, row.unit, sign=True),
+        "–" if pct is None else f"{pct:+.1f}%",
+        ci,
+        _number(row.worse * row.limit, row.unit, sign=True),
+        result,
+    )
+
+
+def _verdict_lines(comparison: Comparison) -> list[str]:
+    conf = f"{comparison.confidence:.0%}"
+    note = (
+        "Latency of successful requests, from send; throughput per second of the planned stages "
+        f"(start-up and drain excluded); CI: {conf} bootstrap interval of current − baseline."
+    )
+    if not comparison.regressions:
+        return [note, "", f"No regression: no metric's {conf} interval of degradation lies beyond its limit."]
+    return [
+        note,
+        "",
+        f"REGRESSION in {', '.join(r.metric for r in comparison.regressions)}: "
+        f"the whole {conf} interval of the degradation lies beyond the allowed change.",
+    ]
+
+
+def render_text(comparison: Comparison) -> str:
+    table = [HEADER, *(_cells(r) for r in comparison.rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+    lines = [f"baseline {comparison.baseline}  vs  current {comparison.current}", ""]
+    for row in table:
+        lines.append(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    lines += ["", *_verdict_lines(comparison), *(f"warning: {w}" for w in comparison.warnings)]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(comparison: Comparison) -> str:
+    verdict = "FAIL" if comparison.regressions else "PASS"
+    lines = [
+        f"### llmload regression gate: **{verdict}**",
+        "",
+        f"Baseline `{comparison.baseline}` vs current `{comparison.current}`.",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|---|" + "---:|" * (len(HEADER) - 2) + "---|",
+    ]
+    for row in comparison.rows:
+        cells = list(_cells(row))
+        if row.regressed:
+            cells[-1] = f"**{cells[-1]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *_verdict_lines(comparison), *(f"\n> warning: {w}" for w in comparison.warnings)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("baseline", help="baseline run directory (run.json + requests.jsonl)")
+    parser.add_argument("current", help="current run directory")
+    parser.add_argument("--thresholds", type=Path, default=None, help="YAML overriding the limits (docs/gates.md)")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown (CI comments)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """0: no regression; 1: a regression; 2: bad input."""
+    try:
+        thresholds = load_yaml_model(args.thresholds, Thresholds) if args.thresholds else Thresholds()
+        comparison = compare_runs(load_run(Path(args.baseline)), load_run(Path(args.current)), thresholds)
+    except InputError as exc:
+        print(f"llmload compare: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_text(comparison))
+    if args.markdown:
+        args.markdown.write_text(render_markdown(comparison))
+    return 1 if comparison.regressions else 0

@@ -1,0 +1,418 @@
+"""report.html: one self-contained page per run, to open offline, attach to a ticket, archive.
+
+Charts are matplotlib SVGs embedded as data: URIs (each image its own document, so the ids
+inside the SVGs never clash); there is no script and no external resource, and a
+Content-Security-Policy makes the browser refuse any that slipped in. Jinja's autoescape escapes
+every text: error messages come from servers. Figures come from the raw records, the summary
+(percentiles as in summary.json) and server.jsonl when the observer ran.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from matplotlib.typing import RcKeyType
+
+from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, Percentiles, RunManifest, Stage, Summary
+from llmload.observe import SERVER_FILE, series_max, server_frame
+from llmload.records import RECORDS_FILE, read_records
+from llmload.report import SUMMARY_FILE, fmt, load_manifest, percentiles, summarize
+
+HTML_FILE = "report.html"
+MAX_WINDOWS = 60  # points per time series: enough to see a trend, few enough to read
+NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+CATEGORY_COLORS = dict(
+    zip(
+        FAILURE_CATEGORIES,
+        ("#9467bd", "#7f0000", "#d62728", "#ff7f0e", "#8c564b", "#bcbd22", "#17becf", "#1f77b4", "#e377c2", "#7f7f7f"),
+        strict=True,
+    )
+)
+P50, P99 = "#1f77b4", "#d62728"
+_RC: dict[RcKeyType, Any] = {
+    "font.size": 9,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "svg.fonttype": "path",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+}
+
+
+@dataclass
+class Chart:
+    title: str
+    image: str | None = None  # data: URI of the SVG
+    note: str | None = None  # said instead of a chart that has nothing to show
+
+
+@dataclass
+class Run:
+    """Everything a report reads, times relative to the run's start (seconds)."""
+
+    manifest: RunManifest
+    summary: Summary
+    records: pd.DataFrame
+    server: pd.DataFrame
+    span_s: float  # plan and drain: the x range of every time chart
+    window_s: float
+
+    @property
+    def stages(self) -> list[Stage]:
+        return self.manifest.stages
+
+    def rel(self, unix: pd.Series) -> np.ndarray:
+        return (unix - self.manifest.started_at).to_numpy(dtype=float)
+
+
+def load_run(run_dir: Path) -> Run:
+    manifest = load_manifest(run_dir)
+    records = read_records(run_dir / RECORDS_FILE)
+    numeric = ["scheduled_at", "sent_at", "finished_at", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
+    records[numeric] = records[numeric].astype(float)  # None -> NaN, also in runs with no such values
+    summary_path = run_dir / SUMMARY_FILE
+    if summary_path.exists():
+        summary = Summary.model_validate_json(summary_path.read_bytes())
+    else:
+        summary = summarize(records, manifest)
+    server = server_frame(run_dir / SERVER_FILE)
+    span = max(manifest.stages[-1].end_s if manifest.stages else 0.0, summary.run.finished_at - manifest.started_at)
+    return Run(manifest, summary, records, server, span, _window_s(span))
+
+
+def _window_s(span_s: float) -> float:
+    """A round window giving at most MAX_WINDOWS points over the run."""
+    for window in NICE_WINDOWS_S:
+        if span_s / window <= MAX_WINDOWS:
+            return float(window)
+    return float(math.ceil(span_s / MAX_WINDOWS))
+
+
+def _svg(fig: Figure, salt: str) -> str:
+    buffer = io.BytesIO()
+    with matplotlib.rc_context({"svg.hashsalt": salt}):  # stable ids: the same run renders the same bytes
+        fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _time_axis(ax: Axes, run: Run, *, names: bool) -> None:
+    """The run's time range, stage boundaries dotted (names on top), the end of the plan dashed."""
+    ax.set_xlim(0, run.span_s)
+    for stage in run.stages:
+        if stage.start_s > 0:
+            ax.axvline(stage.start_s, color="0.4", linestyle=":", linewidth=1)
+        if names:
+            ax.text(stage.start_s + stage.duration_s / 2, 1.0, stage.name, transform=ax.get_xaxis_transform(),
+                    ha="center", va="bottom", fontsize=8, color="0.3")  # fmt: skip
+    if run.stages:
+        ax.axvline(run.stages[-1].end_s, color="0.4", linestyle="--", linewidth=1)
+
+
+def _legend(ax: Axes, **kwargs: Any) -> None:
+    """Beside the plot, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), **kwargs)
+
+
+def _windowed(times: np.ndarray, values: np.ndarray, window: float) -> tuple[np.ndarray, list[Percentiles]]:
+    """Window midpoints and the percentiles of the values in each window that has any."""
+    keep = ~np.isnan(times) & ~np.isnan(values)
+    index = np.floor(times[keep] / window).astype(int)
+    order = np.argsort(index, kind="stable")
+    index, values = index[order], values[keep][order]
+    keys, starts = np.unique(index, return_index=True)
+    return (keys + 0.5) * window, [percentiles(group) for group in np.split(values, starts[1:])]
+
+
+def _latency_chart(run: Run) -> Figure | str:
+    ok = run.records[run.records.status == "ok"]
+    if ok.empty:
+        return "No successful requests: no latencies to show."
+    sent = run.rel(ok.sent_at)
+    itl_counts = ok.itl_ms.map(len).to_numpy()
+    itl = np.fromiter((v for values in ok.itl_ms for v in values), dtype=float, count=int(itl_counts.sum()))
+    series = (
+        ("TTFT (ms)", sent, ok.ttft_ms.to_numpy()),
+        ("ITL (ms)", np.repeat(sent, itl_counts), itl),
+        ("E2E (ms)", sent, ok.e2e_ms.to_numpy()),
+    )
+    fig = Figure(figsize=(10, 6.6))
+    axes = fig.subplots(3, 1, sharex=True)
+    for i, (ax, (label, times, values)) in enumerate(zip(axes, series, strict=True)):
+        x, stats = _windowed(times, values, run.window_s)
+        ax.plot(x, [s.p50 for s in stats], color=P50, marker=".", label="p50")
+        ax.plot(x, [s.p99 for s in stats], color=P99, marker=".", label="p99")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        _time_axis(ax, run, names=i == 0)
+    _legend(axes[0])
+    axes[-1].set_xlabel(f"seconds since start (by send time, {run.window_s:g} s windows)")
+    return fig
+
+
+def _qps_chart(run: Run) -> Figure | str:
+    stages = run.summary.stages
+    if not stages:
+        return "The run had no stages."
+    x = np.arange(len(stages))
+    fig = Figure(figsize=(10, 3.2))
+    ax = fig.subplots()
+    ax.bar(x - 0.27, [s.target_qps for s in stages], 0.27, color="0.8", label="target")
+    ax.bar(x, [s.offered_qps for s in stages], 0.27, color=P50, label="offered (scheduled)")
+    achieved = ax.bar(x + 0.27, [s.achieved_qps for s in stages], 0.27, color="#2ca02c", label="achieved (sent)")
+    for bar, stage in zip(achieved, stages, strict=True):
+        if stage.shortfall:
+            ax.annotate("shortfall", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=8, color=P99)  # fmt: skip
+    ax.set_xticks(x, [s.name for s in stages])
+    ax.set_ylabel("requests/s")
+    _legend(ax)
+    return fig
+
+
+def _server_chart(run: Run) -> Figure | str:
+    server = run.server
+    if server.empty:
+        return "No server metrics: the run has no server.jsonl (the observer did not run)."
+    if server[["kv_cache_usage", "waiting", "running"]].isna().all().all():
+        answered = int((server.health == 200).sum())
+        return (
+            f"No server metrics: {len(server)} samples, /health 200 in {answered}, but /metrics gave none of "
+            "vLLM's KV cache or queue metrics."
+        )
+    t = run.rel(server.t)
+    fig = Figure(figsize=(10, 4.4))
+    kv_ax, queue_ax = fig.subplots(2, 1, sharex=True)
+    kv_ax.plot(t, server.kv_cache_usage * 100, color="#9467bd")
+    kv_ax.set_ylabel("KV cache usage (%)")
+    kv_ax.set_ylim(0, 105)
+    queue_ax.plot(t, server.waiting, color=P99, label="waiting")
+    queue_ax.plot(t, server.running, color=P50, label="running")
+    preempted = server.preemptions_total - server.preemptions_total.dropna().min()
+    queue_ax.plot(t, preempted, color="0.3", linestyle="--", label="preempted (total)")
+    queue_ax.set_ylabel("requests")
+    queue_ax.set_ylim(bottom=0)
+    queue_ax.set_xlabel("seconds since start")
+    unhealthy = t[(server.health != 200).to_numpy()]
+    half = float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5  # a band as wide as the sample
+    for ax in (kv_ax, queue_ax):
+        _time_axis(ax, run, names=ax is kv_ax)
+        for at in unhealthy:  # samples where /health was not 200 or nothing answered
+            ax.axvspan(at - half, at + half, color=P99, alpha=0.15, linewidth=0)
+    _legend(queue_ax, title="red: /health not 200" if len(unhealthy) else None)
+    return fig
+
+
+def _failures_chart(run: Run) -> Figure | str:
+    failed = run.records[run.records.status == "failed"]
+    if failed.empty:
+        return "No failures."
+    at = run.rel(failed.finished_at.fillna(failed.sent_at).fillna(failed.scheduled_at))
+    window = np.floor(at / run.window_s).astype(int)
+    counts = pd.crosstab(window, failed.error_category.fillna("unknown").to_numpy())
+    fig = Figure(figsize=(10, 3.2))
+    ax = fig.subplots()
+    bottom = np.zeros(len(counts))
+    x = (counts.index.to_numpy() + 0.5) * run.window_s
+    for category in counts.columns:
+        heights = counts[category].to_numpy()
+        color = CATEGORY_COLORS.get(str(category), "0.5")
+        ax.bar(x, heights, run.window_s * 0.9, bottom=bottom, color=color, label=str(category))
+        bottom += heights
+    _time_axis(ax, run, names=True)
+    ax.set_ylabel(f"failures per {run.window_s:g} s")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("seconds since start (by end time)")
+    _legend(ax)
+    return fig
+
+
+def _turns_chart(run: Run) -> Figure | str:
+    turns = [t for t in run.summary.turns if t.ttft_p50_ms is not None]
+    if not turns:
+        return "No successful requests: nothing to show by turn."
+    x = [t.turn for t in turns]
+    fig = Figure(figsize=(10, 3.2))
+    prompt_ax, ttft_ax = fig.subplots(1, 2)
+    prompt_ax.plot(x, [t.prompt_tokens_p50 for t in turns], color=P50, marker="o", label="p50")
+    prompt_ax.plot(x, [t.prompt_tokens_p99 for t in turns], color=P99, marker="o", label="p99")
+    prompt_ax.set_ylabel("prompt tokens (history included)")
+    ttft_ax.plot(x, [t.ttft_p50_ms for t in turns], color=P50, marker="o", label="p50")
+    ttft_ax.plot(x, [t.ttft_p99_ms for t in turns], color=P99, marker="o", label="p99")
+    ttft_ax.set_ylabel("TTFT (ms)")
+    for ax in (prompt_ax, ttft_ax):
+        ax.set_xlabel("turn")
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _legend(ttft_ax)
+    return fig
+
+
+def _tokens_chart(run: Run) -> Figure | str:
+    ok = run.records[run.records.status == "ok"]
+    if ok.empty:
+        return "No successful requests: no token lengths to show."
+    fig = Figure(figsize=(10, 3.0))
+    for ax, (label, values, color) in zip(
+        fig.subplots(1, 2),
+        (("prompt tokens", ok.prompt_tokens, P50), ("output tokens", ok.output_tokens, "#2ca02c")),
+        strict=True,
+    ):
+        data = values.dropna().to_numpy()
+        ax.hist(data, bins=min(50, max(1, len(np.unique(data)))), color=color)
+        p = percentiles(data)
+        for q, style in ((p.p50, "-"), (p.p99, "--")):
+            if q is not None:
+                ax.axvline(q, color="0.2", linestyle=style, linewidth=1)
+        ax.set_xlabel(f"{label} (lines: p50, p99)")
+        ax.set_ylabel("requests")
+    return fig
+
+
+CHARTS: Sequence[tuple[str, Callable[[Run], Figure | str]]] = (
+    ("Latency over time (p50, p99)", _latency_chart),
+    ("Offered vs achieved rate by stage", _qps_chart),
+    ("Server: KV cache and queue", _server_chart),
+    ("Failures over time by category", _failures_chart),
+    ("By turn: prompt length and TTFT", _turns_chart),
+    ("Token lengths (successful requests)", _tokens_chart),
+)
+
+
+def _failure_rows(run: Run) -> list[dict[str, object]]:
+    """Per category: count, an example, and the server's state when they happened (if observed)."""
+    failed = run.records[run.records.status == "failed"].copy()
+    examples = run.summary.failures.examples
+    failed["at"] = failed.finished_at.fillna(failed.sent_at).fillna(failed.scheduled_at)
+    if not run.server.empty and not failed.empty:
+        failed = pd.merge_asof(
+            failed.sort_values("at"), run.server[["t", "health", "kv_cache_usage", "waiting"]],
+            left_on="at", right_on="t", direction="backward",
+        )  # fmt: skip
+    rows = []
+    for category, count in sorted(run.summary.failures.by_category.items(), key=lambda kv: -kv[1]):
+        row: dict[str, object] = {
+            "category": category,
+            "count": count,
+            "oom": category in OOM_FAMILY,
+            "example": examples.get(category, "")[:300],
+        }
+        if "t" in failed:
+            group = failed[failed.error_category == category]
+            kv = series_max(group.kv_cache_usage)
+            row["kv"] = "–" if kv is None else f"{kv * 100:.0f}%"
+            row["waiting"] = fmt(series_max(group.waiting), 0)
+            row["unhealthy"] = int((group.t.notna() & (group.health != 200)).sum())  # NaN health: no answer
+        rows.append(row)
+    return rows
+
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+_ENV.filters["fmt"] = fmt
+TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>llmload run {{ s.run.run_id }}</title>
+<style>
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1100px;
+       padding: 1.2em 1.5em 3em; color: #222; line-height: 1.4; }
+h1 { font-size: 1.5em; margin-bottom: .2em; } h2 { font-size: 1.15em; margin: 1.6em 0 .5em; }
+.meta { color: #555; margin-top: 0; }
+.verdict { padding: .7em 1em; border-radius: 6px; margin: 1em 0; border: 2px solid; }
+.verdict.pass { background: #e9f7ec; border-color: #2ca02c; }
+.verdict.fail { background: #fdecea; border-color: #d62728; }
+.verdict strong { font-size: 1.4em; } .verdict ul { margin: .3em 0 0; }
+.warn { background: #fff6e0; border-left: 4px solid #e6a700; padding: .4em 1em; margin: 1em 0; }
+table { border-collapse: collapse; margin: .4em 0 1em; font-variant-numeric: tabular-nums; }
+th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; } td.msg { text-align: left; max-width: 34em;
+  overflow-wrap: anywhere; font-family: ui-monospace, monospace; font-size: .85em; }
+tr.oom td:first-child { color: #b00; font-weight: 600; }
+.note { color: #666; font-style: italic; padding: .8em 1em; background: #f7f7f7; border-radius: 4px; }
+figure { margin: 0 0 1.2em; } figure img { width: 100%; height: auto; display: block; }
+</style></head><body>
+<h1>llmload run <code>{{ s.run.run_id }}</code></h1>
+<p class="meta">Target {{ s.run.host }} (model {{ s.run.model or "?" }}), workload {{ s.run.workload }},
+{{ s.run.arrival }} arrivals, target {{ s.run.target_qps | fmt(2) }} req/s, {{ s.run.workers }} load-generator
+process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
+{% if s.verdict %}
+<div class="verdict {{ 'pass' if s.verdict.passed else 'fail' }}"><strong>{{ 'PASS' if s.verdict.passed
+  else 'FAIL' }}</strong>{% if s.verdict.reasons %}<ul>{% for r in s.verdict.reasons %}<li>{{ r }}</li>{% endfor
+  %}</ul>{% endif %}</div>
+{% endif %}
+{% for w in s.run.warnings %}<div class="warn">{{ w }}</div>{% endfor %}
+<h2>Requests</h2>
+<table><tr><th>scheduled</th><th>sent</th><th>ok</th><th>failed</th><th>not sent</th><th>OOM family</th></tr>
+<tr><td>{{ s.requests.scheduled }}</td><td>{{ s.requests.sent }}</td><td>{{ s.requests.ok }}</td>
+<td>{{ s.requests.failed }}</td><td>{{ s.requests.not_sent }}</td><td>{{ s.failures.oom_family }}</td></tr></table>
+<h2>Latency (ms, successful requests, from send)</h2>
+<table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
+{% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
+<td>{{ p.p99 | fmt }}</td><td>{{ p.max | fmt }}</td><td>{{ p.count }}</td></tr>{% endfor %}</table>
+<p>Throughput {{ s.throughput.requests_per_s | fmt(2) }} req/s, {{ s.throughput.output_tokens_per_s | fmt(0) }}
+output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% if s.server %} Server: KV cache
+usage max {{ (s.server.kv_cache_usage_max * 100) | fmt(0) if s.server.kv_cache_usage_max is not none else "–" }}%,
+preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting_max | fmt(0) }}.{% endif %}</p>
+{% for chart in charts %}<h2>{{ chart.title }}</h2>
+{% if chart.image %}<figure><img src="{{ chart.image }}" alt="{{ chart.title }}"></figure>
+{% else %}<p class="note">{{ chart.note }}</p>{% endif %}
+{% endfor %}
+<h2>Stages</h2>
+<table><tr><th class="l">stage</th><th>target req/s</th><th>offered</th><th>achieved</th><th>ok</th><th>failed</th>
+<th>not sent</th><th>delay p99 ms</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p99 ms</th></tr>
+{% for st in s.stages %}<tr><td class="l">{{ st.name }}{% if st.shortfall %} <b>(shortfall)</b>{% endif %}</td>
+<td>{{ st.target_qps | fmt(2) }}</td><td>{{ st.offered_qps | fmt(2) }}</td><td>{{ st.achieved_qps | fmt(2) }}</td>
+<td>{{ st.ok }}</td><td>{{ st.failed }}</td><td>{{ st.not_sent }}</td><td>{{ st.schedule_delay_p99_ms | fmt }}</td>
+<td>{{ st.ttft_p50_ms | fmt }}</td><td>{{ st.ttft_p99_ms | fmt }}</td><td>{{ st.e2e_p99_ms | fmt }}</td></tr>
+{% endfor %}</table>
+<h2>Failures</h2>
+{% if failures %}<table><tr><th class="l">category</th><th>count</th>{% if failures[0].kv is defined
+%}<th>KV at failure (max)</th><th>waiting (max)</th><th>/health not 200 or down</th>{% endif %}
+<th class="l">example</th></tr>
+{% for f in failures %}<tr{% if f.oom %} class="oom"{% endif %}>
+<td class="l">{{ f.category }}</td><td>{{ f.count }}</td>
+{% if f.kv is defined %}<td>{{ f.kv }}</td><td>{{ f.waiting }}</td><td>{{ f.unhealthy }}</td>{% endif %}
+<td class="msg">{{ f.example }}</td></tr>{% endfor %}</table>
+<p class="meta">OOM family (oom, engine_dead, server_down) in bold red.</p>
+{% else %}<p class="note">No failures.</p>{% endif %}
+</body></html>
+""")
+
+
+def render_html(run_dir: Path) -> Path:
+    """Write `run_dir/report.html` from run.json, requests.jsonl, summary.json and server.jsonl."""
+    run = load_run(run_dir)
+    charts = []
+    with matplotlib.rc_context(_RC):
+        for title, draw in CHARTS:
+            drawn = draw(run)
+            if isinstance(drawn, str):
+                charts.append(Chart(title, note=drawn))
+            else:
+                charts.append(Chart(title, image=_svg(drawn, run.manifest.run_id)))
+    lat = run.summary.latency_ms
+    html = TEMPLATE.render(
+        s=run.summary,
+        latency=[("TTFT", lat.ttft), ("ITL", lat.itl), ("TPOT", lat.tpot), ("E2E", lat.e2e)],
+        charts=charts,
+        failures=_failure_rows(run),
+    )
+    path = run_dir / HTML_FILE
+    path.write_text(html, encoding="utf-8")
+    return path

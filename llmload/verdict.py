@@ -1,0 +1,372 @@
+"""The soak verdict: PASS or FAIL for a run's hold stage (its last), with one reason line per check.
+
+A soak asks whether the target survives a load above its target rate for a long time: nothing
+died, almost nothing failed, the load generator delivered the rate, latency met its SLOs, and
+nothing kept growing (latency, KV-cache usage, the waiting queue, preemptions), since a steady
+upward slope is what ends in an OOM after the test has stopped. Criteria: docs/gates.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
+
+from llmload.compare import InputError, load_yaml_model, read_run
+from llmload.models import OOM_FAMILY, Stage, StageSummary, Strict, Verdict
+from llmload.observe import SERVER_FILE, server_frame
+from llmload.report import percentiles, summarize
+
+AlertAction = Literal["warn", "fail"]
+
+# --------------------------------------------------------------------------- criteria
+
+
+class DriftMinRise(Strict):
+    """Projected rise over the hold below which a slope is never drift, per signal: fast targets jitter."""
+
+    ttft_p99_ms: NonNegativeFloat = 5.0
+    e2e_p99_ms: NonNegativeFloat = 5.0
+    kv_cache_usage: NonNegativeFloat = Field(default=0.02, description="fraction of the KV cache (0..1)")
+    waiting: NonNegativeFloat = Field(default=1.0, description="requests")
+    preemptions_per_s: NonNegativeFloat = 0.05
+
+
+class DriftCriteria(Strict):
+    """A signal drifts when its least-squares slope over per-window values is positive with
+    `confidence` (the interval excludes 0) and its projected rise over the hold exceeds both
+    `relative_rise` × its fitted level at the hold's start and the signal's `min_rise`."""
+
+    window_s: PositiveFloat = 10.0
+    relative_rise: NonNegativeFloat = 0.20
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    min_windows: int = Field(default=6, ge=5, description="fewer windows: the check is skipped")
+    min_rise: DriftMinRise = DriftMinRise()
+
+
+class AlertLevels(Strict):
+    """The levels production alerts on (vLLM dashboards), checked per window of the hold."""
+
+    kv_cache_usage: float = Field(default=0.90, description="mean KV-cache usage of a window (0..1)")
+    waiting: float = Field(default=10, description="mean waiting requests of a window")
+    e2e_p99_ms: float = Field(default=2000, description="p99 E2E of the requests sent in a window")
+
+
+class AlertActions(Strict):
+    kv_cache_usage: AlertAction = "warn"
+    waiting: AlertAction = "warn"
+    e2e_p99_ms: AlertAction = "warn"
+
+
+class AlertCriteria(Strict):
+    window_s: PositiveFloat = Field(default=60.0, description="like an alert rule's range; the hold if shorter")
+    levels: AlertLevels = AlertLevels()
+    actions: AlertActions = AlertActions()
+
+
+class SoakCriteria(Strict):
+    """What a soak's hold must show to PASS; a YAML file overrides any subset (unknown keys fail)."""
+
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="failed / sent in the hold")
+    min_achieved_ratio: float = Field(default=0.98, ge=0, le=1, description="achieved / offered req/s in the hold")
+    slo_ttft_p99_ms: PositiveFloat | None = None
+    slo_e2e_p99_ms: PositiveFloat | None = None
+    drift: DriftCriteria = DriftCriteria()
+    alerts: AlertCriteria = AlertCriteria()
+
+
+# --------------------------------------------------------------------------- result
+
+
+class Check(BaseModel):
+    name: str
+    status: Literal["pass", "fail", "warn", "skip"]
+    detail: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.status.upper()} {self.name}: {self.detail}"
+
+
+class SoakResult(BaseModel):
+    run_id: str
+    hold: str
+    checks: list[Check]
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(passed=all(c.status != "fail" for c in self.checks), reasons=[c.line for c in self.checks])
+
+    @property
+    def warnings(self) -> list[str]:
+        return [c.line for c in self.checks if c.status == "warn"]
+
+
+# --------------------------------------------------------------------------- signals over time
+
+
+@dataclass(frozen=True)
+class Hold:
+    """The hold: where it starts (unix seconds), its successful requests and the server samples in it."""
+
+    stage: Stage
+    start: float
+    ok: pd.DataFrame  # ok records sent during the hold
+    server: pd.DataFrame  # server samples taken during the hold (columns may be all null)
+
+    @property
+    def duration_s(self) -> float:
+        return self.stage.duration_s
+
+    def windows(
+        self, times: pd.Series, values: pd.Series, window_s: float, reduce: Callable[[pd.Series], float]
+    ) -> pd.Series:
+        """`reduce` of the values in each full window of the hold, indexed by the window's middle
+        in seconds from the hold's start; empty windows are left out."""
+        slot = np.floor((times.to_numpy(dtype=float) - self.start) / window_s)
+        frame = pd.DataFrame({"slot": slot, "value": values.to_numpy(dtype=float)}).dropna()
+        frame = frame[(frame.slot >= 0) & (frame.slot < int(self.duration_s // window_s))]
+        reduced = frame.groupby("slot").value.agg(reduce)
+        reduced.index = (reduced.index + 0.5) * window_s
+        return reduced.dropna()
+
+
+def _p99(values: pd.Series) -> float:
+    p99 = percentiles(values).p99
+    return np.nan if p99 is None else p99
+
+
+def _mean(values: pd.Series) -> float:
+    return float(values.mean())
+
+
+def _preemption_rate(samples: pd.DataFrame) -> pd.DataFrame:
+    """Preemptions per second between consecutive samples (a counter reset counts as no preemption)."""
+    counter = samples.dropna(subset=["t", "preemptions_total"]).sort_values("t")
+    return pd.DataFrame(
+        {"t": counter.t, "value": counter.preemptions_total.diff().clip(lower=0) / counter.t.diff()}
+    ).dropna()
+
+
+# --------------------------------------------------------------------------- drift
+
+
+def _t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile (Abramowitz & Stegun 26.7.5): within 0.003 of exact for dof ≥ 3."""
+    z = NormalDist().inv_cdf(p)
+    terms = (
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    )
+    return z + sum(term / dof ** (i + 1) for i, term in enumerate(terms))
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Least-squares line through per-window values: slope per second, its interval, fitted start."""
+
+    slope: float
+    low: float
+    high: float
+    start: float
+
+    @classmethod
+    def fit(cls, series: pd.Series, confidence: float) -> Trend:
+        x, y = series.index.to_numpy(dtype=float), series.to_numpy(dtype=float)
+        dx = x - x.mean()
+        slope = float(dx @ (y - y.mean()) / (dx @ dx))
+        intercept = float(y.mean() - slope * x.mean())
+        residuals = y - intercept - slope * x
+        error = np.sqrt(residuals @ residuals / (len(x) - 2) / (dx @ dx))
+        half = _t_quantile(0.5 + confidence / 2, len(x) - 2) * error
+        return cls(slope, slope - half, slope + half, intercept)
+
+
+def _drift(
+    name: str, unit: str, series: pd.Series | None, floor: float, *, hold: Hold, criteria: DriftCriteria
+) -> Check:
+    window = f"{criteria.window_s:g} s"
+    if series is None:
+        return Check(name=name, status="skip", detail=f"not measured (no {SERVER_FILE} samples in the hold)")
+    if len(series) < criteria.min_windows:
+        return Check(
+            name=name,
+            status="skip",
+            detail=f"{len(series)} window(s) of {window} with data in the {hold.duration_s:g} s hold; "
+            f"a slope needs {criteria.min_windows}",
+        )
+    trend = Trend.fit(series, criteria.confidence)
+    rise = trend.slope * hold.duration_s
+    limit = max(criteria.relative_rise * max(trend.start, 0.0), floor)
+    drifting = trend.low > 0 and rise > limit
+    relative = f" ({rise / trend.start:+.0%})" if trend.start > 0 else ""
+    u = f" {unit}" if unit else ""
+    return Check(
+        name=name,
+        status="fail" if drifting else "pass",
+        detail=f"{rise:+.3g}{u} over the {hold.duration_s:g} s hold from {trend.start:.3g}{u}{relative}, slope "
+        f"{trend.slope:+.3g}{u}/s ({criteria.confidence:.0%} CI {trend.low:+.3g} to {trend.high:+.3g}, "
+        f"{len(series)} windows of {window}); limit: CI above 0 and rise > {limit:.3g}{u} "
+        f"({criteria.relative_rise:.0%} of the start, at least {floor:g})",
+    )
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _oom_check(by_category: dict[str, int]) -> Check:
+    oom = {k: v for k, v in sorted(by_category.items()) if k in OOM_FAMILY}
+    count = sum(oom.values())
+    kinds = f" ({', '.join(f'{k}: {v}' for k, v in oom.items())})" if oom else ""
+    return Check(
+        name="OOM-family failures",
+        status="fail" if count else "pass",
+        detail=f"{count} in the run{kinds}; limit 0 ({' + '.join(sorted(OOM_FAMILY))})",
+    )
+
+
+def _rate_checks(stage: StageSummary, criteria: SoakCriteria) -> list[Check]:
+    sent = stage.ok + stage.failed
+    rate = stage.failed / sent if sent else 1.0
+    ratio = stage.achieved_qps / stage.offered_qps if stage.offered_qps else 0.0
+    return [
+        Check(
+            name="error rate",
+            status="fail" if rate > criteria.max_error_rate or not sent else "pass",
+            detail=f"{rate:.2%} ({stage.failed} of {sent} sent failed) in the hold; "
+            f"limit {criteria.max_error_rate:.2%}",
+        ),
+        Check(
+            name="achieved rate",
+            status="fail" if ratio < criteria.min_achieved_ratio else "pass",
+            detail=f"{stage.achieved_qps:.2f} of {stage.offered_qps:.2f} req/s offered in the hold ({ratio:.1%}); "
+            f"limit ≥ {criteria.min_achieved_ratio:.0%}",
+        ),
+    ]
+
+
+def _slo_check(name: str, measured: float | None, slo: float | None, flag: str) -> Check:
+    if slo is None:
+        return Check(name=name, status="skip", detail=f"no SLO given ({flag})")
+    if measured is None:
+        return Check(name=name, status="fail", detail=f"no successful request in the hold; SLO {slo:g} ms")
+    status: Literal["pass", "fail"] = "fail" if measured > slo else "pass"
+    return Check(name=name, status=status, detail=f"{measured:.1f} ms in the hold; SLO {slo:g} ms")
+
+
+def _alert(name: str, series: pd.Series | None, level: float, action: AlertAction, window_s: float) -> Check:
+    if series is None or series.empty:
+        return Check(name=name, status="skip", detail="not measured: no data in the hold")
+    worst_at, worst = float(series.index[int(series.argmax())]), float(series.max())
+    fired = worst > level
+    return Check(
+        name=name,
+        status=action if fired else "pass",
+        detail=f"worst {window_s:g} s window {worst:.3g} (+{worst_at:g} s into the hold) "
+        f"{'>' if fired else '≤'} level {level:g}{f' ({action})' if fired else ''}",
+    )
+
+
+def _hold(run_dir: Path, stage: Stage, started_at: float, df: pd.DataFrame) -> Hold:
+    start = started_at + stage.start_s
+    end = start + stage.duration_s
+    ok = df[(df.status == "ok") & (df.sent_at >= start) & (df.sent_at < end)]
+    server = server_frame(run_dir / SERVER_FILE)
+    return Hold(stage, start, ok, server[(server.t >= start) & (server.t < end)])
+
+
+def evaluate(run_dir: Path, criteria: SoakCriteria) -> SoakResult:
+    """Every check of the hold; raises InputError when run_dir is not a readable run."""
+    manifest, df = read_run(run_dir)
+    summary = summarize(df, manifest)
+    stage = manifest.stages[-1]
+    hold = _hold(run_dir, stage, manifest.started_at, df)
+    hold_summary = summary.stages[-1]
+    drift, alerts = criteria.drift, criteria.alerts
+    alert_window = min(alerts.window_s, hold.duration_s)
+
+    def server_series(column: str, window_s: float) -> pd.Series | None:
+        samples = hold.server.dropna(subset=[column])
+        return None if samples.empty else hold.windows(samples.t, samples[column], window_s, _mean)
+
+    def latency_p99(column: str, window_s: float) -> pd.Series:
+        return hold.windows(hold.ok.sent_at, hold.ok[column], window_s, _p99)
+
+    rates = _preemption_rate(hold.server)
+    preemptions = hold.windows(rates.t, rates.value, drift.window_s, _mean) if len(rates) else None
+    floors, levels, actions = drift.min_rise, alerts.levels, alerts.actions
+    drift_check = functools.partial(_drift, hold=hold, criteria=drift)
+    checks = [
+        _oom_check(summary.failures.by_category),
+        *_rate_checks(hold_summary, criteria),
+        _slo_check("p99 TTFT SLO", hold_summary.ttft_p99_ms, criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
+        _slo_check("p99 E2E SLO", hold_summary.e2e_p99_ms, criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
+        drift_check("p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms),
+        drift_check("p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms),
+        drift_check(
+            "KV-cache usage drift", "", server_series("kv_cache_usage", drift.window_s), floors.kv_cache_usage
+        ),
+        drift_check("waiting-queue drift", "requests", server_series("waiting", drift.window_s), floors.waiting),
+        drift_check("preemption-rate drift", "/s", preemptions, floors.preemptions_per_s),
+        _alert(
+            "KV-cache usage alert", server_series("kv_cache_usage", alert_window),
+            levels.kv_cache_usage, actions.kv_cache_usage, alert_window,
+        ),
+        _alert(
+            "waiting-queue alert", server_series("waiting", alert_window), levels.waiting, actions.waiting, alert_window
+        ),
+        _alert(
+            "p99 E2E alert", latency_p99("e2e_ms", alert_window), levels.e2e_p99_ms, actions.e2e_p99_ms, alert_window
+        ),
+    ]  # fmt: skip
+    return SoakResult(run_id=manifest.run_id, hold=stage.name, checks=checks)
+
+
+# --------------------------------------------------------------------------- command-line flags
+
+
+def add_criteria_arguments(parser: Any) -> None:
+    """The soak flags, for `llmload soak` and Locust's parser alike (only `add_argument` is used)."""
+    parser.add_argument("--criteria", dest="soak_criteria", default=None, help="soak criteria YAML (docs/gates.md)")
+    parser.add_argument("--slo-ttft-p99-ms", type=float, default=None, help="p99 TTFT SLO of the hold, ms")
+    parser.add_argument("--slo-e2e-p99-ms", type=float, default=None, help="p99 E2E SLO of the hold, ms")
+    parser.add_argument(
+        "--max-error-rate", type=float, default=None, help="failed/sent allowed in the hold, a fraction (0.01)"
+    )
+    parser.add_argument(
+        "--min-achieved-ratio", type=float, default=None, help="achieved/offered req/s the hold needs (0.98)"
+    )
+    parser.add_argument(
+        "--alerts",
+        dest="soak_alerts",
+        choices=["warn", "fail"],
+        default=None,
+        help="what KV usage > 90%%, waiting > 10 or p99 E2E > 2 s in the hold does (default: warn)",
+    )
+
+
+_FLAG_FIELDS = ("slo_ttft_p99_ms", "slo_e2e_p99_ms", "max_error_rate", "min_achieved_ratio")
+
+
+def criteria_from_args(args: argparse.Namespace) -> SoakCriteria:
+    """The criteria file (if any), then the flags given on top; InputError names what is wrong."""
+    path = args.soak_criteria
+    criteria = load_yaml_model(Path(path), SoakCriteria) if path else SoakCriteria()
+    data = criteria.model_dump()
+    data.update({f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f) is not None})
+    if args.soak_alerts is not None:
+        data["alerts"]["actions"] = dict.fromkeys(AlertActions.model_fields, args.soak_alerts)
+    try:
+        return SoakCriteria.model_validate(data)
+    except ValidationError as exc:  # the file was valid: a flag is not
+        raise InputError("; ".join(f"--{e['loc'][0]}: {e['msg']}".replace("_", "-") for e in exc.errors())) from None

@@ -1,0 +1,158 @@
+"""`llmload compare` on real short runs against the simulator: noise passes, a slower TTFT fails."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from llmload import compare
+from llmload.records import RECORDS_FILE
+from llmload.sim.process import SimProcess
+from tests.locust_runs import run_locust, small_workload
+
+FLAGS = ("--target-qps", "12", "--stage-duration", "2", "--arrival", "constant")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two runs of one simulator (only noise differs) and one of a simulator with 40 ms more TTFT,
+    all at once: each mostly waits for its 8 s plan."""
+    directory = tmp_path_factory.mktemp("compare")
+    workload = small_workload(directory)
+    with (
+        SimProcess("--ttft-ms", "20", "--itl-ms", "20") as fast,
+        SimProcess("--ttft-ms", "60", "--itl-ms", "20") as slow,
+    ):
+        hosts = {"base": fast.url, "again": fast.url, "slow": slow.url}
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            futures = {
+                n: pool.submit(run_locust, url, workload, directory / "reports", n, *FLAGS) for n, url in hosts.items()
+            }
+            done = {n: f.result() for n, f in futures.items()}
+    for run in done.values():
+        assert run.returncode == 0, run.output[-3000:]
+    return {n: run.run_dir for n, run in done.items()}
+
+
+def _compare(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    compare.add_arguments(parser)
+    code = compare.run(parser.parse_args([str(a) for a in argv]))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _results(out: str) -> dict[str, str]:
+    """metric → result column of the stdout table."""
+    rows = {}
+    for line in out.splitlines():
+        for metric in ("TTFT", "ITL", "TPOT", "E2E"):
+            for q in ("p50", "p95", "p99"):
+                if line.startswith(f"{metric} {q} (ms)"):
+                    rows[f"{metric} {q}"] = line.split()[-1]
+    return rows
+
+
+def test_two_runs_of_the_same_target_differ_but_do_not_regress(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _compare(capsys, runs["base"], runs["again"])
+    assert code == 0, out
+    base, again = (compare.load_run(runs[n]).summary.latency_ms for n in ("base", "again"))
+    assert base.ttft.p50 != again.ttft.p50 and base.itl.p99 != again.itl.p99  # the noise is real
+    assert set(_results(out).values()) == {"ok"}, out
+    assert "No regression" in out
+
+
+def test_a_slower_first_token_is_a_ttft_regression_and_itl_is_not(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    markdown = tmp_path / "gate.md"
+    code, out, _ = _compare(capsys, runs["base"], runs["slow"], "--markdown", markdown)
+    assert code == 1, out
+    results = _results(out)
+    assert results["TTFT p50"] == results["TTFT p95"] == "REGRESSION", out
+    assert all(results[f"ITL {q}"] == "ok" for q in ("p50", "p95", "p99")), out
+    assert all(results[f"TPOT {q}"] == "ok" for q in ("p50", "p95", "p99")), out
+    table = markdown.read_text()
+    assert "regression gate: **FAIL**" in table
+    assert "| metric | baseline | current | Δ | Δ % | CI of Δ | allowed | result |" in table
+    ttft = next(line for line in table.splitlines() if line.startswith("| TTFT p50 (ms) |"))
+    assert ttft.endswith("| **REGRESSION** |")
+    delta = float(ttft.split("|")[4])
+    assert 35 < delta < 45  # the simulator's 40 ms
+
+
+def test_engine_deaths_regress_error_rate_oom_family_and_throughput(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The second run's records with every fifth request turned into vLLM's EngineDeadError."""
+    broken = tmp_path / "broken"
+    shutil.copytree(runs["again"], broken)
+    lines = []
+    for i, line in enumerate((broken / RECORDS_FILE).read_bytes().splitlines()):
+        record = orjson.loads(line)
+        if i % 5 == 0:
+            record.update(
+                status="failed", error_category="engine_dead", http_status=500, first_token_at=None, ttft_ms=None,
+                e2e_ms=None, tpot_ms=None, itl_ms=[], output_tokens=None,
+            )  # fmt: skip
+        lines.append(orjson.dumps(record) + b"\n")
+    (broken / RECORDS_FILE).write_bytes(b"".join(lines))
+    comparison = compare.compare_runs(compare.load_run(runs["base"]), compare.load_run(broken), compare.Thresholds())
+    regressed = {r.metric for r in comparison.regressions}
+    assert {"error rate", "OOM-family failures", "throughput"} <= regressed, compare.render_text(comparison)
+    assert not any(m.startswith(("ITL", "TPOT")) for m in regressed)
+
+
+def test_a_misspelt_threshold_key_is_named(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text("latency_rise:\n  p99: 0.2\nthroughput_dorp: 0.1\n")
+    code, out, err = _compare(capsys, runs["base"], runs["again"], "--thresholds", thresholds)
+    assert code == 2 and not out
+    assert "throughput_dorp: Extra inputs are not permitted" in err
+
+
+def test_looser_thresholds_from_yaml_let_the_slower_run_pass(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text("latency_floor_ms: {ttft: 100, e2e: 100}\n")
+    code, out, _ = _compare(capsys, runs["base"], runs["slow"], "--thresholds", thresholds)
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("bad", ["missing", "not-a-run"])
+def test_not_a_run_directory_is_bad_input(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path, bad: str
+) -> None:
+    path = tmp_path / bad
+    if bad == "not-a-run":
+        path.mkdir()
+    code, _, err = _compare(capsys, runs["base"], path)
+    assert code == 2 and "is not a run directory" in err
+
+
+def test_resampled_percentiles_equal_numpy_on_each_explicit_resample() -> None:
+    """The windowed search gives exactly np.percentile of the pooled values of the requests drawn."""
+    rng = np.random.default_rng(3)
+    for requests in (1, 7, 40):
+        sizes = rng.integers(0, 25, requests)
+        owners = np.repeat(np.arange(requests), sizes)
+        values = np.round(rng.lognormal(0, 1, owners.size) + 0.1 * owners, 1)  # ties, and per-request levels
+        pooled = compare.Pooled.of(values, owners, requests)
+        counts = np.stack([np.bincount(rng.integers(0, requests, requests), minlength=requests) for _ in range(30)])
+        counts = counts.astype(float)
+        for q in (0, 50, 95, 99, 100):
+            estimate = compare.ResampledPercentile(pooled, q)
+            estimate._set_window(1)  # start too narrow: the widening must find every resample's values
+            got = estimate(counts, counts @ pooled.per_owner, counts @ estimate.below)
+            for row, result in zip(counts.astype(int), got, strict=True):
+                drawn = np.concatenate([np.array([]), *(np.repeat(values[owners == i], c) for i, c in enumerate(row))])
+                assert result == pytest.approx(np.percentile(drawn, q) if drawn.size else np.nan, nan_ok=True)

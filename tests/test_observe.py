@@ -1,0 +1,219 @@
+"""The observer: /metrics and /health of a real vLLM, of a server without metrics, of nothing at all."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import gevent
+import numpy as np
+import orjson
+import pytest
+
+from llmload.client import ChatClient, Limits, StreamResult, chat_body
+from llmload.observe import METRICS, Observer, ServerSample, parse_metrics, server_frame, server_summary
+from tests.locust_runs import free_port
+from tests.vllm_harness import VllmServer
+
+CORE = ["vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"]  # fmt: skip
+ALL_NAMES = [names[0] for names in METRICS.values()]
+
+# vLLM 0.32's exposition (trimmed), with a second engine added: values add up over label sets
+VLLM_TEXT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny-llama"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 7.0
+vllm:num_requests_waiting{engine="1",model_name="tiny-llama"} 0.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="capacity"} 7.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="tiny-llama"} 0.75
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 900.0
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{engine="0",model_name="tiny-llama"} 1.795320796649746e+09
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny-llama"} 128.0
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 4.0
+vllm:num_preemptions_total{engine="1",model_name="tiny-llama"} 1.0
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="tiny-llama"} 1804.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 6000.0
+"""
+# an older vLLM (V0 names), and only part of the set
+OLD_VLLM_TEXT = """\
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 2.0
+"""
+
+
+def test_parse_metrics_sums_label_sets_and_takes_the_fullest_kv_cache() -> None:
+    assert parse_metrics(VLLM_TEXT) == {
+        "kv_cache_usage": 0.75,
+        "running": 5.0,
+        "waiting": 7.0,
+        "preemptions_total": 5.0,
+        "prefix_cache_hits_total": 128.0,
+        "prefix_cache_queries_total": 900.0,
+        "prompt_tokens_total": 1804.0,
+        "generation_tokens_total": 6000.0,
+    }
+    assert parse_metrics(OLD_VLLM_TEXT) == {"kv_cache_usage": 0.5, "running": 2.0}
+
+
+def _observe(observer: Observer, seconds: float) -> list[dict[str, object]]:
+    observer.start()
+    try:
+        gevent.sleep(seconds)
+    finally:
+        observer.stop()
+    return [orjson.loads(line) for line in observer.out_path.read_bytes().splitlines()]
+
+
+@pytest.fixture
+def loopback() -> Iterator[tuple[str, dict[str, str | None]]]:
+    """A server answering /health 200 and /metrics with `state["metrics"]` (None: 404, like sim v0)."""
+    state: dict[str, str | None] = {"metrics": None}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = state["metrics"] if self.path == "/metrics" else "" if self.path == "/health" else None
+            self.send_response(404 if body is None else 200)
+            data = (body or "").encode()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_server_without_metrics_is_healthy_with_every_metric_missing(
+    tmp_path: Path, loopback: tuple[str, dict[str, str | None]], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, _ = loopback
+    with caplog.at_level(logging.WARNING, logger="llmload.observe"):
+        samples = _observe(Observer(url + "/v1", tmp_path / "server.jsonl", interval_s=0.2), 1.0)
+    assert len(samples) >= 3
+    for sample in samples:
+        assert sample["health"] == 200 and sample["missing"] == ALL_NAMES and sample["kv_cache_usage"] is None
+    assert sum("/metrics answered 404" in r.message for r in caplog.records) == 1  # noted once, not per sample
+    assert server_summary(tmp_path / "server.jsonl") is None
+
+
+def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
+    tmp_path: Path, loopback: tuple[str, dict[str, str | None]], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, state = loopback
+    state["metrics"] = OLD_VLLM_TEXT
+    with caplog.at_level(logging.WARNING, logger="llmload.observe"):
+        samples = _observe(Observer(url, tmp_path / "server.jsonl", interval_s=0.2), 0.7)
+    assert samples and all(s["kv_cache_usage"] == 0.5 and s["running"] == 2.0 for s in samples)
+    assert samples[0]["missing"] == [n for n in ALL_NAMES if n not in ("vllm:kv_cache_usage_perc", CORE[1])]
+    lacks = [r.message for r in caplog.records if "lacks" in r.message]
+    assert len(lacks) == 1 and "vllm:num_requests_waiting, vllm:num_preemptions_total" in lacks[0]
+    summary = server_summary(tmp_path / "server.jsonl")
+    assert summary is not None and summary.kv_cache_usage_max == 0.5
+    assert summary.waiting_max is None and summary.preemptions is None
+
+
+def test_dead_port_gives_null_health_and_stops_cleanly(tmp_path: Path) -> None:
+    observer = Observer(f"http://127.0.0.1:{free_port()}", tmp_path / "server.jsonl", interval_s=0.2)
+    samples = _observe(observer, 1.0)
+    assert len(samples) >= 3
+    assert all(s["health"] is None and s["missing"] == ALL_NAMES for s in samples)
+    assert observer.latest() is not None and observer.latest() == ServerSample.model_validate(samples[-1])
+    started = time.monotonic()
+    observer.stop()  # a second stop is harmless
+    assert time.monotonic() - started < 1
+
+
+def test_state_at_and_summary_over_a_counter_reset(tmp_path: Path) -> None:
+    path = tmp_path / "server.jsonl"
+    rows = [
+        ServerSample(t=100, health=200, kv_cache_usage=0.1, waiting=0, preemptions_total=10),
+        ServerSample(t=101, health=200, kv_cache_usage=0.9, waiting=12, preemptions_total=14),
+        ServerSample(t=102, health=None, missing=ALL_NAMES),
+        ServerSample(t=103, health=200, kv_cache_usage=0.2, waiting=1, preemptions_total=3),  # restarted
+    ]
+    path.write_bytes(b"".join(orjson.dumps(r.model_dump(), option=orjson.OPT_APPEND_NEWLINE) for r in rows))
+    with path.open("ab") as handle:
+        handle.write(b'{"t": 104, "hea')  # torn by a crash: a lost sample
+    frame = server_frame(path)
+    assert len(frame) == 4 and np.isnan(frame.health[2])
+    summary = server_summary(path)
+    assert summary is not None
+    assert (summary.kv_cache_usage_max, summary.waiting_max, summary.preemptions) == (0.9, 12, 4 + 3)
+    assert server_summary(tmp_path / "absent.jsonl") is None
+
+    observer = Observer("http://127.0.0.1:1", path)
+    for row in rows:
+        observer._history.append(row)
+    assert observer.state_at(99.9) is None
+    assert observer.state_at(101.5) == rows[1]
+    assert observer.state_at(102) == rows[2]
+    assert observer.latest() == rows[3]
+
+
+def _long_stream(url: str, index: int) -> StreamResult:
+    client = ChatClient(url, limits=Limits(first_token_s=60))
+    try:
+        prompt = f"session {index}: " + "tell me a long story about the sea " * 30
+        body = chat_body("tiny-llama", [{"role": "user", "content": prompt}], max_tokens=None, output_tokens=1500)
+        return client.stream_chat(body)
+    finally:
+        client.close()
+
+
+@pytest.mark.vllm
+def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path, vllm_server: VllmServer) -> None:
+    observer = Observer(vllm_server.url, tmp_path / "server.jsonl").start()
+    try:
+        gevent.sleep(1.5)
+        streams = [gevent.spawn(_long_stream, vllm_server.url, i) for i in range(6)]
+        gevent.joinall(streams, timeout=120)
+        gevent.sleep(1.5)
+    finally:
+        observer.stop()
+    assert all(g.value is not None and g.value.ok for g in streams), [g.value for g in streams]
+
+    frame = server_frame(tmp_path / "server.jsonl")
+    # ~1 s apart: never closer; later when streams and vLLM crowd the 2 cores (a shared machine)
+    gaps = np.diff(frame.t)
+    assert len(frame) >= 4 and gaps.min() >= 0.95 and float(np.median(gaps)) <= 3
+    assert (frame.health == 200).all()
+    assert all(not set(CORE) & set(missing) for missing in frame.missing)
+    under_load = frame[frame.running > 0]
+    assert len(under_load) >= 1 and (under_load.kv_cache_usage > 0).all() and frame.kv_cache_usage.max() <= 1
+
+    summary = server_summary(tmp_path / "server.jsonl")
+    assert summary is not None and summary.kv_cache_usage_max is not None and summary.kv_cache_usage_max > 0
+    assert summary.preemptions == 0 and summary.waiting_max is not None
+    generated = frame.generation_tokens_total.iloc[-1] - frame.generation_tokens_total.iloc[0]
+    assert generated >= 6 * 1500
+    first_loaded = float(under_load.t.iloc[0])
+    state = observer.state_at(first_loaded + 0.01)
+    assert state is not None and state.t == first_loaded and state.kv_cache_usage == under_load.kv_cache_usage.iloc[0]

@@ -1,0 +1,63 @@
+"""`llmload soak`: ramp, hold at 150%, verdict and exit code — including the full 5-minute soak."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from llmload.sim.process import SimProcess
+from tests.locust_runs import REPO, small_workload
+
+
+def _soak(tmp_path: Path, *flags: str, timeout: float) -> tuple[int, str, dict]:
+    reports = tmp_path / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmload.cli", "soak", "--reports-dir", str(reports), "--run-id", "soak", *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    summary = orjson.loads((reports / "soak" / "summary.json").read_bytes())
+    return proc.returncode, proc.stdout + proc.stderr, summary
+
+
+def test_five_minute_soak_at_150_percent_passes(tmp_path: Path) -> None:
+    """The release ritual as CI runs it: 5 minutes at 150% of the target on the embedded target."""
+    code, output, summary = _soak(
+        tmp_path, "--workload", str(small_workload(tmp_path, think_s=1.0)), "--target-qps", "6",
+        "--ramp-stage-duration", "10", "--duration", "5m", timeout=480,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert "llmload soak: PASS" in output
+    hold = summary["stages"][-1]
+    assert (hold["name"], hold["duration_s"], hold["target_qps"]) == ("150%", 300.0, 9.0)
+    assert summary["verdict"]["passed"] is True
+    reasons = " ".join(summary["verdict"]["reasons"])
+    for check in ("OOM-family failures", "error rate", "achieved rate", "p99 TTFT drift", "KV-cache usage drift"):
+        assert check in reasons
+    # 5 minutes hold enough 10 s windows for every drift check to be judged, not skipped
+    assert not any(r.startswith("SKIP") and "drift" in r for r in summary["verdict"]["reasons"])
+    assert summary["server"]["kv_cache_usage_max"] is not None
+    assert (tmp_path / "reports" / "soak" / "report.html").stat().st_size > 10_000
+
+
+def test_soak_with_dying_engine_fails_with_exit_code_1(tmp_path: Path) -> None:
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "2", "--fault", "engine_dead:0.05") as sim:
+        code, output, summary = _soak(
+            tmp_path, "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--target-qps", "8",
+            "--ramp-stage-duration", "2", "--duration", "10s", "--slo-ttft-p99-ms", "5000", timeout=120,
+        )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert "llmload soak: FAIL" in output
+    assert summary["verdict"]["passed"] is False
+    assert any(r.startswith("FAIL OOM-family failures") for r in summary["verdict"]["reasons"])
+    assert summary["failures"]["by_category"]["engine_dead"] > 0
+
+
+def test_bad_duration_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmload.cli", "soak", "--duration", "five minutes"],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "not a duration" in proc.stderr

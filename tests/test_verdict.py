@@ -1,0 +1,280 @@
+"""The soak verdict: real short runs against the simulator (pass, and fail on real engine deaths),
+and run directories whose records and server samples are generated, for drift and alerts."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from llmload.compare import InputError
+from llmload.models import RequestRecord, RunManifest
+from llmload.records import RECORDS_FILE, RecordWriter
+from llmload.report import MANIFEST_FILE
+from llmload.schedule import build_stages
+from llmload.sim.process import SimProcess
+from llmload.verdict import SERVER_FILE, SoakCriteria, SoakResult, add_criteria_arguments, criteria_from_args, evaluate
+from tests.locust_runs import run_locust, small_workload
+
+CHECKS = [
+    "OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO",
+    "p99 TTFT drift", "p99 E2E drift", "KV-cache usage drift", "waiting-queue drift", "preemption-rate drift",
+    "KV-cache usage alert", "waiting-queue alert", "p99 E2E alert",
+]  # fmt: skip
+STARTED_AT = 1_800_000_000.0
+HOLD_S = 120.0
+RAMP_S = 10.0
+
+Curve = Callable[[np.ndarray], np.ndarray]  # seconds into the hold -> value
+
+
+def _status(result: SoakResult, name: str) -> str:
+    return next(c.status for c in result.checks if c.name == name)
+
+
+# --------------------------------------------------------------------------- generated runs
+
+
+def write_run(
+    run_dir: Path,
+    *,
+    ttft_ms: Curve = lambda t: np.full_like(t, 100.0),
+    noise: float = 0.1,
+    seed: int = 0,
+    server: dict[str, Curve] | None = None,
+) -> Path:
+    """A run directory as Locust writes it: a 10 s ramp stage, then a 120 s hold at 6 req/s,
+    constant arrivals, every request ok; TTFT follows `ttft_ms` times lognormal noise, E2E adds
+    200 ms of decode. `server` curves become 1 Hz server.jsonl samples over the whole run."""
+    rng = np.random.default_rng(seed)
+    stages = build_stages(4, (100, 150), RAMP_S, HOLD_S)
+    manifest = RunManifest(
+        run_id=run_dir.name, host="http://generated", model="m", workload="w.yaml", arrival="constant",
+        burstiness=1, seed=seed, target_qps=4, session_rate_scale=1, stages=stages, drain_s=30,
+        started_at=STARTED_AT, workers=1, limits={}, finished_at=STARTED_AT + RAMP_S + HOLD_S + 1,
+    )  # fmt: skip
+    run_dir.mkdir(parents=True)
+    (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(manifest.model_dump(mode="json")))
+    writer = RecordWriter(run_dir / RECORDS_FILE)
+    for stage in stages:
+        offsets = stage.start_s + np.arange(0, stage.duration_s, 1 / stage.qps)
+        into_hold = np.maximum(offsets - RAMP_S, 0)
+        ttft = ttft_ms(into_hold) * rng.lognormal(0, noise, offsets.size)
+        e2e = ttft + 200
+        sent = STARTED_AT + offsets + 0.001
+        writer.write(
+            RequestRecord(
+                run_id=run_dir.name,
+                worker=0,
+                stage=stage.name,
+                session_id=f"{stage.name}-{i}",
+                turn=0,
+                scheduled_at=s - 0.001,
+                sent_at=s,
+                first_token_at=s + f / 1000,
+                finished_at=s + e / 1000,
+                schedule_delay_ms=1,
+                ttft_ms=f,
+                e2e_ms=e,
+                tpot_ms=10,
+                itl_ms=[10.0] * 20,
+                prompt_tokens=100,
+                output_tokens=21,
+                status="ok",
+            )
+            for i, (s, f, e) in enumerate(zip(sent.tolist(), ttft.tolist(), e2e.tolist(), strict=True))
+        )
+    writer.close()
+    if server is not None:
+        t = np.arange(0, RAMP_S + HOLD_S)
+        columns = {name: curve(np.maximum(t - RAMP_S, 0)) for name, curve in server.items()}
+        lines = [
+            {"t": STARTED_AT + ti, "health": 200, "running": 3, **{k: float(v[i]) for k, v in columns.items()}}
+            for i, ti in enumerate(t.tolist())
+        ]
+        (run_dir / SERVER_FILE).write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    return run_dir
+
+
+def flat(level: float) -> Curve:
+    return lambda t: np.full_like(t, level, dtype=float)
+
+
+def ramp(start: float, end: float) -> Curve:
+    return lambda t: start + (end - start) * t / HOLD_S
+
+
+def wobble(curve: Curve, amplitude: float, seed: int = 0) -> Curve:
+    rng = np.random.default_rng(seed)
+    return lambda t: curve(t) + rng.normal(0, amplitude, np.shape(t))
+
+
+HEALTHY_SERVER = {"kv_cache_usage": wobble(flat(0.4), 0.03), "waiting": flat(0), "preemptions_total": flat(0)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_alone_is_no_drift(tmp_path: Path, seed: int) -> None:
+    server = {**HEALTHY_SERVER, "kv_cache_usage": wobble(flat(0.4), 0.05, seed)}
+    result = evaluate(write_run(tmp_path / "noisy", noise=0.3, seed=seed, server=server), SoakCriteria())
+    assert result.verdict.passed, result.verdict.reasons
+    assert [c.name for c in result.checks] == CHECKS
+    assert all(c.status == "pass" for c in result.checks if "drift" in c.name), result.verdict.reasons
+
+
+def test_latency_growing_over_the_hold_is_drift(tmp_path: Path) -> None:
+    result = evaluate(write_run(tmp_path / "growing", ttft_ms=ramp(100, 200), server=HEALTHY_SERVER), SoakCriteria())
+    assert not result.verdict.passed
+    assert _status(result, "p99 TTFT drift") == "fail"
+    assert _status(result, "KV-cache usage drift") == "pass"
+    line = next(r for r in result.verdict.reasons if r.startswith("FAIL p99 TTFT drift"))
+    assert "over the 120 s hold" in line and "CI +" in line, line
+
+
+def test_a_significant_but_small_rise_is_no_drift(tmp_path: Path) -> None:
+    """+10% over the hold with little noise: the slope is surely positive, yet under the 20% limit."""
+    result = evaluate(write_run(tmp_path / "small", ttft_ms=ramp(100, 110), noise=0.01), SoakCriteria())
+    check = next(c for c in result.checks if c.name == "p99 TTFT drift")
+    assert check.status == "pass" and "CI +" in check.detail, check.detail
+    assert result.verdict.passed
+
+
+def test_server_signals_drift_and_a_missing_server_file_is_skipped(tmp_path: Path) -> None:
+    server = {"kv_cache_usage": wobble(ramp(0.3, 0.6), 0.02), "waiting": ramp(0, 6), "preemptions_total": flat(0)}
+    result = evaluate(write_run(tmp_path / "filling", server=server), SoakCriteria())
+    assert _status(result, "KV-cache usage drift") == "fail"
+    assert _status(result, "waiting-queue drift") == "fail"
+    assert _status(result, "preemption-rate drift") == "pass"
+
+    bare = evaluate(write_run(tmp_path / "bare"), SoakCriteria())
+    assert bare.verdict.passed
+    for name in ("KV-cache usage drift", "waiting-queue drift", "preemption-rate drift", "KV-cache usage alert"):
+        assert _status(bare, name) == "skip"
+
+
+def test_preemption_rate_growing_is_drift_and_counter_resets_are_not(tmp_path: Path) -> None:
+    # a counter whose rate rises from 0 to 2/s over the hold (cumulative: t^2 / 120)
+    growing = {**HEALTHY_SERVER, "preemptions_total": lambda t: np.floor(t**2 / HOLD_S)}
+    assert (
+        _status(evaluate(write_run(tmp_path / "g", server=growing), SoakCriteria()), "preemption-rate drift") == "fail"
+    )
+    # a steady 1/s whose counter restarts from 0 once (a server restart) mid-hold
+    reset = {**HEALTHY_SERVER, "preemptions_total": lambda t: np.where(t < 60, t, t - 60)}
+    assert _status(evaluate(write_run(tmp_path / "r", server=reset), SoakCriteria()), "preemption-rate drift") == "pass"
+
+
+def test_alert_levels_warn_by_default_and_fail_when_asked(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "queued", server={**HEALTHY_SERVER, "waiting": flat(15)})
+    warned = evaluate(run_dir, SoakCriteria())
+    assert warned.verdict.passed
+    assert _status(warned, "waiting-queue alert") == "warn"
+    assert any("waiting-queue alert" in w and "> level 10" in w for w in warned.warnings)
+
+    strict = SoakCriteria.model_validate({"alerts": {"actions": {"waiting": "fail"}}})
+    failed = evaluate(run_dir, strict)
+    assert not failed.verdict.passed
+    assert any(r.startswith("FAIL waiting-queue alert") for r in failed.verdict.reasons)
+
+
+def test_server_file_with_nulls_missing_fields_and_a_torn_line_is_read(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "gappy")
+    t0 = STARTED_AT + RAMP_S
+    lines = [
+        orjson.dumps({"t": t0 + i, "kv_cache_usage": None if i % 3 else 0.95, "waiting": None}) + b"\n"
+        for i in range(int(HOLD_S))
+    ]
+    (run_dir / SERVER_FILE).write_bytes(b"".join(lines) + b'{"t": 18000001')
+    result = evaluate(run_dir, SoakCriteria())
+    assert _status(result, "KV-cache usage alert") == "warn"
+    assert _status(result, "waiting-queue alert") == "skip"
+    assert _status(result, "preemption-rate drift") == "skip"
+
+
+def test_slos_state_measured_value_and_limit(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "slo")
+    result = evaluate(run_dir, SoakCriteria(slo_ttft_p99_ms=50, slo_e2e_p99_ms=1000))
+    ttft = next(c for c in result.checks if c.name == "p99 TTFT SLO")
+    assert ttft.status == "fail" and "SLO 50 ms" in ttft.detail
+    assert _status(result, "p99 E2E SLO") == "pass"
+    assert _status(evaluate(run_dir, SoakCriteria()), "p99 TTFT SLO") == "skip"
+
+
+# --------------------------------------------------------------------------- criteria from flags and YAML
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_criteria_arguments(parser.add_argument_group("soak"))
+    return parser.parse_args(argv)
+
+
+def test_flags_override_the_criteria_file(tmp_path: Path) -> None:
+    path = tmp_path / "criteria.yaml"
+    path.write_text("max_error_rate: 0.02\nslo_ttft_p99_ms: 300\ndrift: {window_s: 30}\n")
+    criteria = criteria_from_args(_parse("--criteria", str(path), "--max-error-rate", "0.05", "--alerts", "fail"))
+    assert criteria.max_error_rate == 0.05 and criteria.slo_ttft_p99_ms == 300 and criteria.drift.window_s == 30
+    assert set(criteria.alerts.actions.model_dump().values()) == {"fail"}
+    assert criteria_from_args(_parse()) == SoakCriteria()
+
+
+def test_a_misspelt_criteria_key_or_a_bad_flag_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "criteria.yaml"
+    path.write_text("drift:\n  relative_rize: 0.3\n")
+    with pytest.raises(InputError, match=r"drift\.relative_rize: Extra inputs are not permitted"):
+        criteria_from_args(_parse("--criteria", str(path)))
+    with pytest.raises(InputError, match="--max-error-rate"):
+        criteria_from_args(_parse("--max-error-rate", "5"))
+
+
+def test_not_a_run_directory_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not a run directory"):
+        evaluate(tmp_path, SoakCriteria())
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A healthy run and, at the same time, one whose target answers 5% of requests with vLLM's
+    EngineDeadError."""
+    directory = tmp_path_factory.mktemp("soak")
+    workload = small_workload(directory)
+    flags = ("--target-qps", "10", "--stage-duration", "2", "--hold-duration", "5", "--arrival", "constant")
+    with (
+        SimProcess("--ttft-ms", "20", "--itl-ms", "5") as healthy,
+        SimProcess("--ttft-ms", "20", "--itl-ms", "5", "--fault", "engine_dead:0.05") as dying,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        futures = {
+            n: pool.submit(run_locust, sim.url, workload, directory / "reports", n, *flags)
+            for n, sim in (("healthy", healthy), ("dying", dying))
+        }
+        done = {n: f.result() for n, f in futures.items()}
+    for run in done.values():
+        assert run.returncode in (0, 1), run.output[-3000:]
+    return {n: run.run_dir for n, run in done.items()}
+
+
+def test_a_healthy_real_run_passes_with_a_reason_per_check(real_runs: dict[str, Path]) -> None:
+    result = evaluate(real_runs["healthy"], SoakCriteria(slo_ttft_p99_ms=500, slo_e2e_p99_ms=5000))
+    verdict = result.verdict
+    assert verdict.passed, verdict.reasons
+    assert result.hold == "150%"
+    assert [r.split(":")[0] for r in verdict.reasons] == [
+        f"{c.status.upper()} {name}" for c, name in zip(result.checks, CHECKS, strict=True)
+    ]
+    for name in ("OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO"):
+        assert _status(result, name) == "pass"
+    assert any(r.startswith("PASS error rate: 0.00% (0 of ") and "limit 1.00%" in r for r in verdict.reasons)
+
+
+def test_engine_deaths_in_a_real_run_fail_the_soak_naming_them(real_runs: dict[str, Path]) -> None:
+    verdict = evaluate(real_runs["dying"], SoakCriteria()).verdict
+    assert not verdict.passed
+    oom = next(r for r in verdict.reasons if "OOM-family failures" in r)
+    assert oom.startswith("FAIL") and "engine_dead: " in oom, oom

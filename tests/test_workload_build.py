@@ -1,0 +1,426 @@
+"""`llmload workload build`: every log format, session grouping, token counts, synthesis, redaction, bad input.
+
+Fixtures are in tests/data/logs (README there says where each comes from); the vLLM 0.32 excerpt
+is a real server's log. Every built workload is read back with the strict loader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from llmload.workload import Workload, WorkloadError, ingest, load_workload
+from llmload.workload.build import BuildError, BuildOptions, build_workload
+from llmload.workload.cli import add_arguments
+from llmload.workload.ingest import detect_format, read_log
+from llmload.workload.tokens import get_tokenizer
+
+LOGS = Path(__file__).parent / "data" / "logs"
+TINY = f"hf:{LOGS / 'tiny-tokenizer'}"
+SYSTEM = "You are the support assistant of an online shop. Be short and polite."
+count = get_tokenizer("cl100k_base").count
+
+
+def build(tmp_path: Path, source: str | Path, **options: object) -> Workload:
+    out = tmp_path / f"{Path(source).stem}.yaml"
+    build_workload([LOGS / source], out, BuildOptions.model_validate(options), progress=None)
+    return load_workload(out)
+
+
+def contents(workload: Workload) -> list[list[list[str]]]:
+    """Each session's turns as their messages' contents."""
+    return [[[m.content for m in t.messages] for t in s.turns] for s in workload.sessions]
+
+
+def run_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="llmload workload")
+    add_arguments(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return int(args.handler(args))
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("openai.jsonl", "openai-jsonl"),
+        ("openai-bare.jsonl", "openai-jsonl"),
+        ("sharegpt.json", "sharegpt"),
+        ("sharegpt-bad.jsonl", "sharegpt"),
+        ("vllm-0.32-debug.log", "vllm-log"),
+        ("vllm-0.6-info.log", "vllm-log"),
+        ("azure-conv-head.csv", "azure-trace"),
+        ("mooncake.jsonl", "mooncake"),
+    ],
+)
+def test_format_is_detected_from_the_first_lines(name: str, fmt: str) -> None:
+    assert detect_format(LOGS / name) == fmt
+
+
+def test_openai_log_groups_sessions_by_message_prefix(tmp_path: Path) -> None:
+    workload = build(tmp_path, "openai.jsonl")
+    assert contents(workload) == [
+        [[SYSTEM, "Where is my order?"], ["Order 1234."], ["Thanks!"]],
+        [[SYSTEM, "hi"]],
+        # same first request as the session above, told apart by the logged reply
+        [[SYSTEM, "hi"], ["Cancel my plan."]],
+    ]
+    first, second, third = workload.sessions
+    assert [s.offset_s for s in workload.sessions] == [0.0, 2.0, 6.0]
+    assert [t.think_time_s for t in first.turns] == [0.0, 5.5, 4.5]
+    assert [t.think_time_s for t in third.turns] == [0.0, 3.0]
+    # usage wins; without it, history + the previous reply + the new message, counted
+    assert [t.prompt_tokens for t in first.turns] == [25, 40, 40 + count("It ships tomorrow.") + count("Thanks!")]
+    assert [t.output_tokens for t in first.turns] == [5, 5, None]
+    assert [t.max_tokens for t in first.turns] == [200, 200, 200]
+    assert second.turns[0].output_tokens == 7
+    assert third.turns[0].output_tokens == count("Hi, what can I do for you?")
+    assert third.turns[1].prompt_tokens == (
+        count(SYSTEM) + count("hi") + count("Hi, what can I do for you?") + count("Cancel my plan.")
+    )
+    spec = workload.spec
+    assert spec.target_qps == pytest.approx(0.5)  # 6 requests in 10 s: 1 / mean inter-arrival
+    assert spec.tokenizer == "cl100k_base"
+    assert spec.source is not None and spec.source.format == "openai-jsonl"
+    assert spec.source.files == [str(LOGS / "openai.jsonl")] and spec.source.built_at is not None
+    assert spec.stats is not None and spec.stats["requests"] == 6 and spec.stats["sessions"] == 3
+
+
+def test_bare_request_bodies_group_without_replies_or_times(tmp_path: Path) -> None:
+    workload = build(tmp_path, "openai-bare.jsonl")
+    assert contents(workload) == [
+        # two identical first requests: continuations go to the longest-waiting session first
+        [["hi"], ["Weather?"], ["sunny, 21C"]],
+        [["hi"], ["News?"]],
+        [["Translate: bonjour"]],  # text parts joined
+    ]
+    first, second, _ = workload.sessions
+    assert [m.role for m in first.turns[2].messages] == ["tool"]
+    # the reply is known from the next request's assistant message
+    assert [t.output_tokens for t in first.turns] == [count("Hello"), None, None]  # a null reply is empty
+    assert second.turns[0].output_tokens == count("Hey")
+    assert [t.prompt_tokens for t in first.turns] == [1, 1 + 1 + count("Weather?"), 4 + 0 + count("sunny, 21C")]
+    assert workload.sessions[2].turns[0].max_tokens == 8  # max_completion_tokens
+    assert all(s.offset_s is None for s in workload.sessions) and workload.spec.target_qps is None
+
+
+def test_sharegpt_conversations_become_sessions(tmp_path: Path) -> None:
+    workload = build(tmp_path, "sharegpt.json")
+    assert contents(workload) == [
+        [["Hi"], ["Tell me a joke."]],
+        [["Be brief.", "2+2?"]],
+        [["Welcome!", "Hi"], ["Anything else?", "No"]],  # a second reply joins the next request
+        [["unanswered question"]],
+    ]
+    joke = workload.sessions[0].turns
+    assert [t.output_tokens for t in joke] == [
+        count("Hello! How can I help you today?"),
+        count("Why did the cache miss? It was out of line."),
+    ]
+    assert joke[1].prompt_tokens == count("Hi") + count("Hello! How can I help you today?") + count("Tell me a joke.")
+    assert workload.sessions[3].turns[0].output_tokens is None
+
+
+def test_sharegpt_array_is_streamed_across_read_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt.json")[1]]
+    monkeypatch.setattr(ingest, "_CHUNK_CHARS", 7)
+    assert [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt.json")[1]] == whole
+    assert [w for w, _, _ in whole] == [f"{LOGS / 'sharegpt.json'}:{n}" for n in (2, 2, 23, 40, 40, 69)]
+
+
+def test_vllm_032_debug_log_in_its_real_format(tmp_path: Path) -> None:
+    out = tmp_path / "v.yaml"
+    result = build_workload([LOGS / "vllm-0.32-debug.log"], out, progress=None)
+    workload = load_workload(out)
+    # the logged JSON bodies give the real messages, so the two chat turns form one session
+    assert contents(workload) == [
+        [["You are a helpful assistant.", "Where is my order 1234?"], ["It has not arrived yet."]],
+        [['Say "hi" it\'s me\nnew line']],
+        [["Once upon a time"]],  # /v1/completions: the raw prompt
+    ]
+    chat = workload.sessions[0].turns
+    assert [t.prompt_tokens for t in chat] == [40, 75]  # len(prompt_token_ids): the server's count
+    assert [t.max_tokens for t in chat] == [8, 6]
+    assert chat[1].output_tokens == 6  # ignore_eos=True: the output was max_tokens long
+    assert chat[1].think_time_s == 1.0 and [s.offset_s for s in workload.sessions] == [0.0, 1.0, 1.0]
+    assert result.log.ignored == {"not a generation request (no sampling params)": 2}  # the /tokenize calls
+
+
+def test_a_cut_json_body_falls_back_to_the_templated_prompt_and_says_so(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.log"
+    lines = (LOGS / "vllm-0.32-debug.log").read_text().splitlines(keepends=True)
+    first_body = next(n for n, line in enumerate(lines) if "JSON body" in line)
+    lines[first_body] = lines[first_body][:200] + "\n"  # as --max-log-len 200 would
+    cut.write_text("".join(lines))
+    result = build_workload([cut], tmp_path / "cut.yaml", progress=None)
+    assert result.log.ignored["templated prompt used"] == 1
+    first = load_workload(tmp_path / "cut.yaml").sessions[0].turns
+    assert [m.content for m in first[0].messages] == [
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+        "Where is my order 1234?<|im_end|>\n<|im_start|>assistant\n"
+    ]
+    assert len(first) == 1 and first[0].prompt_tokens == 40
+
+
+def test_hf_tokenizer_with_chat_template_counts_as_vllm_does() -> None:
+    tokenizer = get_tokenizer(TINY)
+    assert tokenizer.templated
+    # vLLM 0.32 logged these prompts' token ids for the tiny model (vllm-0.32-debug.log)
+    chat = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Where is my order 1234?"},
+    ]
+    assert tokenizer.count_chat(chat) == 40
+    second = [
+        *chat,
+        {"role": "assistant", "content": "est\ufffd reSt mor"},
+        {"role": "user", "content": "It has not arrived yet."},
+    ]
+    assert tokenizer.count_chat(second) == 75
+    assert tokenizer.count("Where is my order 1234?") == 12  # /tokenize of the bare prompt, no special tokens
+
+
+def test_templated_tokenizer_counts_the_whole_history(tmp_path: Path) -> None:
+    workload = build(tmp_path, "openai-bare.jsonl", tokenizer=TINY)
+    assert workload.spec.tokenizer == TINY
+    tokenizer = get_tokenizer(TINY)
+    second = workload.sessions[0].turns[1]
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+    assert second.prompt_tokens == tokenizer.count_chat([*history, {"role": "user", "content": "Weather?"}])
+
+
+def test_info_level_vllm_log_names_the_missing_prompts(tmp_path: Path) -> None:
+    info = tmp_path / "info.log"
+    lines = (LOGS / "vllm-0.32-debug.log").read_text().splitlines(keepends=True)
+    info.write_text("".join(line for line in lines if " DEBUG " not in line))  # as at the default log level
+    with pytest.raises(BuildError) as caught:
+        build_workload([info], tmp_path / "info.yaml", progress=None)
+    generating = [
+        n
+        for n, line in enumerate(info.read_text().splitlines(), 1)
+        if "Received request" in line and "params: None" not in line
+    ]
+    assert len(generating) == 4
+    assert [i.where for i in caught.value.issues] == [f"{info}:{n}" for n in generating]
+    assert all("VLLM_LOGGING_LEVEL=DEBUG" in i.reason for i in caught.value.issues)
+    assert not list(tmp_path.glob("info*.jsonl")) and not (tmp_path / "info.yaml").exists()
+
+
+def test_old_vllm_format_templated_prompt_is_one_user_message(tmp_path: Path) -> None:
+    with pytest.raises(BuildError) as caught:
+        build(tmp_path, "vllm-0.6-info.log")
+    assert [(i.where, i.kind) for i in caught.value.issues] == [
+        (f"{LOGS / 'vllm-0.6-info.log'}:7", "unreadable vLLM request line")
+    ]
+    workload = build(tmp_path, "vllm-0.6-info.log", skip_bad=True)
+    story, brief, no_ids = (s.turns[0] for s in workload.sessions)
+    assert story.messages[0].role == "user"
+    assert (
+        story.messages[0].content == "<|im_start|>user\nTell me a story about a fox.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert brief.messages[0].content.endswith("It's \"quoted\" and it's fine<|im_end|>\n<|im_start|>assistant\n")
+    assert (story.prompt_tokens, story.max_tokens, story.output_tokens) == (21, 256, None)
+    assert (brief.prompt_tokens, brief.max_tokens, brief.output_tokens) == (41, 64, 64)
+    assert no_ids.prompt_tokens == count("no ids here")  # prompt_token_ids: None → counted
+    assert [s.offset_s for s in workload.sessions] == [0.0, 2.25, 4.0]  # ANSI colours and .250 ms parsed
+
+
+def test_azure_trace_lengths_are_exact_and_forced(tmp_path: Path) -> None:
+    workload = build(tmp_path, "azure-conv-head.csv")
+    rows = [line.split(",") for line in (LOGS / "azure-conv-head.csv").read_text().splitlines()[1:]]
+    assert [len(s.turns) for s in workload.sessions] == [1] * len(rows)
+    for session, (_, context, generated) in zip(workload.sessions, rows, strict=True):
+        (turn,) = session.turns
+        assert (turn.prompt_tokens, turn.output_tokens) == (int(context), int(generated))
+        assert count(turn.messages[0].content) == int(context)
+    texts = [s.turns[0].messages[0].content for s in workload.sessions]
+    assert len(set(texts)) == len(texts)
+    assert workload.sessions[1].offset_s == pytest.approx(50.9951690 - 46.6805900, abs=1e-6)
+
+
+def test_length_only_prompt_leaves_room_for_the_chat_template(tmp_path: Path) -> None:
+    workload = build(tmp_path, "azure-conv-head.csv", tokenizer=TINY)
+    tokenizer = get_tokenizer(TINY)
+    for session in workload.sessions:
+        (turn,) = session.turns
+        assert tokenizer.count_chat([m.model_dump() for m in turn.messages]) == turn.prompt_tokens
+
+
+def test_mooncake_hash_ids_become_shared_text_prefixes(tmp_path: Path) -> None:
+    workload = build(tmp_path, "mooncake.jsonl")
+    encode = get_tokenizer("cl100k_base").encode
+    tokens = [encode(s.turns[0].messages[0].content) for s in workload.sessions]
+    assert [len(t) for t in tokens] == [1100, 1030, 300, 600]
+    assert [s.turns[0].output_tokens for s in workload.sessions] == [20, 10, 5, 7]
+
+    def shared(a: list[int], b: list[int]) -> int:
+        return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+    assert shared(tokens[0], tokens[1]) == 1024  # hash ids [1, 2] in common
+    assert shared(tokens[0], tokens[3]) == 512  # [1]
+    assert shared(tokens[0], tokens[2]) < 16  # nothing in common
+    assert [s.offset_s for s in workload.sessions] == [0.0, 0.5, 1.5, 2.0]
+
+
+def test_redact_keeps_structure_lengths_and_shared_text(tmp_path: Path) -> None:
+    plain = build(tmp_path, "openai.jsonl")
+    redacted_path = tmp_path / "redacted.yaml"
+    build_workload([LOGS / "openai.jsonl"], redacted_path, BuildOptions(redact=True), progress=None)
+    redacted = load_workload(redacted_path)
+    sessions_file = (tmp_path / "redacted.sessions.jsonl").read_text()
+    for session in plain.sessions:
+        for turn in session.turns:
+            for message in turn.messages:
+                assert json.dumps(message.content) not in sessions_file
+    for original, hidden in zip(plain.sessions, redacted.sessions, strict=True):
+        for a, b in zip(original.turns, hidden.turns, strict=True):
+            assert [m.role for m in a.messages] == [m.role for m in b.messages]
+            assert [count(m.content) for m in a.messages] == [count(m.content) for m in b.messages]
+            for field in ("prompt_tokens", "output_tokens", "max_tokens", "think_time_s"):
+                assert getattr(a, field) == getattr(b, field)
+    systems = {s.turns[0].messages[0].content for s in redacted.sessions}
+    assert len(systems) == 1  # the same system prompt stays the same text: prefix caching as in the source
+    assert redacted.spec.source is not None and redacted.spec.source.generator == {
+        "redacted": True,
+        "skipped_lines": {},
+        "session_gap_s": 600.0,
+    }
+
+
+def test_a_long_pause_ends_the_session_and_history_moves_to_the_next(tmp_path: Path) -> None:
+    workload = build(tmp_path, "openai.jsonl", session_gap_s=4.0)
+    assert contents(workload) == [
+        [[SYSTEM, "Where is my order?"]],
+        [[SYSTEM, "hi"]],
+        [[SYSTEM, "Where is my order?", "Which order number?", "Order 1234."]],
+        [[SYSTEM, "hi"], ["Cancel my plan."]],
+        [[SYSTEM, "Where is my order?", "Which order number?", "Order 1234.", "It ships tomorrow.", "Thanks!"]],
+    ]
+    assert workload.sessions[2].turns[0].prompt_tokens == 40
+
+
+def test_bad_lines_are_reported_with_file_and_line_and_nothing_is_written(tmp_path: Path) -> None:
+    source = LOGS / "openai-bad.jsonl"
+    with pytest.raises(BuildError) as caught:
+        build(tmp_path, "openai-bad.jsonl")
+    assert [(i.where, i.kind) for i in caught.value.issues] == [
+        (f"{source}:2", "not valid JSON"),
+        (f"{source}:3", "no messages"),
+        (f"{source}:4", "unsupported role"),
+        (f"{source}:7", "unsupported content"),
+        (f"{source}:8", "out of range"),
+    ]
+    assert list(tmp_path.iterdir()) == []
+    workload = build(tmp_path, "openai-bad.jsonl", skip_bad=True)
+    assert contents(workload) == [[["fine"]], [["also fine"]]]
+    assert workload.spec.source is not None and workload.spec.source.generator is not None
+    assert workload.spec.source.generator["skipped_lines"] == {
+        "not valid JSON": 1,
+        "no messages": 1,
+        "unsupported role": 1,
+        "unsupported content": 1,
+        "out of range": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("sharegpt-bad.jsonl", [(2, "unsupported speaker"), (3, "no human message"), (4, "bad conversation")]),
+        ("mooncake-bad.jsonl", [(2, "bad hash_ids"), (3, "bad timestamp")]),
+        ("azure-bad.csv", [(3, "bad row"), (4, "bad row"), (5, "bad row"), (6, "bad row")]),
+    ],
+)
+def test_every_format_reports_bad_lines(tmp_path: Path, name: str, expected: list[tuple[int, str]]) -> None:
+    with pytest.raises(BuildError) as caught:
+        build(tmp_path, name)
+    assert [(i.where, i.kind) for i in caught.value.issues] == [(f"{LOGS / name}:{n}", k) for n, k in expected]
+
+
+def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "w.yaml"
+    assert run_cli("build", str(LOGS / "openai-bad.jsonl"), "-o", str(out)) == 2
+    err = capsys.readouterr().err
+    assert f"{LOGS / 'openai-bad.jsonl'}:4: unsupported role: messages[0] has role 'bot'" in err
+    assert "5 bad line(s) in the sources; nothing written" in err and not out.exists()
+    assert run_cli("build", str(LOGS / "openai-bad.jsonl"), "-o", str(out), "--skip-bad") == 0
+    captured = capsys.readouterr()
+    assert "skipped bad 5 line(s): " in captured.err and "not valid JSON: 1" in captured.err
+    assert f"wrote {out} (2 sessions, 2 requests" in captured.out and "Recommended max_model_len" in captured.out
+    assert run_cli("build", str(tmp_path / "missing.jsonl"), "-o", str(out)) == 2
+    assert "missing.jsonl: no such file" in capsys.readouterr().err
+    assert run_cli("build", str(LOGS / "openai.jsonl"), "-o", str(out), "--tokenizer", "hf:/nowhere") == 2
+    assert "/nowhere not found (give a tokenizer.json or a directory holding one)" in capsys.readouterr().err
+    mixed = [str(LOGS / "openai.jsonl"), str(LOGS / "mooncake.jsonl")]
+    assert run_cli("build", *mixed, "-o", str(out)) == 2
+    assert "different formats" in capsys.readouterr().err
+
+
+def test_unknown_text_is_not_a_format(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("dear diary\n")
+    with pytest.raises(WorkloadError, match="cannot tell the log format; use --format"):
+        detect_format(notes)
+
+
+# --------------------------------------------------------------------------- server: tokenizer
+
+
+class _TokenizeHandler(BaseHTTPRequestHandler):
+    """vLLM's /v1/models and /tokenize shapes (as captured from vLLM 0.32), backed by the tiny tokenizer."""
+
+    def do_GET(self) -> None:
+        self._reply({"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert self.path == "/tokenize" and body["model"] == "tiny-llama"
+        tokenizer = get_tokenizer(TINY)
+        n = tokenizer.count_chat(body["messages"]) if "messages" in body else tokenizer.count(body["prompt"])
+        self._reply({"count": n, "max_model_len": 2048, "tokens": list(range(n)), "token_strs": None})
+
+    def _reply(self, payload: object) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def tokenize_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _TokenizeHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_server_tokenizer_counts_chats_with_the_server(tmp_path: Path, tokenize_server: str) -> None:
+    workload = build(tmp_path, "vllm-0.6-info.log", tokenizer=f"server:{tokenize_server}", skip_bad=True)
+    assert workload.spec.tokenizer == f"server:{tokenize_server}"
+    no_ids = workload.sessions[2].turns[0]
+    assert no_ids.prompt_tokens == get_tokenizer(TINY).count_chat([{"role": "user", "content": "no ids here"}])
+
+
+@pytest.mark.vllm
+def test_server_tokenizer_matches_vllm(vllm_server: object) -> None:
+    url = vllm_server.url  # type: ignore[attr-defined]
+    server, local = get_tokenizer(f"server:{url}"), get_tokenizer(TINY)
+    chats = [
+        [{"role": "user", "content": "Where is my order 1234?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 'It\'s "quoted"\nand long ' * 20}],
+    ]
+    assert [server.count_chat(c) for c in chats] == [local.count_chat(c) for c in chats]
+    assert server.count("the model server queue") == local.count("the model server queue")

@@ -8,7 +8,9 @@
     build, then `workload stats` of the log. Goal: < 2 min, and memory flat: the 100k-line log
     is built too, and the two peak RSS figures are compared.
 
-Each measurement runs in a fresh (spawned) process, which reports its own peak RSS.
+Each measurement runs in a fresh (spawned) process, which reports its own peak RSS (build, then
+stats) and the CPU time of its build (all threads): on a shared machine the wall time depends on
+the neighbours.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Measured:
     requests: int
     sessions: int
     build_s: float
+    build_cpu_s: float
     stats_s: float
     peak_rss_mb: float
 
@@ -101,15 +104,22 @@ def _measure(sources: list[str], output: str, stats_of: str) -> Measured:
     from llmload.workload.files import load_workload
     from llmload.workload.stats import request_table, workload_stats
 
-    started = time.perf_counter()
-    result = build_workload(sources, output, progress=None)
-    built = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_s()
+    built_stats = build_workload(sources, output, progress=None).stats  # the build's table is freed here
+    built, cpu_built = time.perf_counter(), _cpu_s()
     table = request_table(load_workload(output)) if stats_of == "workload" else source_table(sources).table
     stats = workload_stats(table)
     done = time.perf_counter()
-    assert stats == result.stats, "stats of the built workload differ from the build's"
+    assert stats == built_stats, "stats of the built workload differ from the build's"
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return Measured(stats.requests, stats.sessions, built - started, done - built, peak_kb / 1024)
+    return Measured(
+        stats.requests, stats.sessions, built - started, cpu_built - cpu_started, done - built, peak_kb / 1024
+    )
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _fresh(sources: list[Path], output: Path, stats_of: str) -> Measured:
@@ -138,11 +148,13 @@ def main(argv: list[str] | None = None) -> None:
                 (f"OpenAI JSONL ({size})", f"{measured.requests:,}", measured, "build < 2 min", measured.build_s < 120)
             )
             log.unlink()
-    print("| source | requests | sessions | build s | stats s | requests/s (build) | peak RSS MiB | goal | met |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    print(
+        "| source | requests | sessions | build s | build CPU s | stats s | req/s (build) | peak RSS MiB | goal | met |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for name, requests, m, goal, met in rows:
         print(
-            f"| {name} | {requests} | {m.sessions:,} | {m.build_s:.1f} | {m.stats_s:.1f} | "
+            f"| {name} | {requests} | {m.sessions:,} | {m.build_s:.1f} | {m.build_cpu_s:.1f} | {m.stats_s:.1f} | "
             f"{m.requests / m.build_s:,.0f} | {m.peak_rss_mb:,.0f} | {goal} | {'yes' if met else 'no'} |"
         )
 

@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chat output length when the request sets none (default: %(default)s)",
     )
 
+    add(
+        "--concurrency-limit",
+        type=int,
+        default=_default("concurrency_limit"),
+        help="requests in flight above this get vLLM's 503 busy error; 0 = unlimited (default: %(default)s)",
+    )
+
     paced = parser.add_argument_group("fixed pacing (without --profile): exact, configured timing")
     paced.add_argument(
         "--ttft-ms", type=float, default=_default("ttft_ms"), help="base time to first token, ms (default: %(default)s)"
@@ -67,12 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     paced.add_argument(
         "--itl-ms", type=float, default=_default("itl_ms"), help="time between tokens, ms (default: %(default)s)"
-    )
-    paced.add_argument(
-        "--concurrency-limit",
-        type=int,
-        default=_default("concurrency_limit"),
-        help="requests in flight above this get vLLM's 503 busy error; 0 = unlimited (default: %(default)s)",
     )
 
     engine = parser.add_argument_group("engine mode: vLLM's scheduler and paged KV cache, timed by a profile")

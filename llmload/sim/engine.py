@@ -127,7 +127,6 @@ class EngineRequest:
         "blocks",
         "cached_tokens",
         "done",
-        "first_token_at",
         "hashes",
         "last_token_at",
         "max_output",
@@ -138,7 +137,7 @@ class EngineRequest:
         "pause_after",
         "paused_until",
         "preemptions",
-        "scheduled_at",
+        "queued",
         "sink",
         "stall_s",
         "strike",
@@ -159,8 +158,8 @@ class EngineRequest:
         self.num_cached_blocks = 0
         self.cached_tokens = 0
         self.preemptions = 0
-        self.scheduled_at: float | None = None
-        self.first_token_at = 0.0
+        self.queued = True
+        """Not yet scheduled once: its queue time is still to be recorded."""
         self.last_token_at = 0.0
         self.paused_until = 0.0
         self.strike = -1
@@ -337,8 +336,8 @@ class Engine:
                 request.cached_tokens = computed
             request.num_computed = computed
             request.num_cached_blocks = len(hits)
-            if request.scheduled_at is None:
-                request.scheduled_at = now
+            if request.queued:
+                request.queued = False
                 self.metrics.queue_time.observe(max(0.0, now - request.arrival))
             self.running.append(request)
             scheduled.append((request, n))
@@ -393,7 +392,6 @@ class Engine:
             if k == 0:
                 metrics.prompt_tokens += request.num_prompt
                 metrics.ttft.observe(end - request.arrival)
-                request.first_token_at = end
             else:
                 metrics.itl.observe(end - request.last_token_at)
             request.last_token_at = end

@@ -72,9 +72,13 @@ class LagStats:
         self.max = max(self.max, lag_s)
 
     def percentiles_ms(self, *qs: float) -> list[float]:
-        """Each q-th percentile (0..100), to the middle of its 10 µs bin."""
-        cumulative = list(itertools.accumulate(self._bins))
-        ranks = (q / 100.0 * (self.count - 1) for q in qs)
+        """Each q-th percentile (0..100), to the middle of its 10 µs bin.
+
+        Sums bins only up to the highest percentile's: lags are mostly tiny, so a scrape during a
+        run stays short instead of stalling every stream for the 100,000-bin sum (~5 ms)."""
+        ranks = [q / 100.0 * (self.count - 1) for q in qs]
+        top = max(ranks)
+        cumulative = list(itertools.takewhile(lambda c: c <= top, itertools.accumulate(self._bins)))
         return [(bisect.bisect_right(cumulative, r) + 0.5) * 1000.0 / self.BINS_PER_S for r in ranks]
 
     def snapshot(self) -> dict[str, float | int | None]:

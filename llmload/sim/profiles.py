@@ -135,11 +135,11 @@ PROFILES: dict[str, EngineProfile] = {
             max_num_seqs=128,
             max_num_batched_tokens=2048,
             timing=StepTiming(
-                frontend_ms=8.5,
-                prefill_tokens_per_s=170_000,
-                decode_base_ms=2.5,
-                decode_per_seq_ms=0.19,
-                decode_per_kv_token_us=0.085,
+                frontend_ms=10.0,
+                prefill_tokens_per_s=41_000,
+                decode_base_ms=2.9,
+                decode_per_seq_ms=0.16,
+                decode_per_kv_token_us=0.09,
             ),
         ),
         EngineProfile(

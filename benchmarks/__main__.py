@@ -1,6 +1,13 @@
-"""Run every benchmark and print its table."""
+"""Run every benchmark of `make bench` and print its table.
 
-from benchmarks import load_generator
+The load generator, the simulator's pacing and the workload builder each print one Markdown table.
+The fidelity check against a real vLLM (`python -m benchmarks.sim_fidelity`, ~10 min) and the
+profile calibration (`python -m benchmarks.sim_calibrate`) are run on their own.
+"""
+
+from benchmarks import load_generator, sim_pacing, workload_build
 
 if __name__ == "__main__":
-    load_generator.main()
+    load_generator.main([])
+    sim_pacing.main([])
+    workload_build.main([])

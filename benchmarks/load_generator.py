@@ -14,14 +14,11 @@ p50 ≤ 2 ms / p99 ≤ 25 ms, ITL error p99 ≤ 3 ms.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import gevent
 import numpy as np
@@ -55,12 +52,6 @@ def _pinned(sim: SimProcess) -> Iterator[SimProcess]:
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
             os.sched_setaffinity(sim.pid, {1})
         yield sim
-
-
-def _sim_stats(url: str, method: str) -> dict[str, Any]:
-    with urllib.request.urlopen(urllib.request.Request(url + "/sim/stats", method=method), timeout=10) as resp:
-        body = resp.read()
-    return json.loads(body) if body else {}
 
 
 def drive(
@@ -118,9 +109,9 @@ def accuracy(rounds: int) -> list[tuple[str, str]]:
     with _pinned(SimProcess("--ttft-ms", str(ttft_truth), "--itl-ms", str(itl_truth))) as sim:
         request_s = (ttft_truth + 63 * itl_truth) / 1000
         drive(sim.url, streams=100, tokens=64, requests=100)
-        _sim_stats(sim.url, "DELETE")  # forget the warm-up
+        sim.reset_stats()  # forget the warm-up
         load = drive(sim.url, streams=100, tokens=64, requests=100 * rounds, stagger_s=request_s)
-        lag = _sim_stats(sim.url, "GET")["emission_lag_ms"]
+        lag = sim.stats()["emission_lag_ms"]
     ok = [r for r in load.results if r.ok]
     ttft_err = np.array([(r.token_times[0] - r.sent_at) * 1000 - ttft_truth for r in ok])
     itl_err = np.concatenate([np.diff(r.token_times) * 1000 - itl_truth for r in ok])
@@ -136,11 +127,11 @@ def accuracy(rounds: int) -> list[tuple[str, str]]:
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each saturation run")
     parser.add_argument("--rounds", type=int, default=5, help="requests per stream in the accuracy run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {0})  # the client on core 0; the target goes to core 1
     rows = saturation(args.seconds) + accuracy(args.rounds)

@@ -11,13 +11,10 @@ other). Goal: p99 < 1 ms with at least 500 concurrent streams.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import threading
 import time
-import urllib.request
-from typing import Any
 
 import psutil
 
@@ -49,12 +46,6 @@ def _isolate(pid: int) -> str:
     return f"SCHED_FIFO {SIM_PRIORITY}"
 
 
-def _stats(url: str, method: str) -> dict[str, Any]:
-    with urllib.request.urlopen(urllib.request.Request(url + "/sim/stats", method=method), timeout=10) as resp:
-        body = resp.read()
-    return json.loads(body) if body else {}
-
-
 def _sample_in_flight(url: str, samples: list[int], stop: threading.Event) -> None:
     """Requests in flight, from /metrics (cheap to serve; /sim/stats sums its lag histogram)."""
     while not stop.wait(0.25):
@@ -69,7 +60,7 @@ def measure(label: str, args: tuple[str, ...], streams: int) -> list[str]:
         proc = psutil.Process(sim.pid)
         priority = _isolate(sim.pid)
         drive(sim.url, streams=streams, tokens=2, requests=streams)
-        _stats(sim.url, "DELETE")
+        sim.reset_stats()
         in_flight: list[int] = []
         stop = threading.Event()
         sampler = threading.Thread(target=_sample_in_flight, args=(sim.url, in_flight, stop), daemon=True)
@@ -79,7 +70,7 @@ def measure(label: str, args: tuple[str, ...], streams: int) -> list[str]:
         cpu1, wall = proc.cpu_times(), time.perf_counter() - wall0
         stop.set()
         sampler.join()
-        lag = _stats(sim.url, "GET")["emission_lag_ms"]
+        lag = sim.stats()["emission_lag_ms"]
     failed = sum(not r.ok for r in load.results)
     sim_cpu = 100 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall
     verdict = "PASS" if lag["p99"] < 1.0 and not failed else "FAIL"
@@ -97,10 +88,10 @@ def measure(label: str, args: tuple[str, ...], streams: int) -> list[str]:
     ]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[500, 1000], help="concurrent streams per run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.sched_setaffinity(0, {0})  # the client on core 0; the simulator goes to core 1 (Linux, 2+ cores)
     configs = [
         ("fixed pacing, ITL 20 ms", ("--ttft-ms", "50", "--itl-ms", "20")),

@@ -50,6 +50,7 @@ def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path
                              "--stage-duration", "5", "--arrival", "constant")  # fmt: skip
         finally:
             del os.environ["LLMLOAD_API_KEY"]
+        target_lag = sim.stats()["emission_lag_ms"]
     assert run.returncode == 0, run.output[-3000:]
     summary, records = run.summary, run.records
     for key in SUMMARY_KEYS:
@@ -68,8 +69,11 @@ def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path
     ok = records[records.status == "ok"]
     ttft = ok.ttft_ms.to_numpy()
     itl = np.concatenate(ok.itl_ms.to_list())
-    assert 50 <= np.percentile(ttft, 50) <= 55 and np.percentile(ttft, 95) <= 55
-    assert abs(np.percentile(itl, 50) - 10) <= 5 and abs(np.percentile(itl, 95) - 10) <= 5
+    # within 5 ms, beyond what the target itself emitted late (a descheduled vCPU delays the server
+    # too, and then a later TTFT is the truth; the simulator reports its lag, tens of µs when quiet)
+    tail = 5 + target_lag["p99"]
+    assert 50 <= np.percentile(ttft, 50) <= 55 and np.percentile(ttft, 95) <= 50 + tail, target_lag
+    assert abs(np.percentile(itl, 50) - 10) <= 5 and abs(np.percentile(itl, 95) - 10) <= tail, target_lag
     assert (ok.output_tokens == ok.itl_ms.map(len) + 1).all()
 
     # the 150% stage got what was offered

@@ -14,8 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from types import TracebackType
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn
+
+import orjson
 
 _LISTENING = re.compile(rb"^llmload sim listening on (http://\S+)$")
 
@@ -40,6 +43,16 @@ class SimProcess:
         if self._proc is None:
             raise RuntimeError("SimProcess is not running")
         return self._proc.pid
+
+    def stats(self) -> dict[str, Any]:
+        """GET /sim/stats: requests served and the emission lag (actual minus scheduled write, ms)."""
+        with urllib.request.urlopen(self.url + "/sim/stats", timeout=10) as response:
+            stats: dict[str, Any] = orjson.loads(response.read())
+        return stats
+
+    def reset_stats(self) -> None:
+        """DELETE /sim/stats: forget a warm-up."""
+        urllib.request.urlopen(urllib.request.Request(self.url + "/sim/stats", method="DELETE"), timeout=10).close()
 
     def __enter__(self) -> SimProcess:
         self.start()

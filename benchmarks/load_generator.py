@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import gevent
 import numpy as np
 
+from benchmarks import client_on_core_0
 from llmload.client import ChatClient, StreamResult, chat_body
 from llmload.sim.process import SimProcess
 
@@ -132,11 +133,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each saturation run")
     parser.add_argument("--rounds", type=int, default=5, help="requests per stream in the accuracy run")
     args = parser.parse_args(argv)
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-        os.sched_setaffinity(0, {0})  # the client on core 0; the target goes to core 1
-    rows = saturation(args.seconds) + accuracy(args.rounds)
+    with client_on_core_0():
+        rows = saturation(args.seconds) + accuracy(args.rounds)
     width = max(len(k) for k, _ in rows)
     print("\n## load generator (one process, one core)\n")
     print(f"| {'measure'.ljust(width)} | result |\n|{'-' * (width + 2)}|---|")
     for key, value in rows:
         print(f"| {key.ljust(width)} | {value} |")
+
+
+if __name__ == "__main__":
+    main()

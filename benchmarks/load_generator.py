@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import gevent
 import numpy as np
 
-from benchmarks import client_on_core_0
+from benchmarks import StealMeter, client_on_core_0
 from llmload.client import ChatClient, StreamResult, chat_body
 from llmload.sim.process import SimProcess
 
 MESSAGES = [{"role": "user", "content": "benchmark"}]
+STEAL_WARN = 1.0
 CPU_WARN = 60.0
 
 
@@ -111,6 +112,7 @@ def accuracy(rounds: int) -> list[tuple[str, str]]:
         request_s = (ttft_truth + 63 * itl_truth) / 1000
         drive(sim.url, streams=100, tokens=64, requests=100)
         sim.reset_stats()  # forget the warm-up
+        steal = StealMeter()
         load = drive(sim.url, streams=100, tokens=64, requests=100 * rounds, stagger_s=request_s)
         lag = sim.stats()["emission_lag_ms"]
     ok = [r for r in load.results if r.ok]
@@ -122,7 +124,10 @@ def accuracy(rounds: int) -> list[tuple[str, str]]:
         ("ITL error p50 / p99 (ms)", f"{np.percentile(itl_err, 50):+.3f} / {np.percentile(itl_err, 99):+.3f}"),
         ("client CPU", f"{load.cpu_percent:.0f}% of one core ({load.chunks / load.wall_s:,.0f} chunks/s)"),
         ("target's own emission lag p50 / p99 (ms)", f"{lag['p50']:.3f} / {lag['p99']:.3f} (part of the errors above)"),
+        ("CPU steal by the hypervisor", f"{steal.percent:.1f}% of the machine's CPU time"),
     ]
+    if steal.percent > STEAL_WARN:
+        rows.append(("WARNING", f"CPU steal above {STEAL_WARN:.0f}%: tails include descheduled vCPUs"))
     if load.cpu_percent > CPU_WARN:
         rows.append(("WARNING", f"client CPU above {CPU_WARN:.0f}%: its timings include its own delay"))
     return rows

@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from benchmarks import client_on_core_0
+from benchmarks import StealMeter, client_on_core_0
 from benchmarks.load_generator import drive
 from llmload.sim.metrics import scrape
 from llmload.sim.process import SimProcess
@@ -69,7 +69,7 @@ def measure(label: str, args: tuple[str, ...], streams: int) -> list[str]:
         stop = threading.Event()
         sampler = threading.Thread(target=_sample_in_flight, args=(sim.url, in_flight, stop), daemon=True)
         sampler.start()
-        cpu0, wall0 = proc.cpu_times(), time.perf_counter()
+        cpu0, wall0, steal = proc.cpu_times(), time.perf_counter(), StealMeter()
         load = drive(sim.url, streams=streams, tokens=TOKENS, requests=streams * ROUNDS, stagger_s=STAGGER_S)
         cpu1, wall = proc.cpu_times(), time.perf_counter() - wall0
         stop.set()
@@ -86,6 +86,7 @@ def measure(label: str, args: tuple[str, ...], streams: int) -> list[str]:
         f"{lag['p50']:.3f} / {lag['p99']:.3f} / {lag['max']:.1f}",
         f"{sim_cpu:.0f}%",
         f"{load.cpu_percent:.0f}%",
+        f"{steal.percent:.1f}%",
         f"{failed}",
         priority,
         verdict,
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
         "lag p50 / p99 / max (ms)",
         "sim CPU (1 core)",
         "client CPU",
+        "CPU steal",
         "failed",
         "sim priority",
         "p99 < 1 ms",

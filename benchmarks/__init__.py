@@ -6,7 +6,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psutil
+from llmload.run import StealMeter
+
+__all__ = ["StealMeter", "client_on_core_0"]
 
 
 @contextmanager
@@ -23,21 +25,3 @@ def client_on_core_0() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-class StealMeter:
-    """CPU time the hypervisor gave to other guests ("steal") since creation, in % of all CPU time.
-
-    On a VM, a vCPU descheduled for a few ms delays client and target alike: timing tails that
-    neither caused. The tables print it beside every timing figure so a bad run explains itself.
-    """
-
-    def __init__(self) -> None:
-        self._start = psutil.cpu_times()
-
-    @property
-    def percent(self) -> float:
-        now = psutil.cpu_times()
-        total = sum(now) - sum(self._start)
-        steal = getattr(now, "steal", 0.0) - getattr(self._start, "steal", 0.0)
-        return 100.0 * steal / total if total > 0 else 0.0

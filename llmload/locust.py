@@ -33,7 +33,7 @@ from llmload.models import RequestRecord, RunManifest
 from llmload.observe import SERVER_FILE, Observer
 from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.report import MANIFEST_FILE, REPORT_FILE, VERDICT_FILE, write_report
-from llmload.run import Dispatcher, RunClock, SessionReplayer
+from llmload.run import Dispatcher, RunClock, SessionReplayer, StealMeter
 from llmload.schedule import ArrivalSchedule, build_stages, parse_stage_percents
 from llmload.sim.process import SimProcess
 from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
@@ -155,6 +155,7 @@ class ProcessRun:
     workers: dict[str, WorkerState] = field(default_factory=dict)
     tokens_window: list[int] = field(default_factory=lambda: [0, 0])  # output, prompt since last tick
     cpu_max: float = 0.0
+    steal: StealMeter = field(default_factory=StealMeter)
     greenlets: list[gevent.Greenlet] = field(default_factory=list)
     finished: bool = False
 
@@ -449,7 +450,13 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     run.observer.stop()
     run.writer.close()
     cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])
-    run.manifest = run.manifest.model_copy(update={"finished_at": time.time(), "load_generator_cpu_max_percent": cpu})
+    run.manifest = run.manifest.model_copy(
+        update={
+            "finished_at": time.time(),
+            "load_generator_cpu_max_percent": cpu,
+            "cpu_steal_percent": round(run.steal.percent, 2),
+        }
+    )
     (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
     if _state.criteria is not None:
         verdict = evaluate(run.run_dir, _state.criteria).verdict

@@ -103,6 +103,9 @@ class RunManifest(Strict):
     limits: dict[str, float]
     finished_at: float | None = None
     load_generator_cpu_max_percent: float | None = None
+    cpu_steal_percent: float | None = Field(
+        default=None, description="hypervisor steal on the load generator's machine (the master's) during the run"
+    )
 
 
 # --------------------------------------------------------------------------- run records
@@ -262,6 +265,7 @@ class RunInfo(BaseModel):
     finished_at: float
     workers: int
     load_generator_cpu_max_percent: float | None = None
+    cpu_steal_percent: float | None = None
     warnings: list[str] = Field(default_factory=list)
 
 

@@ -38,6 +38,7 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 VERDICT_FILE = "verdict.json"
 CPU_WARNING_PERCENT = 60.0
+STEAL_WARNING_PERCENT = 2.0
 _QUANTILES = (50, 90, 95, 99, 99.9)
 
 
@@ -137,6 +138,13 @@ def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
             f"load generator CPU reached {cpu:.0f}% (> {CPU_WARNING_PERCENT:.0f}%): timings may include client delay;"
             " add Locust workers (--processes)"
         )
+    steal = manifest.cpu_steal_percent
+    if steal is not None and steal > STEAL_WARNING_PERCENT:
+        warnings.append(
+            f"the hypervisor took {steal:.1f}% of the load generator machine's CPU"
+            f" (steal > {STEAL_WARNING_PERCENT:.0f}%): latency tails include descheduled vCPUs;"
+            " repeat on a quieter or dedicated machine"
+        )
     if len(ok) and not ok.usage_from_server.all():
         warnings.append("some responses carried no usage: their token counts were counted client-side")
     return Summary(
@@ -151,6 +159,7 @@ def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
             finished_at=finished,
             workers=manifest.workers,
             load_generator_cpu_max_percent=cpu,
+            cpu_steal_percent=steal,
             warnings=warnings,
         ),
         requests=RequestCounts(

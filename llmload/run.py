@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import gevent
 import numpy as np
+import psutil
 
 from llmload.client import ChatClient, StreamResult, chat_body
 from llmload.failures import HEALTH_PROBED, refine_with_health
@@ -41,6 +42,24 @@ class RunClock:
 
     def offset(self, perf: float) -> float:
         return perf - self.start_perf
+
+
+class StealMeter:
+    """CPU time the hypervisor gave to other guests ("steal") since creation, in % of all CPU time.
+
+    On a VM, a vCPU descheduled for a few ms delays client and target alike: latency tails that
+    neither caused. Runs record it so the report can say so; 0 on bare metal and non-Linux.
+    """
+
+    def __init__(self) -> None:
+        self._start = psutil.cpu_times()
+
+    @property
+    def percent(self) -> float:
+        now = psutil.cpu_times()
+        total = sum(now) - sum(self._start)
+        steal = getattr(now, "steal", 0.0) - getattr(self._start, "steal", 0.0)
+        return 100.0 * steal / total if total > 0 else 0.0
 
 
 @dataclass(frozen=True)

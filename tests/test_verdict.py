@@ -15,7 +15,7 @@ import pytest
 from llmload.compare import InputError
 from llmload.models import RequestRecord, RunManifest
 from llmload.records import RECORDS_FILE, RecordWriter
-from llmload.report import MANIFEST_FILE
+from llmload.report import MANIFEST_FILE, write_report
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
 from llmload.verdict import SERVER_FILE, SoakCriteria, SoakResult, add_criteria_arguments, criteria_from_args, evaluate
@@ -278,3 +278,13 @@ def test_engine_deaths_in_a_real_run_fail_the_soak_naming_them(real_runs: dict[s
     assert not verdict.passed
     oom = next(r for r in verdict.reasons if "OOM-family failures" in r)
     assert oom.startswith("FAIL") and "engine_dead: " in oom, oom
+
+
+def test_the_report_warns_when_the_hypervisor_stole_cpu(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run")
+    manifest = orjson.loads((run_dir / MANIFEST_FILE).read_bytes())
+    for steal, warned in ((0.4, False), (7.5, True)):
+        (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps({**manifest, "cpu_steal_percent": steal}))
+        run = write_report(run_dir).run
+        assert run.cpu_steal_percent == steal
+        assert any("hypervisor took 7.5%" in w for w in run.warnings) is warned

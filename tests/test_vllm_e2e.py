@@ -62,7 +62,10 @@ def test_replay_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> No
     chats = records[~records.session_id.str.startswith("too-long")]
     assert (chats.status == "ok").all()
     assert (chats.output_tokens == 16).all() and chats.usage_from_server.all()
-    assert (chats.ttft_ms > 0).all() and (chats.itl_ms.map(len) == 15).all()
+    # one gap per chunk after the first: 15 for 16 tokens, fewer when vLLM's output collector merged
+    # two tokens into one chunk because its API server fell behind the engine (seen under CI load)
+    gaps = chats.itl_ms.map(len)
+    assert (chats.ttft_ms > 0).all() and gaps.between(1, 15).all() and (gaps == 15).mean() >= 0.8
 
     # the server's prompt_tokens grows turn by turn: each turn carries the history
     growth = chats.pivot_table(index="session_id", columns="turn", values="prompt_tokens")

@@ -6,10 +6,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from llmload.run import StealMeter
-
-__all__ = ["StealMeter", "client_on_core_0"]
-
 
 @contextmanager
 def client_on_core_0() -> Iterator[None]:

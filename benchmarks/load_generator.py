@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import gevent
 import numpy as np
 
-from benchmarks import StealMeter, client_on_core_0
+from benchmarks import client_on_core_0
 from llmload.client import ChatClient, StreamResult, chat_body
+from llmload.run import StealMeter
 from llmload.sim.process import SimProcess
 
 MESSAGES = [{"role": "user", "content": "benchmark"}]

@@ -14,16 +14,16 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 import pandas as pd
-import yaml
-from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from llmload.models import RunManifest, Strict, Summary
 from llmload.records import RECORDS_FILE, read_records
 from llmload.report import MANIFEST_FILE, load_manifest, summarize
+from llmload.yamlfile import InputError, load_yaml_model
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 LATENCY_PERCENTILES = (50, 95, 99)
@@ -64,33 +64,6 @@ class Thresholds(Strict):
     error_rate_rise: NonNegativeFloat = Field(default=0.01, description="rise of failed/sent, as a fraction")
     oom_family_rise: NonNegativeInt = Field(default=0, description="more oom+engine_dead+server_down failures")
     bootstrap: Bootstrap = Bootstrap()
-
-
-class InputError(ValueError):
-    """Bad input (not a run directory, bad YAML): exit code 2, with this message."""
-
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-def load_yaml_model(path: Path, model: type[ModelT]) -> ModelT:
-    """A strict model from a YAML file; every error names the file and the offending key."""
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(f"{path}: {validation_message(exc)}") from None
-
-
-def validation_message(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
 # --------------------------------------------------------------------------- bootstrap

@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
-from llmload.compare import InputError, load_yaml_model, read_run
+from llmload.compare import read_run
 from llmload.models import OOM_FAMILY, Stage, StageSummary, Strict, Verdict
 from llmload.observe import SERVER_FILE, server_frame
 from llmload.report import percentiles, summarize
+from llmload.yamlfile import InputError, load_yaml_model
 
 AlertAction = Literal["warn", "fail"]
 

@@ -61,5 +61,5 @@ def test_bad_session_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(WorkloadError, match="cannot read workload"):
+    with pytest.raises(WorkloadError, match=r"nope\.yaml: cannot read"):
         load_workload(tmp_path / "nope.yaml")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
-import yaml
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
 from llmload.capacity import (
@@ -29,6 +28,7 @@ from llmload.capacity import (
 from llmload.capacity_cli import known_models, load_bundled_model, load_config_file
 from llmload.models import Strict
 from llmload.sim.config import EngineOverrides
+from llmload.yamlfile import InputError, load_yaml_model
 
 
 class StepTiming(Strict):
@@ -221,9 +221,9 @@ def load_profile(name: str) -> EngineProfile:
     if not path.is_file():
         _refuse(f"llmload sim: error: --profile {name!r}: not a file, nor one of {', '.join(PROFILES)}", 2)
     try:
-        return EngineProfile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except (yaml.YAMLError, ValidationError) as exc:
-        _refuse(f"llmload sim: error: --profile {name}: {exc}", 2)
+        return load_yaml_model(path, EngineProfile)
+    except InputError as exc:
+        _refuse(f"llmload sim: error: --profile {exc}", 2)
 
 
 def resolve_profile(

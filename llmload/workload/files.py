@@ -11,19 +11,11 @@ import yaml
 from pydantic import ValidationError
 
 from llmload.models import Session, WorkloadSpec
+from llmload.yamlfile import InputError, load_yaml_model, validation_message
 
 
-class WorkloadError(ValueError):
+class WorkloadError(InputError):
     """A workload file that cannot be used; the message names the file, line and key."""
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        parts.append(f"{where}: {reason}")
-    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -43,18 +35,7 @@ class Workload:
 
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read workload: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise WorkloadError(f"{path}: a workload file is a YAML mapping (version, name, sessions, ...)")
-    try:
-        spec = WorkloadSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise WorkloadError(f"{path}: {_describe(exc)}") from None
+    spec = load_yaml_model(path, WorkloadSpec, WorkloadError)
     sessions_path = path.parent / spec.sessions
     sessions = list(_read_sessions(sessions_path))
     if not sessions:
@@ -76,7 +57,7 @@ def _read_sessions(path: Path) -> Iterable[Session]:
             except orjson.JSONDecodeError as exc:
                 raise WorkloadError(f"{path}:{number}: not valid JSON: {exc}") from None
             except ValidationError as exc:
-                raise WorkloadError(f"{path}:{number}: {_describe(exc)}") from None
+                raise WorkloadError(f"{path}:{number}: {validation_message(exc)}") from None
 
 
 def save_workload(spec: WorkloadSpec, sessions: Iterable[Session], path: str | Path) -> Path:

@@ -1,0 +1,43 @@
+"""Strict YAML files (workloads, thresholds, soak criteria, simulator profiles): one loader, one
+error style, so a misspelt key is named the same way whichever file it is in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+
+class InputError(ValueError):
+    """A file the user gave that cannot be used: exit code 2, with this message (file and key named)."""
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """`key.path: reason; ...`, with pydantic's "Extra inputs are not permitted" said as "unknown key"."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{where}: {reason}")
+    return "; ".join(parts)
+
+
+def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = InputError) -> ModelT:
+    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file (and key)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a YAML mapping of keys, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise error(f"{path}: {validation_message(exc)}") from None

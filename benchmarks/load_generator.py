@@ -6,9 +6,9 @@
     then 10 ms per token: measured TTFT and ITL minus that truth, and the client's CPU.
 
 The client is llmload's own hot path (ChatClient.stream_chat, the code every Locust user runs),
-pinned to one core; the target runs on the other. Goals (shared/PERF_ANCHORS.md): at least vLLM's
-bench client (≈ 100k chunks/s; TTFT error p99 ≤ 72 ms), aiming at ≥ 150k chunks/s, TTFT error
-p50 ≤ 2 ms / p99 ≤ 25 ms, ITL error p99 ≤ 3 ms.
+pinned to one core; the target runs on the other. Goals (from measuring peer clients on this
+2-core machine): at least vLLM's bench client (≈ 100k chunks/s; TTFT error p99 ≤ 72 ms), aiming
+at ≥ 150k chunks/s, TTFT error p50 ≤ 2 ms / p99 ≤ 25 ms, ITL error p99 ≤ 3 ms.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks import client_on_core_0
 from llmload.client import ChatClient, StreamResult, chat_body
-from llmload.run import StealMeter
+from llmload.replay import StealMeter
 from llmload.sim.process import SimProcess
 
 MESSAGES = [{"role": "user", "content": "benchmark"}]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import orjson
 
-AZURE_TRACE = Path("/work/shared/data/azure_llm_inference_conv_2023.csv")
+AZURE_TRACE = Path(__file__).resolve().parents[1] / "data" / "azure_llm_inference_conv_2023.csv"
 _WORDS = (
     "order delivery refund account price invoice shipping address the a to of and is in for my your "
     "please thanks when where why how can could would should today tomorrow week package tracking "

@@ -2,8 +2,10 @@
 
 The hot path reads the response event by event (`readline(b"\\n\\n")` on geventhttpclient, the
 transport Locust's FastHttpUser wraps) and parses each event with orjson. The openai SDK's chunk
-objects and Locust's block-wise `iter_lines()` both distort timing under load
-(shared/PERF_ANCHORS.md), so neither is on this path; the SDK is the reference parser in tests.
+objects and Locust's block-wise `iter_lines()` both distort timing under load (measured on this
+kind of 2-core machine: about 180 µs of CPU per SDK chunk object, TTFT p99 off by seconds under
+load; `iter_lines()` reads 1,024-byte blocks, so several events share one time stamp), so neither
+is on this path; the SDK is the reference parser in tests.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Two runs of the same plan never measure the same numbers, so a metric is called a regression
 only when the whole bootstrap confidence interval of its degradation lies beyond its limit.
-The interval comes from resampling each run's requests (an ITL resample pools the gaps of the
-requests drawn), so it is as wide as the run's own noise. Limits: docs/gates.md.
+The interval comes from resampling blocks of each run's consecutive requests (an ITL resample
+pools the gaps of the requests drawn), so it is as wide as the run's own noise, slow drifts
+included. Limits and method: docs/gates.md.
 """
 
 from __future__ import annotations
@@ -11,23 +12,22 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from llmload.models import RunManifest, Strict, Summary
-from llmload.records import RECORDS_FILE, read_records
+from llmload.records import RECORDS_FILE, RunRecords
 from llmload.report import MANIFEST_FILE, load_manifest, summarize
+from llmload.sketch import Histograms, buckets, quantiles
 from llmload.yamlfile import InputError, load_yaml_model
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 LATENCY_PERCENTILES = (50, 95, 99)
-_RESAMPLE_BLOCK_VALUES = 2_000_000  # counts held at once: resamples × requests, about 16 MB
+BOOTSTRAP_BLOCKS = 500  # resampled units: runs of consecutive requests (single requests in shorter runs)
 
 # --------------------------------------------------------------------------- thresholds
 
@@ -61,7 +61,7 @@ class Thresholds(Strict):
     latency_rise: LatencyRise = LatencyRise()
     latency_floor_ms: LatencyFloorMs = LatencyFloorMs()
     throughput_drop: NonNegativeFloat = Field(default=0.05, description="relative drop of req/s and output tok/s")
-    error_rate_rise: NonNegativeFloat = Field(default=0.01, description="rise of failed/sent, as a fraction")
+    error_rate_rise: NonNegativeFloat = Field(default=0.01, description="rise of failed/(ok + failed), as a fraction")
     oom_family_rise: NonNegativeInt = Field(default=0, description="more oom+engine_dead+server_down failures")
     bootstrap: Bootstrap = Bootstrap()
 
@@ -70,70 +70,27 @@ class Thresholds(Strict):
 
 
 @dataclass(frozen=True)
-class Pooled:
-    """One metric's values of a run, sorted, each with the request it came from (ITL: many each)."""
+class Blocked:
+    """One latency metric of a run: a histogram per block (llmload.sketch), trimmed to the buckets used."""
 
-    values: np.ndarray
-    owners: np.ndarray
-    per_owner: np.ndarray  # values per request, float for BLAS products with resample counts
+    first: int  # bucket of column 0
+    counts: np.ndarray  # (blocks, buckets), float for BLAS products with resample counts
 
     @classmethod
-    def of(cls, values: np.ndarray, owners: np.ndarray, requests: int) -> Pooled:
+    def of(cls, histograms: Histograms) -> Blocked:
+        used = np.flatnonzero(histograms.counts.sum(axis=0))
+        first, end = (int(used[0]), int(used[-1]) + 1) if used.size else (0, 1)
+        return cls(first, histograms.counts[:, first:end].astype(float))
+
+    @classmethod
+    def of_values(cls, values: np.ndarray, block: np.ndarray, blocks: int) -> Blocked:
+        """One value per record (TTFT, TPOT, E2E; NaN: none), each in its record's block."""
         keep = ~np.isnan(values)
-        order = np.argsort(values[keep])
-        owners = owners[keep][order]
-        return cls(values[keep][order], owners, np.bincount(owners, minlength=requests).astype(float))
-
-
-class ResampledPercentile:
-    """numpy's linear q-th percentile of each resample's pooled values (NaN for a resample without any).
-
-    Resample b holds counts[b, i] copies of request i, so of each of its values. Its order
-    statistics lie near the full sample's q-th percentile, so only a window of the sorted values
-    is scanned: about ±8 standard errors of the quantile's level (the ratio-estimator variance
-    over requests, which accounts for ITL gaps of one request moving together), widened when a
-    resample falls outside it. The result is exact; the cost is resamples × window instead of
-    resamples × values (ITL has millions).
-    """
-
-    def __init__(self, pooled: Pooled, q: float) -> None:
-        self.pooled, self.q = pooled, q
-        size = pooled.values.size
-        self.centre = int(q / 100 * (size - 1)) if size else 0
-        below_centre = np.bincount(pooled.owners[: self.centre + 1], minlength=pooled.per_owner.size)
-        level = (self.centre + 1) / max(size, 1)
-        spread = np.sqrt(np.sum((below_centre - level * pooled.per_owner) ** 2)) / max(size, 1)
-        self._set_window(int(8 * spread * size) + 32)
-
-    def _set_window(self, half: int) -> None:
-        size = self.pooled.values.size
-        self.half = half
-        self.lo, self.hi = max(0, self.centre - half), min(size, self.centre + half + 2)
-        self.below = np.bincount(self.pooled.owners[: self.lo], minlength=self.pooled.per_owner.size).astype(float)
-        self.window_owners = self.pooled.owners[self.lo : self.hi]
-
-    def __call__(self, counts: np.ndarray, totals: np.ndarray, below: np.ndarray) -> np.ndarray:
-        """`totals` and `below` are counts @ pooled.per_owner and counts @ self.below, computed by the caller."""
-        values = self.pooled.values
-        position = self.q / 100 * np.maximum(totals - 1, 0)
-        lower = np.floor(position)
-        ranks = np.stack([lower, np.minimum(lower + 1, np.maximum(totals - 1, 0))], axis=1)  # 0-based, (b, 2)
-        if values.size == 0:
-            return np.full(len(totals), np.nan)
-        while True:
-            cumulative = below[:, None] + np.cumsum(counts[:, self.window_owners], axis=1)
-            inside = (ranks >= below[:, None]) & (ranks < cumulative[:, -1:])
-            if (inside.all(axis=1) | (totals == 0)).all() or (self.lo == 0 and self.hi == values.size):
-                break
-            self._set_window(self.half * 4)
-            below = counts @ self.below
-        index = self.lo + np.array(
-            [np.searchsorted(c, r, side="right") for c, r in zip(cumulative, ranks, strict=True)]
-        )
-        low, high = values[np.minimum(index, values.size - 1)].T
-        out: np.ndarray = low + (position - lower) * (high - low)
-        out[totals == 0] = np.nan
-        return out
+        index, owner = buckets(values[keep]), block[keep]
+        first = int(index.min()) if index.size else 0
+        width = int(index.max()) + 1 - first if index.size else 1
+        counts = np.bincount(owner * width + index - first, minlength=blocks * width)
+        return cls(first, counts.reshape(blocks, width).astype(float))
 
 
 @dataclass(frozen=True)
@@ -144,23 +101,18 @@ class RunSample:
     manifest: RunManifest
     summary: Summary
     requests: int
-    plan_s: float  # the stages' total duration: start-up and drain time vary from run to run
-    ok: np.ndarray
-    sent: np.ndarray
-    failed: np.ndarray
-    ok_output_tokens: np.ndarray
-    latency: dict[str, Pooled]
+    plan_s: float  # the judged stages' total duration: warm-up, start-up and drain vary from run to run
+    blocks: np.ndarray  # per judged block: ok, output tokens of the ok, failed, ok + failed (blocks × 4)
+    latency: dict[str, Blocked]
 
     @property
     def throughput(self) -> dict[str, float]:
         """Successful requests and their output tokens per second of the plan."""
-        return {
-            "requests_per_s": float(self.ok.sum() / self.plan_s),
-            "output_tokens_per_s": float(self.ok_output_tokens.sum() / self.plan_s),
-        }
+        ok, tokens = self.blocks[:, :2].sum(axis=0)
+        return {"requests_per_s": float(ok / self.plan_s), "output_tokens_per_s": float(tokens / self.plan_s)}
 
 
-def read_run(run_dir: Path) -> tuple[RunManifest, pd.DataFrame]:
+def read_run(run_dir: Path) -> tuple[RunManifest, RunRecords]:
     """A run's plan and records, or an InputError that says what is wrong with the directory."""
     if not (run_dir / MANIFEST_FILE).is_file():
         raise InputError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
@@ -168,39 +120,42 @@ def read_run(run_dir: Path) -> tuple[RunManifest, pd.DataFrame]:
         raise InputError(f"{run_dir} has no {RECORDS_FILE}")
     try:
         manifest = load_manifest(run_dir)
-        df = read_records(run_dir / RECORDS_FILE)
+        records = RunRecords.load(run_dir)
     except ValueError as exc:
         raise InputError(f"{run_dir}: {exc}") from None
-    if df.empty:
+    if records.frame.empty:
         raise InputError(f"{run_dir}: no request records")
-    return manifest, df
+    return manifest, records
 
 
 def load_run(run_dir: Path) -> RunSample:
-    manifest, df = read_run(run_dir)
-    summary = summarize(df, manifest)
-    n = len(df)
-    ok = (df.status == "ok").to_numpy()
-    index = np.arange(n)
-    gaps = [np.asarray(v, dtype=float) for v in df.itl_ms[ok]]
-    latency = {
-        metric: Pooled.of(df[f"{metric}_ms"].to_numpy(dtype=float)[ok], index[ok], n)
-        for metric in LATENCY_METRICS
-        if metric != "itl"
-    }
-    latency["itl"] = Pooled.of(
-        np.concatenate([np.array([]), *gaps]), np.repeat(index[ok], [g.size for g in gaps]).astype(np.int64), n
+    manifest, records = read_run(run_dir)
+    frame = records.frame
+    n = len(frame)
+    block = np.arange(n) * min(n, BOOTSTRAP_BLOCKS) // n  # records as written: neighbours in time
+    blocks = int(block[-1]) + 1
+    judged = ~frame.stage.isin([s.name for s in manifest.stages if s.warmup]).to_numpy(dtype=bool)
+    ok = judged & (frame.status == "ok").to_numpy(dtype=bool)
+    itl = records.itl(ok, block, blocks)
+    summary = summarize(frame, manifest, itl=itl.percentiles())  # summarize_run's, without a second pass
+    per_record = (
+        ok,
+        np.where(ok, frame.output_tokens.fillna(0).to_numpy(dtype=float), 0.0),
+        judged & (frame.status == "failed").to_numpy(dtype=bool),
+        judged & frame.status.isin(["ok", "failed"]).to_numpy(dtype=bool),  # cancelled: not an error
     )
+    latency = {
+        m: Blocked.of_values(np.where(ok, frame[f"{m}_ms"].to_numpy(dtype=float), np.nan), block, blocks)
+        for m in ("ttft", "tpot", "e2e")
+    }
+    latency["itl"] = Blocked.of(itl)
     return RunSample(
         name=str(run_dir),
         manifest=manifest,
         summary=summary,
         requests=n,
-        plan_s=sum(stage.duration_s for stage in manifest.stages),
-        ok=ok.astype(float),
-        sent=(df.status != "not_sent").to_numpy(dtype=float),
-        failed=(df.status == "failed").to_numpy(dtype=float),
-        ok_output_tokens=np.where(ok, df.output_tokens.fillna(0).to_numpy(dtype=float), 0.0),
+        plan_s=sum(stage.duration_s for stage in manifest.stages if not stage.warmup),
+        blocks=np.column_stack([np.bincount(block, weights=column, minlength=blocks) for column in per_record]),
         latency=latency,
     )
 
@@ -210,31 +165,22 @@ def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 
 def bootstrap(run: RunSample, settings: Bootstrap, stream: int) -> dict[str, np.ndarray]:
-    """Every compared figure in each of `settings.resamples` seeded resamples of the run's requests.
+    """Every compared figure in each of `settings.resamples` seeded resamples of the run's blocks.
 
-    Each block's count-weighted sums come from one matrix product: many small ones are far
-    slower when BLAS threads compete for a busy machine's cores.
+    A resample draws as many blocks as the run has, with replacement; its histogram of a metric is
+    the count-weighted sum of the blocks' (one matrix product), and its percentiles are read off
+    that, so the cost does not grow with the run's length.
     """
     rng = np.random.default_rng([settings.seed, stream])
-    n = run.requests
-    estimators = {
-        f"{m}.p{q}": ResampledPercentile(run.latency[m], q) for m in LATENCY_METRICS for q in LATENCY_PERCENTILES
-    }
-    block = max(1, min(settings.resamples, _RESAMPLE_BLOCK_VALUES // n))
-    parts: dict[str, list[np.ndarray]] = defaultdict(list)
-    for start in range(0, settings.resamples, block):
-        b = min(block, settings.resamples - start)
-        draws = rng.integers(0, n, size=(b, n)) + n * np.arange(b)[:, None]
-        counts = np.bincount(draws.ravel(), minlength=b * n).reshape(b, n).astype(float)
-        columns = [run.ok, run.ok_output_tokens, run.failed, run.sent]
-        columns += [v for e in estimators.values() for v in (e.pooled.per_owner, e.below)]
-        ok, tokens, failed, sent, *pairs = (counts @ np.column_stack(columns)).T
-        parts["requests_per_s"].append(ok / run.plan_s)
-        parts["output_tokens_per_s"].append(tokens / run.plan_s)
-        parts["error_rate"].append(_ratio(failed, sent))
-        for (key, estimate), totals, below in zip(estimators.items(), pairs[::2], pairs[1::2], strict=True):
-            parts[key].append(estimate(counts, totals, below))
-    return {key: np.concatenate(chunks) for key, chunks in parts.items()}
+    blocks = len(run.blocks)
+    counts = rng.multinomial(blocks, np.full(blocks, 1 / blocks), size=settings.resamples).astype(float)
+    ok, tokens, failed, sent = (counts @ run.blocks).T
+    out = {"requests_per_s": ok / run.plan_s, "output_tokens_per_s": tokens / run.plan_s}
+    out["error_rate"] = _ratio(failed, sent)
+    for metric, blocked in run.latency.items():
+        resampled = quantiles(counts @ blocked.counts, np.array(LATENCY_PERCENTILES), blocked.first)
+        out.update({f"{metric}.p{q}": resampled[:, i] for i, q in enumerate(LATENCY_PERCENTILES)})
+    return out
 
 
 # --------------------------------------------------------------------------- comparison
@@ -327,7 +273,8 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
         b, c = (r.throughput[key] for r in (baseline, current))
         diffs = cur_boot[key] - base_boot[key]
         rows.append(judge(name, unit, -1, values=(b, c), diffs=diffs, limit=thresholds.throughput_drop * b))
-    b, c = (s.requests.failed / s.requests.sent if s.requests.sent else None for s in (base, cur))
+    answered = (s.requests.ok + s.requests.failed for s in (base, cur))  # cancelled: never an error
+    b, c = (s.requests.failed / n if n else None for s, n in zip((base, cur), answered, strict=True))
     diffs = cur_boot["error_rate"] - base_boot["error_rate"]
     rows.append(judge("error rate", "%", 1, values=(b, c), diffs=diffs, limit=thresholds.error_rate_rise))
     oom = (float(base.failures.oom_family), float(cur.failures.oom_family))

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from llmload.locust import EMBEDDED_TARGET_ARGS
 from llmload.report import REPORT_FILE, SUMMARY_FILE
-from llmload.sim.process import SimProcess
+from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 LOCUSTFILE = Path("loadtests/chat.py")
 WORKLOAD = Path("workloads/chat-multiturn.yaml")
@@ -23,7 +22,10 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
         return 2
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
     with SimProcess(*EMBEDDED_TARGET_ARGS) as sim:
-        print(f"llmload demo: embedded target {sim.url} (pid {sim.pid}); {duration_s:g} s ramp to 150% of 4 req/s")
+        print(
+            f"llmload demo: embedded target {sim.url} (pid {sim.pid}); an unjudged warm-up, then a {duration_s:g} s"
+            " ramp to 150% of 4 req/s"
+        )
         command = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
             "--host", sim.url, "--workload", str(WORKLOAD), "--target-qps", "4",
@@ -39,7 +41,13 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
     r, ttft = summary["requests"], summary["latency_ms"]["ttft"]
     print(
         f"\nllmload demo: {r['scheduled']} requests scheduled, {r['ok']} ok, {r['failed']} failed, "
-        f"{r['not_sent']} not sent; TTFT p50 {ttft['p50']:.1f} ms, p99 {ttft['p99']:.1f} ms"
+        f"{r['cancelled']} cancelled, {r['not_sent']} not sent; TTFT p50 {ttft['p50']:.1f} ms, p99 {ttft['p99']:.1f} ms"
     )
+    for stage in summary["stages"]:
+        judged = "not judged" if stage["warmup"] else "shortfall" if stage["shortfall"] else "held"
+        print(
+            f"  stage {stage['name']:>7}: target {stage['target_qps']:.2f} req/s, offered {stage['offered_qps']:.2f},"
+            f" achieved {stage['achieved_qps']:.2f}, first turns {stage['turn_mix'].get('1', 0):.0%} ({judged})"
+        )
     print(f"report: {run_dir / REPORT_FILE}")
     return code

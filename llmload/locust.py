@@ -1,6 +1,6 @@
 """Locust glue: command-line flags, the user class, the ramp shape and the event wiring.
 
-Thin on purpose: the engine (llmload.run) does the work and is tested without Locust. Import
+Thin on purpose: the engine (llmload.replay) does the work and is tested without Locust. Import
 this module from a locustfile (loadtests/chat.py) and its users, shape and listeners are live.
 
 Processes: in a local run one process does everything. In a distributed run the master writes
@@ -12,30 +12,50 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import logging
 import math
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gevent
+import numpy as np
 import openai
 import orjson
+from flask import Response, request
 from locust import LoadTestShape, User, events, task
 from locust.env import Environment
 from locust.runners import STATE_SPAWNING, LocalRunner, MasterRunner, WorkerRunner
+from locust.web import WebUI
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import Metric
 
 from llmload.client import ChatClient, Limits
-from llmload.models import RequestRecord, RunManifest
+from llmload.live import LLM_TAB, LLM_TABLE, LiveStats
+from llmload.models import RequestRecord, RunManifest, Stage
 from llmload.observe import SERVER_FILE, Observer
 from llmload.records import RECORDS_FILE, RecordWriter
+from llmload.replay import Dispatcher, RequestDispatcher, RunClock, StealMeter, TraceDispatcher, TurnSender
 from llmload.report import MANIFEST_FILE, REPORT_FILE, VERDICT_FILE, write_report
-from llmload.run import Dispatcher, RunClock, SessionReplayer, StealMeter
-from llmload.schedule import ArrivalSchedule, build_stages, parse_stage_percents
-from llmload.sim.process import SimProcess
+from llmload.schedule import (
+    ARRIVAL_PROCESSES,
+    ArrivalSchedule,
+    TraceClock,
+    build_stages,
+    expected_arrivals,
+    parse_stage_percents,
+    trace_period,
+    trace_request_times,
+    trace_session_starts,
+    trace_stages,
+)
+from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
+from llmload.soak import parse_duration
 from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
@@ -44,12 +64,11 @@ log = logging.getLogger("llmload")
 
 RECORDS_MESSAGE = "llmload_records"
 FLUSH_INTERVAL_S = 1.0
-TOKENS_TICK_S = 5.0
-START_LEAD_S = 1.0  # time for the master's spawn messages to reach every worker
+LIVE_TICK_S = 2.0  # live gauges and the LLM tab
+CONSOLE_EVERY_S = 10.0  # a headless run's live line
+START_LEAD_S = 1.0  # time for users to spawn, and for the master's spawn messages to reach every worker
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
-# the embedded target answers like a small model on a fast GPU: prefill 20k tok/s, 8 ms per token
-EMBEDDED_TARGET_ARGS = ("--ttft-ms", "25", "--itl-ms", "8", "--prefill-tokens-per-s", "20000")
 
 
 @events.init_command_line_parser.add_listener
@@ -60,8 +79,18 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--stages", default="25,50,100,150", help="stage rates as %% of --target-qps")
     group.add_argument("--stage-duration", type=float, default=60.0, help="seconds per stage")
     group.add_argument("--hold-duration", type=float, default=None, help="seconds of the last stage")
-    group.add_argument("--arrival", choices=["poisson", "constant", "gamma"], default="poisson")
+    group.add_argument(
+        "--arrival", choices=ARRIVAL_PROCESSES, default="poisson", help="trace: the sessions' recorded times"
+    )
     group.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: <1 burstier, 1 = Poisson")
+    group.add_argument("--time-scale", type=float, default=1.0, help="trace replay speed (2 = twice as fast)")
+    group.add_argument(
+        "--warmup",
+        type=functools.partial(parse_duration, allow_zero=True),
+        default=None,
+        help="unjudged lead-in at the first stage's rate, e.g. 30s (default: a mean session's length for"
+        " multi-turn workloads, 0 for single-turn)",
+    )
     group.add_argument("--seed", type=int, default=0, help="seed of the arrival process")
     group.add_argument("--model", default=None, help="served model name (default: the workload's, else /v1/models)")
     parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
@@ -81,6 +110,9 @@ def add_arguments(parser: Any) -> None:
     )
     add_criteria_arguments(group)
     group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    group.add_argument(
+        "--prometheus-port", type=int, default=None, help="serve live llmload metrics for Prometheus on this port"
+    )
 
 
 @dataclass
@@ -88,7 +120,8 @@ class RunConfig:
     """Everything the flags decide, checked before anything starts."""
 
     workload: Workload
-    schedule: ArrivalSchedule
+    stages: list[Stage]
+    plan: ArrivalSchedule | TraceClock  # request arrivals (rate modes), or the trace's clock
     target_qps: float
     limits: Limits
     options: argparse.Namespace
@@ -96,20 +129,31 @@ class RunConfig:
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> RunConfig:
         workload = load_workload(options.workload)
-        target = options.target_qps if options.target_qps is not None else workload.spec.target_qps
+        trace = options.arrival == "trace"
+        if trace:
+            if any(s.offset_s is None for s in workload.sessions):
+                raise ValueError(
+                    f"--arrival trace needs recorded session offsets (offset_s), and {options.workload} has"
+                    " sessions without one: build it from a log with timestamps, or pick another --arrival"
+                )
+            period = trace_period([s.offset_s or 0.0 for s in workload.sessions])
+            target = workload.requests / period * options.time_scale  # the trace's own rate is 100%
+        elif options.time_scale != 1.0:
+            raise ValueError("--time-scale applies to --arrival trace only")
+        else:
+            target = options.target_qps if options.target_qps is not None else workload.spec.target_qps
         if target is None:
             raise ValueError(f"no target rate: give --target-qps (the workload {options.workload} names none)")
+        warmup = options.warmup if options.warmup is not None else default_warmup_s(workload)
         stages = build_stages(
-            target, parse_stage_percents(options.stages), options.stage_duration, options.hold_duration
+            target, parse_stage_percents(options.stages), options.stage_duration, options.hold_duration, warmup
         )
-        # the arrival process starts sessions; each brings mean_turns requests on average
-        schedule = ArrivalSchedule(
-            stages,
-            options.arrival,
-            burstiness=options.burstiness,
-            seed=options.seed,
-            rate_scale=1.0 / workload.mean_turns,
-        )
+        plan: ArrivalSchedule | TraceClock
+        if trace:
+            plan = TraceClock(stages, options.time_scale)
+            stages = trace_stages(stages, plan, workload.sessions)
+        else:
+            plan = ArrivalSchedule(stages, options.arrival, burstiness=options.burstiness, seed=options.seed)
         limits = Limits(
             connect_s=options.timeout_connect,
             first_token_s=options.timeout_first_token,
@@ -118,15 +162,46 @@ class RunConfig:
         )
         if options.history_turns is not None and options.history_turns < 1:
             raise ValueError("--history-turns must be ≥ 1")
-        return cls(workload, schedule, target, limits, options)
+        return cls(workload, stages, plan, target, limits, options)
+
+    @property
+    def end_s(self) -> float:
+        return self.stages[-1].end_s
+
+    def planned(self) -> int:
+        """Planned request arrivals (rate modes) or session starts (trace mode)."""
+        if isinstance(self.plan, ArrivalSchedule):
+            return expected_arrivals(self.stages)
+        return len(trace_session_starts(self.plan, self.workload.sessions))
+
+    def plan_offsets(self) -> np.ndarray:
+        """Every planned request's time, seconds from the start (trace mode: as recorded)."""
+        if isinstance(self.plan, ArrivalSchedule):
+            return np.fromiter(self.plan.times(), dtype=float)
+        return np.asarray(trace_request_times(self.plan, self.workload.sessions), dtype=float)
 
     def initial_users(self) -> int:
-        """Little's law with a guessed request time; the shape grows it when users run short."""
-        sessions = self.workload.sessions
-        think = sum(t.think_time_s for s in sessions for t in s.turns) / len(sessions)
-        session_s = think + self.workload.mean_turns * ASSUMED_REQUEST_S
-        peak = max(s.qps for s in self.schedule.stages) * self.schedule.rate_scale
-        return min(self.options.max_users, math.ceil(peak * session_s * 1.5) + 4)
+        """Little's law with a guessed request time; the shape grows it when users run short. A user
+        holds one request in the rate modes, and a whole session (think times too) in trace mode."""
+        peak = max(s.qps for s in self.stages)
+        busy_s = ASSUMED_REQUEST_S
+        if isinstance(self.plan, TraceClock):
+            peak /= self.workload.mean_turns
+            busy_s = mean_session_span_s(self.workload)
+        return min(self.options.max_users, math.ceil(peak * busy_s * 1.5) + 4)
+
+
+def mean_session_span_s(workload: Workload) -> float:
+    """A session's length on average: its think times plus a guessed time per request."""
+    sessions = workload.sessions
+    think = sum(t.think_time_s for s in sessions for t in s.turns) / len(sessions)
+    return think + workload.mean_turns * ASSUMED_REQUEST_S
+
+
+def default_warmup_s(workload: Workload) -> float:
+    """Long enough for sessions to reach every depth before anything is judged: one mean session
+    (0 for single-turn workloads, which have no depth to build)."""
+    return 0.0 if workload.mean_turns == 1 else float(math.ceil(mean_session_span_s(workload)))
 
 
 @dataclass
@@ -153,7 +228,7 @@ class ProcessRun:
     manifest: RunManifest | None = None
     outbox: list[dict[str, Any]] = field(default_factory=list)
     workers: dict[str, WorkerState] = field(default_factory=dict)
-    tokens_window: list[int] = field(default_factory=lambda: [0, 0])  # output, prompt since last tick
+    live: LiveStats | None = None  # processes that write the run directory
     cpu_max: float = 0.0
     steal: StealMeter = field(default_factory=StealMeter)
     greenlets: list[gevent.Greenlet] = field(default_factory=list)
@@ -193,9 +268,41 @@ def _on_init(environment: Environment, **_: Any) -> None:
         environment.host = _start_embedded_target()
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(RECORDS_MESSAGE, _on_worker_records)
+    if options.prometheus_port is not None:
+        try:
+            start_http_server(options.prometheus_port, addr="0.0.0.0", registry=_LiveRegistry())
+        except OSError as exc:
+            _fail_config(f"--prometheus-port {options.prometheus_port}: {exc.strerror}")
+    if environment.web_ui is not None:
+        _extend_web_ui(environment.web_ui)
     # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
     # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+class _LiveRegistry(CollectorRegistry):
+    """The current run's live metrics (empty between runs): the endpoint outlives a run of the web UI."""
+
+    def collect(self) -> Iterator[Metric]:
+        run = _state.run
+        if run is not None and run.live is not None:
+            yield from run.live.registry.collect()
+
+
+def _extend_web_ui(web_ui: WebUI) -> None:
+    """An LLM tab in Locust's web UI: its table rows ride along with the UI's stats polling."""
+    web_ui.template_args["extended_tabs"] = [LLM_TAB]
+    web_ui.template_args["extended_tables"] = [LLM_TABLE]
+    assert web_ui.app is not None
+
+    @web_ui.app.after_request
+    def _with_llm_rows(response: Response) -> Response:
+        run = _state.run
+        if request.path == "/stats/requests" and response.is_json and run is not None and run.live is not None:
+            data = response.get_json()
+            data["extended_stats"] = [{"key": LLM_TAB["key"], "data": run.live.tab_rows()}]
+            response.set_data(orjson.dumps(data))
+        return response
 
 
 def _start_embedded_target() -> str:
@@ -241,7 +348,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             run_id = options.run_id
         else:
             model = _resolve_model(environment.host, options, config.workload)
-            start_wall = time.time() + (START_LEAD_S if isinstance(runner, MasterRunner) else 0.0)
+            start_wall = time.time() + START_LEAD_S
             run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{config.workload.spec.name}"
             options.run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
     except (WorkloadError, ValueError) as exc:
@@ -262,15 +369,11 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     else:
         count = 1
     if not isinstance(runner, MasterRunner):
-        run.dispatcher = Dispatcher(
-            config.schedule,
-            config.workload.sessions,
-            clock,
-            run_id=run_id,
-            worker_index=run.worker,
-            worker_count=count,
-            drain_s=options.drain_timeout,
-        )
+        share = {"run_id": run_id, "worker_index": run.worker, "worker_count": count, "drain_s": options.drain_timeout}
+        if isinstance(config.plan, ArrivalSchedule):
+            run.dispatcher = RequestDispatcher(config.plan, config.workload.sessions, clock, **share)
+        else:
+            run.dispatcher = TraceDispatcher(config.plan, config.workload.sessions, clock, **share)
         run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
     if not isinstance(runner, WorkerRunner):
         run.manifest = RunManifest(
@@ -282,8 +385,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             burstiness=options.burstiness,
             seed=options.seed,
             target_qps=config.target_qps,
-            session_rate_scale=config.schedule.rate_scale,
-            stages=config.schedule.stages,
+            time_scale=options.time_scale,
+            stages=config.stages,
             drain_s=options.drain_timeout,
             started_at=start_wall,
             workers=max(1, len(run.workers)),
@@ -295,13 +398,15 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.observer = Observer(
             environment.host, run.run_dir / SERVER_FILE, options.metrics_interval, options.api_key or None
         ).start()
-        run.greenlets.append(gevent.spawn(_tokens_loop, environment, run))
-        log.info("llmload: run %s -> %s (%d planned session arrivals)", run_id, run.run_dir, _planned(config))
+        run.live = LiveStats(config.stages, config.plan_offsets(), start_wall)
+        run.greenlets.append(gevent.spawn(_live_loop, environment, run))
+        what = "request arrivals" if isinstance(config.plan, ArrivalSchedule) else "trace sessions"
+        warmup = config.stages[0].duration_s if config.stages[0].warmup else 0.0
+        log.info(
+            "llmload: run %s -> %s (%d planned %s; %g s unjudged warm-up)",
+            run_id, run.run_dir, config.planned(), what, warmup,
+        )  # fmt: skip
     _state.run = run
-
-
-def _planned(config: RunConfig) -> int:
-    return sum(1 for _ in config.schedule.times())
 
 
 def _sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> None:
@@ -311,20 +416,17 @@ def _sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> N
         _write(run, [row])
     else:
         run.outbox.append(row)
-    if record.status == "not_sent":
+    if record.status in ("not_sent", "cancelled"):  # neither a response nor a failure of the target
         return
-    fire = environment.events.request.fire
     exception = None
     if record.status == "failed":
         status = f" HTTP {record.http_status}" if record.http_status else ""
         exception = RuntimeError(f"{record.error_category}{status}")
-    else:
-        fire(request_type="LLM", name="TTFT", response_time=record.ttft_ms, response_length=0, exception=None)
-        if record.tpot_ms is not None:
-            fire(request_type="LLM", name="TPOT", response_time=record.tpot_ms, response_length=0, exception=None)
-    fire(
+    # one Locust event per request, so its RPS and failure ratio are the run's; TTFT, ITL and TPOT
+    # are in the LLM tab, the console line and the Prometheus endpoint
+    environment.events.request.fire(
         request_type="LLM",
-        name="E2E",
+        name="chat",
         response_time=record.e2e_ms or 0.0,
         response_length=record.output_tokens or 0,
         exception=exception,
@@ -335,10 +437,7 @@ def _write(run: ProcessRun, rows: list[dict[str, Any]]) -> None:
     """Records into requests.jsonl; a failure gets the server's state at that moment attached."""
     assert run.writer is not None
     for row in rows:
-        if row["status"] == "ok":
-            run.tokens_window[0] += row["output_tokens"] or 0
-            run.tokens_window[1] += row["prompt_tokens"] or 0
-        elif row["status"] == "failed" and run.observer is not None:
+        if row["status"] == "failed" and run.observer is not None:
             sample = run.observer.state_at(row["finished_at"] or row["scheduled_at"])
             if sample is not None:
                 row["server_kv_cache_usage"] = sample.kv_cache_usage
@@ -346,6 +445,9 @@ def _write(run: ProcessRun, rows: list[dict[str, Any]]) -> None:
                 if row["server_health"] is None:
                     row["server_health"] = sample.health
     run.writer.write(rows)
+    if run.live is not None:
+        for row in rows:
+            run.live.add(row)
 
 
 def _fleet(environment: Environment, run: ProcessRun) -> WorkerState:
@@ -381,7 +483,8 @@ def _expire(environment: Environment, run: ProcessRun, now: float, *, stopping: 
     if now < run.dispatcher.plan_end and not stopping:
         return
     for arrival in run.dispatcher.expire(now):
-        _sink(environment, run, run.dispatcher.record(arrival, 0, arrival.at, None))
+        session_id = arrival.session.session.id if arrival.session is not None else ""
+        _sink(environment, run, run.dispatcher.record(session_id, 0, arrival.at, None))
 
 
 def _send_records(environment: Environment, run: ProcessRun) -> None:
@@ -413,20 +516,19 @@ def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
     state.cpu_max = max(state.cpu_max, data["cpu"])
 
 
-def _tokens_loop(environment: Environment, run: ProcessRun) -> None:
-    """Token throughput as its own live entries (Locust shows the tok/s value in its ms columns)."""
-    fire = environment.events.request.fire
+def _live_loop(environment: Environment, run: ProcessRun) -> None:
+    """Live gauges, the LLM tab's server state, and in a headless run a line on the console."""
+    assert run.live is not None
+    headless = bool(environment.parsed_options and environment.parsed_options.headless)
+    last_line = time.monotonic()
     while True:
-        gevent.sleep(TOKENS_TICK_S)
-        output, prompt = run.tokens_window
-        run.tokens_window = [0, 0]
-        fire(request_type="TOKENS", name="output tok/s", response_time=output / TOKENS_TICK_S, response_length=0)
-        fire(
-            request_type="TOKENS",
-            name="total tok/s",
-            response_time=(output + prompt) / TOKENS_TICK_S,
-            response_length=0,
-        )
+        gevent.sleep(LIVE_TICK_S)
+        fleet = _fleet(environment, run)
+        run.live.server = run.observer.latest() if run.observer is not None else None
+        run.live.refresh(users=fleet.users, busy=fleet.busy)
+        if headless and time.monotonic() - last_line >= CONSOLE_EVERY_S:
+            last_line = time.monotonic()
+            log.info("llmload: %s", run.live.console_line())
 
 
 @events.test_stop.add_listener
@@ -469,11 +571,13 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
             log.info("llmload:   %s", reason)
     r = summary.requests
     log.info(
-        "llmload: %d scheduled = %d ok + %d failed + %d not sent; report: %s",
+        "llmload: %d scheduled = %d ok + %d failed + %d cancelled + %d not sent (+ %d in the warm-up); report: %s",
         r.scheduled,
         r.ok,
         r.failed,
+        r.cancelled,
         r.not_sent,
+        r.warmup,
         run.run_dir / REPORT_FILE,
     )
     for warning in summary.run.warnings:
@@ -489,7 +593,8 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
 
 
 class ChatUser(User):
-    """One concurrent session slot: claims the next due session arrival and replays it."""
+    """One request slot: claims the next planned arrival and plays it (one request, or in trace
+    mode one session with its think times)."""
 
     def on_start(self) -> None:
         run = _state.run
@@ -497,7 +602,7 @@ class ChatUser(User):
         config = run.config
         host = self.host or self.environment.host
         self._client = ChatClient(host, api_key=config.options.api_key or None, limits=config.limits)
-        self._replayer = SessionReplayer(
+        self._sender = TurnSender(
             self._client,
             run.dispatcher,
             lambda record: _sink(self.environment, run, record),
@@ -513,7 +618,7 @@ class ChatUser(User):
         if arrival is None:
             gevent.sleep(FLUSH_INTERVAL_S)  # plan over: idle until the shape ends the run
             return
-        self._replayer.replay(arrival)
+        self._sender.play(arrival)
 
     def on_stop(self) -> None:
         self._client.close()
@@ -522,16 +627,22 @@ class ChatUser(User):
 class StagedRamp(LoadTestShape):
     """Keeps enough users for the open-loop plan and ends the run when every record is in.
 
-    Users are session slots, not the load: the rate comes from the arrival plan. The shape grows
-    the user count when arrivals wait for a free user, up to --max-users; past that the
-    shortfall shows as schedule delay and achieved < offered in the report.
+    Users are request slots (session slots in trace mode), not the load: the rate comes from the
+    arrival plan. The shape grows the user count when arrivals wait for a free user, up to
+    --max-users; past that the shortfall shows as schedule delay and achieved < target.
     """
 
-    spawn_rate = 200.0
+    SPAWN_RATE_PER_PROCESS = 100.0  # the most Locust starts per process without warning of trouble
 
     def __init__(self) -> None:
         super().__init__()
         self._users = 0
+
+    @property
+    def spawn_rate(self) -> float:
+        """Users started per second across the fleet: Locust shares it out among the workers."""
+        workers = self.runner.worker_count if isinstance(self.runner, MasterRunner) else 1
+        return self.SPAWN_RATE_PER_PROCESS * max(1, workers)
 
     def tick(self) -> tuple[int, float] | None:
         config, run = _state.config, _state.run
@@ -541,7 +652,7 @@ class StagedRamp(LoadTestShape):
             self._users = self._users or config.initial_users()
             return self._users, self.spawn_rate
         now = time.time()
-        plan_end = run.manifest.started_at + config.schedule.end_s
+        plan_end = run.manifest.started_at + config.end_s
         fleet = _fleet(self.runner.environment, run) if self.runner else WorkerState()
         if now >= plan_end and fleet.done:
             return None

@@ -33,7 +33,10 @@ class Turn(Strict):
         default=None, description="forced output length (min_tokens = max_tokens = this, ignore_eos)"
     )
     think_time_s: NonNegativeFloat = Field(
-        default=0.0, description="pause after the previous reply before this turn is sent"
+        default=0.0, description="pause after the previous reply before this turn is sent (a minimum in replay)"
+    )
+    at_s: NonNegativeFloat | None = Field(
+        default=None, description="when the source sent this turn, in seconds after the session's first turn"
     )
     prompt_tokens: PositiveInt | None = Field(
         default=None, description="prompt length in the source (history included), for stats"
@@ -78,6 +81,7 @@ class Stage(Strict):
     qps: float
     start_s: float
     duration_s: float
+    warmup: bool = Field(default=False, description="reported but never judged: it fills sessions to every depth")
 
     @property
     def end_s(self) -> float:
@@ -95,7 +99,7 @@ class RunManifest(Strict):
     burstiness: float
     seed: int
     target_qps: float
-    session_rate_scale: float = Field(description="session arrivals per request/s (1 / mean turns)")
+    time_scale: float = Field(default=1.0, description="trace replay: recorded gaps divided by this")
     stages: list[Stage]
     drain_s: float
     started_at: float
@@ -110,7 +114,8 @@ class RunManifest(Strict):
 
 # --------------------------------------------------------------------------- run records
 
-RequestStatus = Literal["ok", "failed", "not_sent"]
+RequestStatus = Literal["ok", "failed", "cancelled", "not_sent"]
+"""`cancelled`: cut by the operator (Ctrl-C, SIGTERM, -t) or the drain timeout; like `not_sent`, never a failure."""
 
 FailureCategory = Literal[
     "context_length",
@@ -183,11 +188,16 @@ class TokenPercentiles(BaseModel):
 
 
 class RequestCounts(BaseModel):
+    """The judged stages' requests (scheduled = ok + failed + cancelled + not_sent); the warm-up's are
+    counted apart, so scheduled + warmup is every record of the run."""
+
     scheduled: int
     sent: int
     ok: int
     failed: int
+    cancelled: int = 0
     not_sent: int
+    warmup: int = 0
 
 
 class LatencySummary(BaseModel):
@@ -220,12 +230,22 @@ class StageSummary(BaseModel):
     scheduled: int
     ok: int
     failed: int
+    cancelled: int = 0
     not_sent: int
     schedule_delay_p99_ms: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     e2e_p99_ms: float | None
-    shortfall: bool = Field(description="achieved < 95% of offered, or schedule delay p99 > 100 ms")
+    prompt_tokens_p50: float | None = None
+    prompt_tokens_p99: float | None = None
+    turn_mix: dict[str, float] = Field(
+        default_factory=dict, description="share of the stage's sent requests by turn number (1, 2, ... '8+')"
+    )
+    warmup: bool = False
+    shortfall: bool = Field(
+        description="fewer requests sent in the stage than 98% of its target (rounded down), or schedule delay"
+        " p99 > 100 ms"
+    )
 
 
 class TurnSummary(BaseModel):

@@ -1,16 +1,40 @@
-"""requests.jsonl: one line per scheduled request, appended and flushed as the run goes."""
+"""requests.jsonl: one line per scheduled request, appended and flushed as the run goes; and
+requests.parquet, its columnar copy, which reports read (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import sys
+import types
+import typing
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from llmload.models import RequestRecord
+from llmload.sketch import Histograms
 
 RECORDS_FILE = "requests.jsonl"
+PARQUET_FILE = "requests.parquet"
+# what reports, gates and the verdict read of each record; ITL gaps are streamed apart (gap_batches)
+FRAME_COLUMNS = (
+    "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
+    "tpot_ms", "prompt_tokens", "output_tokens", "usage_from_server", "error_category", "error_message",
+)  # fmt: skip
+_BLOCK_BYTES = 16 << 20  # JSONL read per batch: ~10k records, one Parquet row group
+_PARALLEL_BYTES = 256 << 20  # a smaller log is parsed in a few seconds: not worth starting processes
+_GAP_BATCH_ROWS = 16_384  # records whose gaps are read at once: ~3M gaps, ~40 MB with their buckets
+_ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 
 
 class RecordWriter:
@@ -37,7 +61,8 @@ class RecordWriter:
 
 
 def read_records(path: Path) -> pd.DataFrame:
-    """All records of a run as a DataFrame; a torn last line (the writer killed mid-write) is skipped."""
+    """All records of a run as a DataFrame, ITL lists included (small runs: tests, benchmarks; reports
+    use RunRecords); a torn last line (the writer killed mid-write) is skipped."""
     rows = []
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -50,3 +75,129 @@ def read_records(path: Path) -> pd.DataFrame:
                     raise ValueError(f"{path}:{number}: not a JSON record") from None
     columns = list(RequestRecord.model_fields)
     return pd.DataFrame(rows, columns=columns)
+
+
+def _arrow_type(annotation: object) -> pa.DataType:
+    """A RequestRecord field's column type: optional scalars are nullable, Literals are strings."""
+    if typing.get_origin(annotation) is list:
+        return pa.list_(pa.float32())
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return pa.string() if typing.get_origin(annotation) is typing.Literal else _ARROW_TYPES[annotation]  # type: ignore[index]
+
+
+SCHEMA = pa.schema([(name, _arrow_type(field.annotation)) for name, field in RequestRecord.model_fields.items()])
+# JSON numbers arrive as Python floats: building float64 lists and casting once is twice as fast
+_PARSE_SCHEMA = pa.schema([f.with_type(pa.list_(pa.float64())) if f.name == "itl_ms" else f for f in SCHEMA])
+
+
+def _blocks(path: Path) -> Iterator[tuple[list[bytes], int]]:
+    """requests.jsonl a block of lines at a time, with the number of its first line."""
+    number = 1
+    with path.open("rb") as handle:
+        while lines := handle.readlines(_BLOCK_BYTES):
+            yield lines, number
+            number += len(lines)
+
+
+def _parse(lines: list[bytes], number: int, path: Path) -> pa.RecordBatch:
+    """One block of JSONL lines as a record batch; only the file's last line may be torn (no newline)."""
+    rows = []
+    for offset, line in enumerate(lines):
+        try:
+            rows.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            if line.strip() and line.endswith(b"\n"):
+                raise ValueError(f"{path}:{number + offset}: not a JSON record") from None
+    return pa.RecordBatch.from_pylist(rows, schema=_PARSE_SCHEMA).cast(SCHEMA)
+
+
+def _workers(size: int) -> int:
+    """Processes that parse a big log (parsing is ~90% of the conversion), one per core; none inside
+    Locust, whose gevent-patched threads do not mix with a process pool's."""
+    monkey = sys.modules.get("gevent.monkey")
+    if size < _PARALLEL_BYTES or (monkey is not None and monkey.is_module_patched("threading")):
+        return 0
+    return min(len(os.sched_getaffinity(0)), 4)
+
+
+def _batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The log's record batches in order, never more than a few blocks of dicts in memory at once."""
+    workers = _workers(path.stat().st_size)
+    if not workers:
+        yield from (_parse(lines, number, path) for lines, number in _blocks(path))
+        return
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        pending: deque[Future[pa.RecordBatch]] = deque()
+        for lines, number in _blocks(path):
+            pending.append(pool.submit(_parse, lines, number, path))
+            if len(pending) > 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def parquet_records(run_dir: Path) -> Path:
+    """The run's requests.parquet, (re)written from requests.jsonl when missing or older than it:
+    the JSONL stays the crash-safe log, the Parquet is what every reader uses."""
+    jsonl, parquet = run_dir / RECORDS_FILE, run_dir / PARQUET_FILE
+    if parquet.is_file() and parquet.stat().st_mtime_ns >= jsonl.stat().st_mtime_ns:
+        return parquet
+    partial = parquet.with_name(f".{PARQUET_FILE}.partial")
+    strings = [f.name for f in SCHEMA if f.type == pa.string()]
+    # gaps byte-stream-split: half the decoding time of dictionaries, for 40% more bytes
+    encoding = {"itl_ms.list.element": "BYTE_STREAM_SPLIT"}
+    with pq.ParquetWriter(
+        partial, SCHEMA, use_dictionary=strings, column_encoding=encoding, compression="zstd"
+    ) as writer:
+        for batch in _batches(jsonl):
+            writer.write_batch(batch)
+    partial.replace(parquet)
+    return parquet
+
+
+def read_frame(parquet: Path) -> pd.DataFrame:
+    """FRAME_COLUMNS of every record (no ITL lists): ~100 bytes a record."""
+    table = pq.read_table(parquet, columns=list(FRAME_COLUMNS))
+    frame = table.to_pandas(self_destruct=True, split_blocks=True)  # frees the Arrow columns as it goes
+    # a byte a row instead of ~14: summaries copy the frame a few times (filters), 10M rows each
+    return frame.astype({"stage": "category", "status": "category", "turn": "int32"})
+
+
+def gap_batches(parquet: Path, selected: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The ITL gaps of the `selected` records (a mask over all), one row group at a time: their row
+    numbers, their gap counts and the gaps (float32, in row order)."""
+    start = 0
+    # pre-buffering keeps every row group read so far: 8 GB for 10M records
+    for batch in pq.ParquetFile(parquet, pre_buffer=False).iter_batches(batch_size=_GAP_BATCH_ROWS, columns=["itl_ms"]):
+        column = batch.column(0)
+        lengths = pc.list_value_length(column).fill_null(0).to_numpy()
+        gaps = column.flatten().to_numpy()
+        keep = selected[start : start + len(lengths)]
+        rows = np.flatnonzero(keep)
+        yield rows + start, lengths[rows], gaps if rows.size == keep.size else gaps[np.repeat(keep, lengths)]
+        start += len(lengths)
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """A run's records as reports read them: FRAME_COLUMNS in memory, ITL gaps streamed."""
+
+    parquet: Path
+    frame: pd.DataFrame
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunRecords:
+        parquet = parquet_records(run_dir)
+        return cls(parquet, read_frame(parquet))
+
+    def itl(self, selected: np.ndarray, groups: np.ndarray, count: int) -> Histograms:
+        """Histograms of the gaps of the selected records, each in its record's group (a time window,
+        a bootstrap block). A row group spans few groups: one pass over its gaps each."""
+        histograms = Histograms(count)
+        for rows, lengths, gaps in gap_batches(self.parquet, selected):
+            owner = groups[rows]
+            for group in np.unique(owner).tolist():
+                mine = owner == group
+                histograms.add(gaps if mine.all() else gaps[np.repeat(mine, lengths)], group)
+        return histograms

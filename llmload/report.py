@@ -7,7 +7,9 @@ digits.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,9 @@ from llmload.models import (
     Verdict,
 )
 from llmload.observe import SERVER_FILE, server_summary
-from llmload.records import RECORDS_FILE, read_records
+from llmload.records import RunRecords
+from llmload.sketch import METHOD as ITL_METHOD
+from llmload.sketch import Histograms
 
 MANIFEST_FILE = "run.json"
 SUMMARY_FILE = "summary.json"
@@ -40,6 +44,9 @@ VERDICT_FILE = "verdict.json"
 CPU_WARNING_PERCENT = 60.0
 STEAL_WARNING_PERCENT = 2.0
 _QUANTILES = (50, 90, 95, 99, 99.9)
+SHORTFALL_RATIO = 0.98  # a stage must send this share of its target's requests
+SHORTFALL_DELAY_MS = 100.0  # schedule delay p99 beyond this means the generator fell behind
+TURN_MIX_DEEPEST = 8
 
 
 def percentiles(values: Sequence[float] | np.ndarray | pd.Series) -> Percentiles:
@@ -63,36 +70,63 @@ def _quantile(values: pd.Series, q: float) -> float | None:
     return float(np.percentile(arr, q)) if arr.size else None
 
 
+def _turn_mix(turns: pd.Series) -> dict[str, float]:
+    """Share of requests by turn number (1-based), deep turns pooled as "8+"."""
+    if turns.empty:
+        return {}
+    numbers = (turns.astype(int) + 1).clip(upper=TURN_MIX_DEEPEST)
+    shares = numbers.value_counts(normalize=True).sort_index()
+    return {(f"{n}+" if n == TURN_MIX_DEEPEST else str(n)): round(float(v), 4) for n, v in shares.items()}
+
+
 def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSummary]:
+    """Per stage: target, offered (scheduled) and achieved (sent in the stage's window) rates, and
+    what the stage carried (turn depths, prompt lengths). Shortfall is judged against the target."""
     out = []
     sent = df[df.status != "not_sent"]
     for stage in manifest.stages:
         rows = df[df.stage == stage.name]
         window_start = manifest.started_at + stage.start_s
         in_window = sent[(sent.sent_at >= window_start) & (sent.sent_at < window_start + stage.duration_s)]
-        offered = len(rows) / stage.duration_s
         achieved = len(in_window) / stage.duration_s
         delay_p99 = _quantile(rows.schedule_delay_ms, 99)
         ok = rows[rows.status == "ok"]
+        stage_sent = rows[rows.status != "not_sent"]
+        needed = math.floor(SHORTFALL_RATIO * stage.qps * stage.duration_s + 1e-9)
         out.append(
             StageSummary(
                 name=stage.name,
                 target_qps=stage.qps,
-                offered_qps=offered,
+                offered_qps=len(rows) / stage.duration_s,
                 achieved_qps=achieved,
                 duration_s=stage.duration_s,
                 scheduled=len(rows),
-                ok=int((rows.status == "ok").sum()),
+                ok=len(ok),
                 failed=int((rows.status == "failed").sum()),
+                cancelled=int((rows.status == "cancelled").sum()),
                 not_sent=int((rows.status == "not_sent").sum()),
                 schedule_delay_p99_ms=delay_p99,
                 ttft_p50_ms=_quantile(ok.ttft_ms, 50),
                 ttft_p99_ms=_quantile(ok.ttft_ms, 99),
                 e2e_p99_ms=_quantile(ok.e2e_ms, 99),
-                shortfall=bool(achieved < 0.95 * offered or (delay_p99 or 0) > 100),
+                prompt_tokens_p50=_quantile(ok.prompt_tokens, 50),
+                prompt_tokens_p99=_quantile(ok.prompt_tokens, 99),
+                turn_mix=_turn_mix(stage_sent.turn),
+                warmup=stage.warmup,
+                shortfall=bool(len(in_window) < needed or (delay_p99 or 0) > SHORTFALL_DELAY_MS),
             )
         )
     return out
+
+
+def shortfall_reason(stage: StageSummary) -> str:
+    """Why a stage is short, with the numbers."""
+    return (
+        f"stage {stage.name}: achieved {stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target"
+        f" ({stage.achieved_qps / stage.target_qps:.1%}; limit ≥ {SHORTFALL_RATIO:.0%}), offered"
+        f" {stage.offered_qps:.2f}, schedule delay p99 {stage.schedule_delay_p99_ms or 0:.0f} ms"
+        f" (limit {SHORTFALL_DELAY_MS:g} ms)"
+    )
 
 
 def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
@@ -112,26 +146,26 @@ def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     return out
 
 
-def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
+def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles) -> Summary:
+    """The run's summary. The stage table covers every stage; every other figure leaves out the
+    warm-up, which is reported but never judged. `itl`: of the gaps of the same requests as TTFT
+    (they are streamed apart from `df`: see summarize_run)."""
+    stages = _stage_summaries(df, manifest)
+    in_warmup = df.stage.isin({s.name for s in manifest.stages if s.warmup})
+    df = df[~in_warmup]
     ok = df[df.status == "ok"]
     sent = df[df.status != "not_sent"]
     failed = df[df.status == "failed"]
-    itl = np.concatenate([np.asarray(v, dtype=float) for v in ok.itl_ms]) if len(ok) else np.array([])
     finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
-    # over the planned stages (or less, when stopped early): start-up and drain would make throughput
-    # depend on how long a run took to wind down rather than on the target
-    elapsed = max(1e-9, min(finished - manifest.started_at, manifest.stages[-1].end_s))
+    # over the judged stages (or less, when stopped early): warm-up, start-up and drain would make
+    # throughput depend on how a run began and wound down rather than on the target
+    judged_start = manifest.started_at + sum(s.duration_s for s in manifest.stages if s.warmup)
+    elapsed = max(1e-9, min(finished, manifest.started_at + manifest.stages[-1].end_s) - judged_start)
     output_tokens = float(ok.output_tokens.fillna(0).sum())
     prompt_tokens = float(ok.prompt_tokens.fillna(0).sum())
     categories = failed.error_category.value_counts().to_dict()
     examples = failed.drop_duplicates("error_category").set_index("error_category").error_message.to_dict()
-    stages = _stage_summaries(df, manifest)
-    warnings = [
-        f"stage {s.name}: achieved {s.achieved_qps:.2f} of {s.offered_qps:.2f} req/s offered, schedule delay p99 "
-        f"{s.schedule_delay_p99_ms or 0:.0f} ms: the load generator could not hold the rate"
-        for s in stages
-        if s.shortfall
-    ]
+    warnings = [f"{shortfall_reason(s)}: the target was not offered the load asked for" for s in stages if s.shortfall]
     cpu = manifest.load_generator_cpu_max_percent
     if cpu is not None and cpu > CPU_WARNING_PERCENT:
         warnings.append(
@@ -167,11 +201,13 @@ def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
             sent=len(sent),
             ok=len(ok),
             failed=len(failed),
+            cancelled=int((df.status == "cancelled").sum()),
             not_sent=int((df.status == "not_sent").sum()),
+            warmup=int(in_warmup.sum()),
         ),
         latency_ms=LatencySummary(
             ttft=percentiles(ok.ttft_ms),
-            itl=percentiles(itl),
+            itl=itl,
             tpot=percentiles(ok.tpot_ms),
             e2e=percentiles(ok.e2e_ms),
             schedule_delay=percentiles(sent.schedule_delay_ms),
@@ -194,8 +230,54 @@ def summarize(df: pd.DataFrame, manifest: RunManifest) -> Summary:
     )
 
 
+@dataclass(frozen=True)
+class RunItl:
+    """The gaps of a run's successful requests in one pass over requests.parquet: a histogram per
+    window of send time (the report's chart), judged and warm-up apart (the summary pools the judged)."""
+
+    window_s: float
+    windows: int
+    histograms: Histograms  # group w: window w of the judged stages; windows + w: of the warm-up
+
+    @classmethod
+    def count(cls, records: RunRecords, manifest: RunManifest, window_s: float = math.inf) -> RunItl:
+        frame = records.frame
+        ok = (frame.status == "ok").to_numpy(dtype=bool)
+        since = frame.sent_at.to_numpy(dtype=float) - manifest.started_at
+        window = np.nan_to_num(np.clip(np.floor(since / window_s), 0, None)).astype(np.int64)
+        windows = int(window[ok].max()) + 1 if ok.any() else 1
+        warmup = frame.stage.isin([s.name for s in manifest.stages if s.warmup]).to_numpy(dtype=bool)
+        return cls(window_s, windows, records.itl(ok, window + windows * warmup, 2 * windows))
+
+    @property
+    def judged(self) -> Percentiles:
+        return self.histograms.percentiles(slice(0, self.windows))
+
+    def by_window(self) -> np.ndarray:
+        """Counts per bucket of each window (rows), warm-up included."""
+        counts: np.ndarray = self.histograms.counts[: self.windows] + self.histograms.counts[self.windows :]
+        return counts
+
+
+def summarize_run(records: RunRecords, manifest: RunManifest) -> Summary:
+    """summarize() of a run's records, the ITL gaps streamed from requests.parquet."""
+    return summarize(records.frame, manifest, itl=RunItl.count(records, manifest).judged)
+
+
 def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def turn_depths(mix: dict[str, float]) -> str:
+    """Turn mix as "turn 1 / 2 / 3 / 4 and deeper" percentages."""
+    if not mix:
+        return "–"
+
+    def share(key: str) -> float:
+        return mix.get(key, 0.0)
+
+    deep = sum(v for k, v in mix.items() if k not in ("1", "2", "3"))
+    return "/".join(f"{100 * v:.0f}" for v in (share("1"), share("2"), share("3"), deep))
 
 
 def render_markdown(summary: Summary) -> str:
@@ -214,9 +296,13 @@ def render_markdown(summary: Summary) -> str:
     lines += [
         "## Requests",
         "",
-        "| scheduled | sent | ok | failed | not sent | OOM family |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.not_sent} | {summary.failures.oom_family} |",
+        "| scheduled | sent | ok | failed | cancelled | not sent | OOM family | warm-up (not judged) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.cancelled} | {req.not_sent} "
+        f"| {summary.failures.oom_family} | {req.warmup} |",
+        "",
+        "Cancelled requests were cut by the operator or the drain timeout: not failures, not in the error rate."
+        " Warm-up requests are counted apart and left out of every figure but the stage table.",
         "",
         "## Latency (ms, successful requests, from send)",
         "",
@@ -234,6 +320,7 @@ def render_markdown(summary: Summary) -> str:
     ):
         cells = " | ".join(fmt(v) for v in (p.p50, p.p90, p.p95, p.p99, p.p999, p.mean, p.max))
         lines.append(f"| {name} | {cells} | {p.count} |")
+    lines += ["", f"ITL: every gap of every successful request, pooled; {ITL_METHOD}."]
     tp, tok = summary.throughput, summary.tokens
     lines += [
         "",
@@ -245,16 +332,20 @@ def render_markdown(summary: Summary) -> str:
         "",
         "## Stages",
         "",
-        "| stage | target req/s | offered | achieved | scheduled | ok | failed | not sent | delay p99 ms "
-        "| TTFT p50 | TTFT p99 | E2E p99 | shortfall |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| stage | target req/s | offered | achieved | scheduled | ok | failed | cancelled | not sent | delay p99 ms "
+        "| TTFT p50 | TTFT p99 | E2E p99 | prompt tok p50 | prompt tok p99 | turns 1/2/3/4+ % | shortfall |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for s in summary.stages:
+        name = f"{s.name} (not judged)" if s.warmup else s.name
         lines.append(
-            f"| {s.name} | {s.target_qps:.2f} | {s.offered_qps:.2f} | {s.achieved_qps:.2f} | {s.scheduled} | {s.ok} "
-            f"| {s.failed} | {s.not_sent} | {fmt(s.schedule_delay_p99_ms)} | {fmt(s.ttft_p50_ms)} "
-            f"| {fmt(s.ttft_p99_ms)} | {fmt(s.e2e_p99_ms)} | {'**yes**' if s.shortfall else 'no'} |"
+            f"| {name} | {s.target_qps:.2f} | {s.offered_qps:.2f} | {s.achieved_qps:.2f} | {s.scheduled} | {s.ok} "
+            f"| {s.failed} | {s.cancelled} | {s.not_sent} | {fmt(s.schedule_delay_p99_ms)} | {fmt(s.ttft_p50_ms)} "
+            f"| {fmt(s.ttft_p99_ms)} | {fmt(s.e2e_p99_ms)} | {fmt(s.prompt_tokens_p50, 0)} "
+            f"| {fmt(s.prompt_tokens_p99, 0)} | {turn_depths(s.turn_mix)} | {'**yes**' if s.shortfall else 'no'} |"
         )
+    if any(s.warmup for s in summary.stages):
+        lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
     lines += [
         "",
         "## By turn (history growth)",
@@ -286,15 +377,18 @@ def load_manifest(run_dir: Path) -> RunManifest:
 
 def write_report(run_dir: Path) -> Summary:
     """(Re)build summary.json, report.md and report.html of a run directory from what the run wrote:
-    its manifest, records, server samples and verdict."""
-    from llmload.report_html import render_html  # it builds on this module
+    its manifest, records, server samples and verdict; and requests.parquet when it is not fresh."""
+    from llmload.report_html import chart_window_s, render_html  # it builds on this module
 
     manifest = load_manifest(run_dir)
-    summary = summarize(read_records(run_dir / RECORDS_FILE), manifest)
+    records = RunRecords.load(run_dir)
+    finished = manifest.finished_at or float(records.frame.finished_at.max())
+    itl = RunItl.count(records, manifest, chart_window_s(manifest, finished))  # one pass: summary and chart
+    summary = summarize(records.frame, manifest, itl=itl.judged)
     summary.server = server_summary(run_dir / SERVER_FILE)
     if (run_dir / VERDICT_FILE).is_file():
         summary.verdict = Verdict.model_validate_json((run_dir / VERDICT_FILE).read_bytes())
     (run_dir / SUMMARY_FILE).write_bytes(orjson.dumps(summary.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
     (run_dir / REPORT_FILE).write_text(render_markdown(summary))
-    render_html(run_dir)
+    render_html(run_dir, records, itl)
     return summary

@@ -26,13 +26,16 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
-from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, Percentiles, RunManifest, Stage, Summary
+from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe import SERVER_FILE, series_max, server_frame
-from llmload.records import RECORDS_FILE, read_records
-from llmload.report import SUMMARY_FILE, fmt, load_manifest, percentiles, summarize
+from llmload.records import RunRecords
+from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percentiles, summarize, turn_depths
+from llmload.sketch import METHOD as ITL_METHOD
+from llmload.sketch import quantiles
 
 HTML_FILE = "report.html"
 MAX_WINDOWS = 60  # points per time series: enough to see a trend, few enough to read
+MAX_SERVER_POINTS = 600  # server samples drawn: a 2-hour run has 7,200
 NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 CATEGORY_COLORS = dict(
     zip(
@@ -67,10 +70,11 @@ class Run:
 
     manifest: RunManifest
     summary: Summary
-    records: pd.DataFrame
+    records: pd.DataFrame  # without ITL gaps: `source` streams them
     server: pd.DataFrame
     span_s: float  # plan and drain: the x range of every time chart
     window_s: float
+    itl: RunItl
 
     @property
     def stages(self) -> list[Stage]:
@@ -80,19 +84,34 @@ class Run:
         return (unix - self.manifest.started_at).to_numpy(dtype=float)
 
 
-def load_run(run_dir: Path) -> Run:
+def load_run(run_dir: Path, source: RunRecords | None = None, itl: RunItl | None = None) -> Run:
+    """`itl`, when the caller counted it, is used if its windows are the chart's."""
     manifest = load_manifest(run_dir)
-    records = read_records(run_dir / RECORDS_FILE)
+    source = source or RunRecords.load(run_dir)
+    records = source.frame  # not copied: 1 GB at 10M records
     numeric = ["scheduled_at", "sent_at", "finished_at", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
     records[numeric] = records[numeric].astype(float)  # None -> NaN, also in runs with no such values
     summary_path = run_dir / SUMMARY_FILE
     if summary_path.exists():
         summary = Summary.model_validate_json(summary_path.read_bytes())
     else:
-        summary = summarize(records, manifest)
+        summary = summarize(source.frame, manifest, itl=RunItl.count(source, manifest).judged)
     server = server_frame(run_dir / SERVER_FILE)
-    span = max(manifest.stages[-1].end_s if manifest.stages else 0.0, summary.run.finished_at - manifest.started_at)
-    return Run(manifest, summary, records, server, span, _window_s(span))
+    span = _span_s(manifest, summary.run.finished_at)
+    window_s = _window_s(span)
+    if itl is None or itl.window_s != window_s:
+        itl = RunItl.count(source, manifest, window_s)
+    return Run(manifest, summary, records, server, span, window_s, itl)
+
+
+def _span_s(manifest: RunManifest, finished_at: float) -> float:
+    """Plan and drain: the x range of every time chart."""
+    return max(manifest.stages[-1].end_s if manifest.stages else 0.0, finished_at - manifest.started_at)
+
+
+def chart_window_s(manifest: RunManifest, finished_at: float) -> float:
+    """The latency chart's window: ITL histograms are counted per window of it."""
+    return _window_s(_span_s(manifest, finished_at))
 
 
 def _window_s(span_s: float) -> float:
@@ -128,14 +147,23 @@ def _legend(ax: Axes, **kwargs: Any) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), **kwargs)
 
 
-def _windowed(times: np.ndarray, values: np.ndarray, window: float) -> tuple[np.ndarray, list[Percentiles]]:
-    """Window midpoints and the percentiles of the values in each window that has any."""
+def _windowed(times: np.ndarray, values: np.ndarray, window: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Window midpoints, p50 and p99 of the values in each window that has any."""
     keep = ~np.isnan(times) & ~np.isnan(values)
     index = np.floor(times[keep] / window).astype(int)
     order = np.argsort(index, kind="stable")
     index, values = index[order], values[keep][order]
     keys, starts = np.unique(index, return_index=True)
-    return (keys + 0.5) * window, [percentiles(group) for group in np.split(values, starts[1:])]
+    p50, p99 = np.array([np.percentile(group, [50, 99]) for group in np.split(values, starts[1:])]).reshape(-1, 2).T
+    return (keys + 0.5) * window, p50, p99
+
+
+def _windowed_itl(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As _windowed, for the gaps of successful requests by their send time: one histogram a window."""
+    counts = run.itl.by_window()
+    seen = np.flatnonzero(counts.sum(axis=1))
+    p50, p99 = quantiles(counts[seen], np.array([50, 99])).T
+    return (seen + 0.5) * run.window_s, p50, p99
 
 
 def _latency_chart(run: Run) -> Figure | str:
@@ -143,19 +171,13 @@ def _latency_chart(run: Run) -> Figure | str:
     if ok.empty:
         return "No successful requests: no latencies to show."
     sent = run.rel(ok.sent_at)
-    itl_counts = ok.itl_ms.map(len).to_numpy()
-    itl = np.fromiter((v for values in ok.itl_ms for v in values), dtype=float, count=int(itl_counts.sum()))
-    series = (
-        ("TTFT (ms)", sent, ok.ttft_ms.to_numpy()),
-        ("ITL (ms)", np.repeat(sent, itl_counts), itl),
-        ("E2E (ms)", sent, ok.e2e_ms.to_numpy()),
-    )
+    series = [("TTFT (ms)", *_windowed(sent, ok.ttft_ms.to_numpy(), run.window_s))]
+    series += [("ITL (ms)", *_windowed_itl(run)), ("E2E (ms)", *_windowed(sent, ok.e2e_ms.to_numpy(), run.window_s))]
     fig = Figure(figsize=(10, 6.6))
     axes = fig.subplots(3, 1, sharex=True)
-    for i, (ax, (label, times, values)) in enumerate(zip(axes, series, strict=True)):
-        x, stats = _windowed(times, values, run.window_s)
-        ax.plot(x, [s.p50 for s in stats], color=P50, marker=".", label="p50")
-        ax.plot(x, [s.p99 for s in stats], color=P99, marker=".", label="p99")
+    for i, (ax, (label, x, p50, p99)) in enumerate(zip(axes, series, strict=True)):
+        ax.plot(x, p50, color=P50, marker=".", label="p50")
+        ax.plot(x, p99, color=P99, marker=".", label="p99")
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         _time_axis(ax, run, names=i == 0)
@@ -184,6 +206,20 @@ def _qps_chart(run: Run) -> Figure | str:
     return fig
 
 
+def _peaks(server: pd.DataFrame) -> pd.DataFrame:
+    """At most MAX_SERVER_POINTS samples for the chart, each the max of its share of the run, and
+    unhealthy if any of its samples was: no spike or outage disappears (the summary uses them all)."""
+    if len(server) <= MAX_SERVER_POINTS:
+        return server
+    start = server.t.iloc[0]
+    slot = ((server.t - start) // ((server.t.iloc[-1] - start) / MAX_SERVER_POINTS)).clip(upper=MAX_SERVER_POINTS - 1)
+    columns = ["t", "kv_cache_usage", "waiting", "running", "preemptions_total"]
+    peaks = server[columns].groupby(slot).max()
+    peaks["t"] = server.t.groupby(slot).mean()
+    peaks["health"] = np.where((server.health == 200).groupby(slot).all(), 200.0, np.nan)
+    return peaks.reset_index(drop=True)
+
+
 def _server_chart(run: Run) -> Figure | str:
     server = run.server
     if server.empty:
@@ -194,6 +230,7 @@ def _server_chart(run: Run) -> Figure | str:
             f"No server metrics: {len(server)} samples, /health 200 in {answered}, but /metrics gave none of "
             "vLLM's KV cache or queue metrics."
         )
+    server = _peaks(server)
     t = run.rel(server.t)
     fig = Figure(figsize=(10, 4.4))
     kv_ax, queue_ax = fig.subplots(2, 1, sharex=True)
@@ -323,6 +360,7 @@ def _failure_rows(run: Run) -> list[dict[str, object]]:
 
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 _ENV.filters["fmt"] = fmt
+_ENV.filters["turn_depths"] = turn_depths
 TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
@@ -358,13 +396,18 @@ process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 {% endif %}
 {% for w in s.run.warnings %}<div class="warn">{{ w }}</div>{% endfor %}
 <h2>Requests</h2>
-<table><tr><th>scheduled</th><th>sent</th><th>ok</th><th>failed</th><th>not sent</th><th>OOM family</th></tr>
+<table><tr><th>scheduled</th><th>sent</th><th>ok</th><th>failed</th><th>cancelled</th><th>not sent</th>
+<th>OOM family</th><th>warm-up (not judged)</th></tr>
 <tr><td>{{ s.requests.scheduled }}</td><td>{{ s.requests.sent }}</td><td>{{ s.requests.ok }}</td>
-<td>{{ s.requests.failed }}</td><td>{{ s.requests.not_sent }}</td><td>{{ s.failures.oom_family }}</td></tr></table>
+<td>{{ s.requests.failed }}</td><td>{{ s.requests.cancelled }}</td><td>{{ s.requests.not_sent }}</td>
+<td>{{ s.failures.oom_family }}</td><td>{{ s.requests.warmup }}</td></tr></table>
+<p class="note">Cancelled: cut by the operator or the drain timeout, never a failure. Every figure but the stage
+table leaves out the warm-up.</p>
 <h2>Latency (ms, successful requests, from send)</h2>
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
 <td>{{ p.p99 | fmt }}</td><td>{{ p.max | fmt }}</td><td>{{ p.count }}</td></tr>{% endfor %}</table>
+<p class="meta">ITL: every gap of every successful request, pooled; {{ itl_method }}.</p>
 <p>Throughput {{ s.throughput.requests_per_s | fmt(2) }} req/s, {{ s.throughput.output_tokens_per_s | fmt(0) }}
 output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% if s.server %} Server: KV cache
 usage max {{ (s.server.kv_cache_usage_max * 100) | fmt(0) if s.server.kv_cache_usage_max is not none else "–" }}%,
@@ -375,11 +418,15 @@ preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting
 {% endfor %}
 <h2>Stages</h2>
 <table><tr><th class="l">stage</th><th>target req/s</th><th>offered</th><th>achieved</th><th>ok</th><th>failed</th>
-<th>not sent</th><th>delay p99 ms</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p99 ms</th></tr>
-{% for st in s.stages %}<tr><td class="l">{{ st.name }}{% if st.shortfall %} <b>(shortfall)</b>{% endif %}</td>
+<th>cancelled</th><th>not sent</th><th>delay p99 ms</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p99 ms</th>
+<th>prompt tok p50</th><th>prompt tok p99</th><th>turns 1/2/3/4+ %</th></tr>
+{% for st in s.stages %}<tr><td class="l">{{ st.name }}{% if st.warmup %} (not judged){% endif %}{% if st.shortfall
+%} <b>(shortfall)</b>{% endif %}</td>
 <td>{{ st.target_qps | fmt(2) }}</td><td>{{ st.offered_qps | fmt(2) }}</td><td>{{ st.achieved_qps | fmt(2) }}</td>
-<td>{{ st.ok }}</td><td>{{ st.failed }}</td><td>{{ st.not_sent }}</td><td>{{ st.schedule_delay_p99_ms | fmt }}</td>
-<td>{{ st.ttft_p50_ms | fmt }}</td><td>{{ st.ttft_p99_ms | fmt }}</td><td>{{ st.e2e_p99_ms | fmt }}</td></tr>
+<td>{{ st.ok }}</td><td>{{ st.failed }}</td><td>{{ st.cancelled }}</td><td>{{ st.not_sent }}</td>
+<td>{{ st.schedule_delay_p99_ms | fmt }}</td><td>{{ st.ttft_p50_ms | fmt }}</td><td>{{ st.ttft_p99_ms | fmt }}</td>
+<td>{{ st.e2e_p99_ms | fmt }}</td><td>{{ st.prompt_tokens_p50 | fmt(0) }}</td>
+<td>{{ st.prompt_tokens_p99 | fmt(0) }}</td><td>{{ st.turn_mix | turn_depths }}</td></tr>
 {% endfor %}</table>
 <h2>Failures</h2>
 {% if failures %}<table><tr><th class="l">category</th><th>count</th>{% if failures[0].kv is defined
@@ -395,9 +442,10 @@ preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting
 """)
 
 
-def render_html(run_dir: Path) -> Path:
-    """Write `run_dir/report.html` from run.json, requests.jsonl, summary.json and server.jsonl."""
-    run = load_run(run_dir)
+def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | None = None) -> Path:
+    """Write `run_dir/report.html` from run.json, the records (requests.parquet, written from
+    requests.jsonl if need be), summary.json and server.jsonl."""
+    run = load_run(run_dir, records, itl)
     charts = []
     with matplotlib.rc_context(_RC):
         for title, draw in CHARTS:
@@ -412,6 +460,7 @@ def render_html(run_dir: Path) -> Path:
         latency=[("TTFT", lat.ttft), ("ITL", lat.itl), ("TPOT", lat.tpot), ("E2E", lat.e2e)],
         charts=charts,
         failures=_failure_rows(run),
+        itl_method=ITL_METHOD,
     )
     path = run_dir / HTML_FILE
     path.write_text(html, encoding="utf-8")

@@ -1,24 +1,30 @@
-"""Open-loop arrivals: stages of a ramp and the arrival process that fills them.
+"""Open-loop arrivals: the stages of a ramp and the request arrival times that fill them.
 
 Arrivals are computed ahead from the plan, never from how fast the target answers, so a slow
-target cannot slow the offered load (no coordinated omission). Every worker of a distributed run
-draws the same global sequence from the same seed and keeps every N-th arrival, so the merged
-stream is exactly the requested process at exactly the target rate, whatever N is.
+target cannot slow the offered load (no coordinated omission). Each stage holds exactly its
+target count of requests: the arrival process shapes the gaps inside a stage (Poisson, gamma
+burstiness, constant), and the count is the stage rate times its length, so a stage judged at
+150% was offered 150%. Every worker of a distributed run draws the same global sequence from the
+same seed and keeps every N-th arrival, so the merged stream is exactly the planned one.
+
+Trace replay (`trace`) plays recorded times instead: `TraceClock` maps a trace's own clock onto
+the run's, each stage playing the trace at its percent of the recorded speed.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
 
-from llmload.models import Stage
+from llmload.models import Session, Stage
 
-ArrivalProcess = Literal["poisson", "constant", "gamma"]
+ArrivalProcess = Literal["poisson", "constant", "gamma", "trace"]
+ARRIVAL_PROCESSES: tuple[str, ...] = ArrivalProcess.__args__  # type: ignore[attr-defined]
 DEFAULT_STAGE_PERCENTS: tuple[float, ...] = (25, 50, 100, 150)
+WARMUP_STAGE = "warm-up"
 
 
 def build_stages(
@@ -26,28 +32,34 @@ def build_stages(
     percents: Sequence[float] = DEFAULT_STAGE_PERCENTS,
     stage_duration_s: float = 60.0,
     hold_duration_s: float | None = None,
+    warmup_s: float = 0.0,
 ) -> list[Stage]:
-    """Stages at `percents` of the target; the last one (the hold) may last longer."""
+    """Stages at `percents` of the target; the last one (the hold) may last longer. A warm-up,
+    when asked for, runs first at the first stage's rate and is reported but never judged."""
     if target_qps <= 0:
         raise ValueError(f"target QPS must be > 0, got {target_qps}")
     if not percents or any(p <= 0 for p in percents):
         raise ValueError(f"stage percents must be positive, got {list(percents)}")
     if stage_duration_s <= 0 or (hold_duration_s is not None and hold_duration_s <= 0):
         raise ValueError("stage durations must be > 0")
+    if warmup_s < 0:
+        raise ValueError(f"--warmup must be ≥ 0, got {warmup_s:g}")
     stages: list[Stage] = []
     start = 0.0
+    if warmup_s > 0:
+        first = percents[0]
+        stages.append(
+            Stage(name=WARMUP_STAGE, percent=first, qps=target_qps * first / 100, start_s=0.0, duration_s=warmup_s,
+                  warmup=True)
+        )  # fmt: skip
+        start = warmup_s
     for i, percent in enumerate(percents):
         last = i == len(percents) - 1
         duration = hold_duration_s if last and hold_duration_s is not None else stage_duration_s
         stages.append(
-            Stage(
-                name=f"{percent:g}%",
-                percent=percent,
-                qps=target_qps * percent / 100,
-                start_s=start,
-                duration_s=duration,
-            )
-        )
+            Stage(name=f"{percent:g}%", percent=percent, qps=target_qps * percent / 100, start_s=start,
+                  duration_s=duration)
+        )  # fmt: skip
         start += duration
     return stages
 
@@ -68,67 +80,53 @@ def stage_at(stages: Sequence[Stage], t_s: float) -> Stage:
     return stages[-1]
 
 
-class ArrivalSchedule:
-    """The global arrival times of a staged, open-loop run, in seconds from the run's start.
+def stage_counts(stages: Sequence[Stage]) -> list[int]:
+    """Requests each stage holds: rate × length, rounded on the running total so that no
+    rounding is lost across stages."""
+    totals = np.round(np.cumsum([s.qps * s.duration_s for s in stages])).astype(int)
+    return np.diff(totals, prepend=0).tolist()
 
-    Gaps are drawn in "work" units of mean 1 and spent against the piecewise-constant rate
-    (time rescaling), so a gap straddling a stage boundary is stretched correctly. For gamma,
-    `burstiness` is the shape as in vLLM's bench (1 = Poisson, < 1 burstier, > 1 smoother).
+
+class ArrivalSchedule:
+    """The global request arrival times of a staged, open-loop run, in seconds from its start.
+
+    A stage of n requests draws n + 1 gaps from the arrival process and scales them to fill the
+    stage: for Poisson this is exactly a Poisson process conditioned on its count (uniform order
+    statistics); for gamma, the burstiness (shape, as in vLLM's bench: 1 = Poisson, < 1 burstier,
+    > 1 smoother) shapes the gaps the same way. Constant arrivals sit half a gap in from each end.
     """
 
     def __init__(
-        self,
-        stages: Sequence[Stage],
-        process: ArrivalProcess = "poisson",
-        *,
-        burstiness: float = 1.0,
-        seed: int = 0,
-        rate_scale: float = 1.0,
+        self, stages: Sequence[Stage], process: ArrivalProcess = "poisson", *, burstiness: float = 1.0, seed: int = 0
     ) -> None:
         if process not in ("poisson", "constant", "gamma"):
             raise ValueError(f"unknown arrival process {process!r}: poisson, constant or gamma")
         if burstiness <= 0:
             raise ValueError(f"burstiness must be > 0, got {burstiness}")
-        if rate_scale <= 0:
-            raise ValueError(f"rate scale must be > 0, got {rate_scale}")
         self.stages = list(stages)
         self.process = process
         self.burstiness = burstiness
         self.seed = seed
-        self.rate_scale = rate_scale
 
     @property
     def end_s(self) -> float:
         return self.stages[-1].end_s
 
-    def _unit_gaps(self) -> Iterator[float]:
+    def _stage_times(self, stage: Stage, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.process == "constant":
-            yield from itertools.repeat(1.0)
-            return
-        rng = np.random.default_rng(self.seed)
-        while True:
-            if self.process == "poisson":
-                block = rng.exponential(1.0, 4096)
-            else:
-                block = rng.gamma(self.burstiness, 1.0 / self.burstiness, 4096)
-            yield from block.tolist()
+            fractions = (np.arange(n) + 0.5) / n
+        else:
+            shape = 1.0 if self.process == "poisson" else self.burstiness
+            gaps = rng.gamma(shape, 1.0 / shape, n + 1)
+            fractions = np.cumsum(gaps)[:-1] / gaps.sum()
+        return stage.start_s + stage.duration_s * fractions
 
     def times(self) -> Iterator[float]:
         """All arrival offsets (s) inside the plan, in order."""
-        gaps = self._unit_gaps()
-        # constant arrivals start half a gap in, so a stage of n gaps holds n arrivals
-        work = 0.5 if self.process == "constant" else next(gaps)
-        for stage in self.stages:
-            rate = stage.qps * self.rate_scale
-            t = stage.start_s
-            while True:
-                dt = work / rate
-                if t + dt >= stage.end_s:
-                    work -= (stage.end_s - t) * rate
-                    break
-                t += dt
-                yield t
-                work = next(gaps)
+        rng = np.random.default_rng(self.seed)
+        for stage, n in zip(self.stages, stage_counts(self.stages), strict=True):
+            if n > 0:
+                yield from self._stage_times(stage, n, rng).tolist()
 
     def share(self, index: int, count: int) -> Iterator[float]:
         """The arrivals worker `index` of `count` sends: every count-th of the global stream."""
@@ -137,5 +135,85 @@ class ArrivalSchedule:
         return itertools.islice(self.times(), index, None, count)
 
 
-def expected_arrivals(stages: Sequence[Stage], rate_scale: float = 1.0) -> float:
-    return math.fsum(s.qps * rate_scale * s.duration_s for s in stages)
+class TraceClock:
+    """Maps trace time (seconds on the trace's clock) to run time (seconds from the run's start).
+
+    Each stage plays the trace at `percent / 100 × time_scale` of its recorded speed, so a 150%
+    stage replays 1.5× as fast and `time_scale` 2 halves every gap.
+    """
+
+    def __init__(self, stages: Sequence[Stage], time_scale: float = 1.0) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"--time-scale must be > 0, got {time_scale:g}")
+        self.stages = list(stages)
+        self.speeds = [s.percent / 100 * time_scale for s in self.stages]
+        # trace time at the start of each stage, and at the end of the plan
+        self.starts = np.concatenate(
+            ([0.0], np.cumsum([s.duration_s * v for s, v in zip(stages, self.speeds, strict=True)]))
+        )
+
+    @property
+    def trace_end(self) -> float:
+        """How much trace time the whole plan plays."""
+        return float(self.starts[-1])
+
+    def run_time(self, trace_s: float) -> float:
+        """Run offset of a trace time; beyond the plan it runs on at the last stage's speed."""
+        k = min(int(np.searchsorted(self.starts, trace_s, side="right")) - 1, len(self.stages) - 1)
+        k = max(k, 0)
+        return float(self.stages[k].start_s + (trace_s - self.starts[k]) / self.speeds[k])
+
+    def speed_at(self, run_s: float) -> float:
+        """Trace seconds per run second at a run offset."""
+        return self.speeds[self.stages.index(stage_at(self.stages, run_s))]
+
+
+def expected_arrivals(stages: Sequence[Stage]) -> int:
+    return sum(stage_counts(stages))
+
+
+def trace_period(starts: Sequence[float]) -> float:
+    """How long one pass of a trace lasts before it repeats: its last start plus one mean gap."""
+    first, last = min(starts), max(starts)
+    gap = (last - first) / (len(starts) - 1) if len(starts) > 1 else 1.0
+    return last + max(gap, 1e-3)
+
+
+def trace_session_starts(trace: TraceClock, sessions: Sequence[Session]) -> list[tuple[float, int]]:
+    """(trace time, global index) of every session start inside the plan, in order. The trace
+    repeats when the plan is longer than it; index ≥ len(sessions) marks a repeat."""
+    starts = [s.offset_s or 0.0 for s in sessions]
+    period = trace_period(starts)
+    plan: list[tuple[float, int]] = []
+    for cycle in itertools.count():
+        if min(starts) + cycle * period >= trace.trace_end:
+            break
+        plan += [
+            (start + cycle * period, cycle * len(sessions) + i)
+            for i, start in enumerate(starts)
+            if start + cycle * period < trace.trace_end
+        ]
+    return sorted(plan)
+
+
+def trace_request_times(trace: TraceClock, sessions: Sequence[Session]) -> list[float]:
+    """Run offsets of every request the trace holds inside the plan (a turn's recorded time, else
+    its session's offset plus think times): the load each stage of a trace replay is asked for."""
+    times: list[float] = []
+    for start, index in trace_session_starts(trace, sessions):
+        at = start
+        for k, turn in enumerate(sessions[index % len(sessions)].turns):
+            if k:
+                at = start + turn.at_s if turn.at_s is not None else at + turn.think_time_s
+            if at < trace.trace_end:
+                times.append(trace.run_time(at))
+    return times
+
+
+def trace_stages(stages: Sequence[Stage], trace: TraceClock, sessions: Sequence[Session]) -> list[Stage]:
+    """The stages of a trace replay, each with the request rate the trace holds at its speed."""
+    times = np.asarray(trace_request_times(trace, sessions))
+    return [
+        s.model_copy(update={"qps": int(((times >= s.start_s) & (times < s.end_s)).sum()) / s.duration_s})
+        for s in stages
+    ]

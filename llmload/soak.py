@@ -23,10 +23,10 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|s|)\s*$")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, *, allow_zero: bool = False) -> float:
     """`5m`, `300s`, `300`, `1.5h` → seconds."""
     match = _DURATION.match(text)
-    if match is None or float(match.group(1)) <= 0:
+    if match is None or float(match.group(1)) < 0 or (float(match.group(1)) == 0 and not allow_zero):
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 5m, 300s, 1h)")
     return float(match.group(1)) * _UNIT_S[match.group(2)]
 

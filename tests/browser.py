@@ -129,17 +129,20 @@ def _chromium(timeout_s: float) -> Iterator[str]:
                 proc.wait()
 
 
-def inspect_page(path: Path, *, screenshot: Path | None = None, width: int = 1280, timeout_s: float = 30) -> PageReport:
-    """Load a local file, let it settle, and report what it shows and every error it logged."""
+def inspect_page(
+    page: Path | str, *, screenshot: Path | None = None, width: int = 1280, timeout_s: float = 30, settle_s: float = 0.5
+) -> PageReport:
+    """Load a local file (a Path) or a URL, let it settle, and report what it shows and every error it logged."""
     with _chromium(timeout_s) as ws_url:
         cdp = _Cdp(ws_url, timeout_s)
         try:
             for domain in ("Runtime", "Log", "Page"):
                 cdp.call(f"{domain}.enable")
             cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
-            navigated = cdp.call("Page.navigate", url=path.resolve().as_uri())
+            url = page.resolve().as_uri() if isinstance(page, Path) else page
+            navigated = cdp.call("Page.navigate", url=url)
             cdp.wait_for("Page.loadEventFired", timeout_s)
-            cdp.drain(0.5)
+            cdp.drain(settle_s)
             state = cdp.call("Runtime.evaluate", expression=PAGE_STATE, returnByValue=True)["result"]["value"]
             if screenshot is not None:
                 size = cdp.call("Page.getLayoutMetrics")["cssContentSize"]

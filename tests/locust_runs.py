@@ -53,6 +53,10 @@ class LocustRun:
         return orjson.loads((self.run_dir / "summary.json").read_bytes())
 
     @property
+    def manifest(self) -> dict[str, Any]:
+        return orjson.loads((self.run_dir / "run.json").read_bytes())
+
+    @property
     def records(self) -> pd.DataFrame:
         return read_records(self.run_dir / "requests.jsonl")
 

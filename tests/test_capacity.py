@@ -110,12 +110,9 @@ def test_tiny_model_startup_failures_match_real_vllm_cpu() -> None:
     assert kv_cache_pool(layout, 128 * 1024).longest_servable_len == 0
 
 
-def test_tiny_fixture_is_the_harness_model_config() -> None:
-    from tests.vllm_harness import tiny_model_dir
-
-    built = tiny_model_dir() / "config.json"
-    if not built.exists():
-        pytest.skip("tiny model not built (python -c 'from tests.vllm_harness import build_tiny_model; ...')")
+def test_tiny_fixture_is_the_harness_model_config(vllm_tiny_model: Path) -> None:
+    """The capacity fixture is the model the real-vLLM tests serve (built here when not yet cached)."""
+    built = vllm_tiny_model / "config.json"
     fixture = Path(capacity_cli.__file__).with_name("capacity_models") / "tiny-llama.json"
     assert json.loads(fixture.read_text()) == json.loads(built.read_text())
 

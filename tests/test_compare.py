@@ -7,7 +7,6 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pytest
 
@@ -137,22 +136,3 @@ def test_not_a_run_directory_is_bad_input(
         path.mkdir()
     code, _, err = _compare(capsys, runs["base"], path)
     assert code == 2 and "is not a run directory" in err
-
-
-def test_resampled_percentiles_equal_numpy_on_each_explicit_resample() -> None:
-    """The windowed search gives exactly np.percentile of the pooled values of the requests drawn."""
-    rng = np.random.default_rng(3)
-    for requests in (1, 7, 40):
-        sizes = rng.integers(0, 25, requests)
-        owners = np.repeat(np.arange(requests), sizes)
-        values = np.round(rng.lognormal(0, 1, owners.size) + 0.1 * owners, 1)  # ties, and per-request levels
-        pooled = compare.Pooled.of(values, owners, requests)
-        counts = np.stack([np.bincount(rng.integers(0, requests, requests), minlength=requests) for _ in range(30)])
-        counts = counts.astype(float)
-        for q in (0, 50, 95, 99, 100):
-            estimate = compare.ResampledPercentile(pooled, q)
-            estimate._set_window(1)  # start too narrow: the widening must find every resample's values
-            got = estimate(counts, counts @ pooled.per_owner, counts @ estimate.below)
-            for row, result in zip(counts.astype(int), got, strict=True):
-                drawn = np.concatenate([np.array([]), *(np.repeat(values[owners == i], c) for i, c in enumerate(row))])
-                assert result == pytest.approx(np.percentile(drawn, q) if drawn.size else np.nan, nan_ok=True)

@@ -9,13 +9,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
+import pandas as pd
 import pytest
 
-from llmload.models import FAILURE_CATEGORIES
-from llmload.schedule import ArrivalSchedule, build_stages
+from llmload.models import FAILURE_CATEGORIES, Message, Session, Turn
+from llmload.records import read_records
+from llmload.schedule import build_stages, expected_arrivals
 from llmload.sim.process import SimProcess
-from llmload.workload import load_workload
-from tests.locust_runs import REPO, free_port, locust_command, run_locust, small_workload
+from tests.locust_runs import REPO, free_port, locust_command, run_locust, small_workload, write_workload
+
+SAMPLE_WORKLOAD = REPO / "workloads" / "chat-multiturn.yaml"
 
 SUMMARY_KEYS = [
     "requests.scheduled", "requests.sent", "requests.ok", "requests.failed", "requests.not_sent",
@@ -34,10 +38,21 @@ def _get(tree: dict, path: str) -> object:
     return tree
 
 
-def _planned_sessions(workload: Path, target: float, stage_s: float, workers: int = 1) -> int:
-    stages = build_stages(target, (25, 50, 100, 150), stage_s)
-    mean_turns = load_workload(workload).mean_turns
-    return sum(1 for _ in ArrivalSchedule(stages, "constant", rate_scale=1 / mean_turns).times())
+def _assert_every_stage_held_its_target(summary: dict, records: pd.DataFrame, tolerance: float = 0.05) -> None:
+    """Offered (scheduled) and achieved (sent in the stage's window) request counts, all turns
+    counted, within ±tolerance of target × duration, for every stage the warm-up included."""
+    started = summary["run"]["started_at"]
+    sent = records[records.status != "not_sent"]
+    offset = 0.0
+    for stage in summary["stages"]:
+        asked = stage["target_qps"] * stage["duration_s"]
+        offered = int((records.stage == stage["name"]).sum())
+        window = (sent.sent_at >= started + offset) & (sent.sent_at < started + offset + stage["duration_s"])
+        achieved = int(window.sum())
+        assert abs(offered - asked) <= tolerance * asked, (stage["name"], offered, asked)
+        assert abs(achieved - asked) <= tolerance * asked, (stage["name"], achieved, asked)
+        assert not stage["shortfall"], stage
+        offset += stage["duration_s"]
 
 
 def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path) -> None:
@@ -47,7 +62,7 @@ def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path
         os.environ["LLMLOAD_API_KEY"] = secret
         try:
             run = run_locust(sim.url, workload, tmp_path / "reports", "timing", "--target-qps", "10",
-                             "--stage-duration", "5", "--arrival", "constant")  # fmt: skip
+                             "--stage-duration", "5", "--arrival", "constant", "--warmup", "0")  # fmt: skip
         finally:
             del os.environ["LLMLOAD_API_KEY"]
         target_lag = sim.stats()["emission_lag_ms"]
@@ -60,10 +75,11 @@ def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path
 
     # counts add up, line for line
     req = summary["requests"]
-    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"] == len(records)
-    assert req["failed"] == 0 and req["not_sent"] == 0
-    # the open-loop plan was sent whole: one first turn per planned session arrival
-    assert (records.turn == 0).sum() == _planned_sessions(workload, 10, 5)
+    assert req["scheduled"] == req["ok"] + req["failed"] + req["cancelled"] + req["not_sent"] == len(records)
+    assert req["failed"] == req["cancelled"] == req["not_sent"] == req["warmup"] == 0
+    # the open-loop plan was sent whole: one request per planned arrival, follow-up turns included
+    assert len(records) == expected_arrivals(build_stages(10, (25, 50, 100, 150), 5))
+    assert (records.turn > 0).sum() > 0
 
     # timing matches what the server injected (50 ms to first token, 10 ms per token)
     ok = records[records.status == "ok"]
@@ -88,20 +104,99 @@ def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path
     # the machine's CPU steal is recorded with the run (what explains tails on a VM)
     assert summary["run"]["cpu_steal_percent"] >= 0
 
-    # live Locust entries, and the API key nowhere
-    for entry in ("TTFT", "TPOT", "E2E", "output tok/s", "total tok/s"):
-        assert entry in run.output
+    # one live Locust entry per request, the console's live line, and the API key nowhere
+    assert "LLM      chat" in run.output and "TOKENS" not in run.output
+    assert "llmload: stage " in run.output and "TTFT p50" in run.output
     assert secret not in run.output
     for path in run.run_dir.iterdir():
         assert secret not in path.read_text(), path
 
 
+def test_sample_workload_with_think_times_offers_every_stage_its_target(tmp_path: Path) -> None:
+    """Sessions of 1–8 turns and ~4 s think times: every stage, warm-up included, offers and
+    achieves its request rate, and the judged stages carry sessions at every depth."""
+    run = run_locust(None, SAMPLE_WORKLOAD, tmp_path / "reports", "sample", "--target-qps", "6",
+                     "--stages", "50,100,150", "--stage-duration", "20", "--arrival", "constant",
+                     timeout=180)  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    summary, records = run.summary, run.records
+    stages = summary["stages"]
+    assert [s["name"] for s in stages] == ["warm-up", "50%", "100%", "150%"] and stages[0]["warmup"]
+    assert stages[0]["duration_s"] == 19  # one mean session of the sample workload
+    _assert_every_stage_held_its_target(summary, records)
+    hold = stages[-1]
+    assert hold["target_qps"] == 9 and set(hold["turn_mix"]) >= {"1", "2", "3"}
+    assert hold["turn_mix"]["1"] < 0.6  # follow-up turns, not only first turns
+    assert hold["prompt_tokens_p99"] > hold["prompt_tokens_p50"] > 0
+    # the headline figures leave the warm-up out, and count it apart
+    judged = records[(records.stage != "warm-up") & (records.status == "ok")]
+    assert summary["latency_ms"]["ttft"]["count"] == len(judged)
+    req = summary["requests"]
+    assert req["warmup"] == stages[0]["scheduled"] and req["scheduled"] + req["warmup"] == len(records)
+    # think time is a minimum: a follow-up left at least its think time after its reply
+    ok = records[records.status == "ok"].sort_values(["session_id", "turn"])
+    gaps = ok.groupby("session_id").apply(lambda s: (s.sent_at.shift(-1) - s.finished_at).dropna()).to_numpy()
+    assert len(gaps) > 20 and gaps.min() >= 0
+
+
+def test_sharegpt_workload_built_by_llmload_offers_every_stage_its_target(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    conversations = []
+    for k in range(80):
+        turns = []
+        for j in range(int(rng.integers(1, 6))):
+            turns += [{"from": "human", "value": f"question {j} of chat {k}: " + "word " * int(rng.integers(5, 60))},
+                      {"from": "gpt", "value": "answer " * int(rng.integers(5, 40))}]  # fmt: skip
+        conversations.append({"id": f"c{k}", "conversations": turns})
+    source = tmp_path / "chats.json"
+    source.write_bytes(orjson.dumps(conversations))
+    workload = tmp_path / "chats.yaml"
+    build = subprocess.run([str(REPO / ".venv" / "bin" / "llmload"), "workload", "build", str(source), "-o",
+                            str(workload)], capture_output=True, text=True, check=False)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    run = run_locust(None, workload, tmp_path / "reports", "sharegpt", "--target-qps", "8", "--stages",
+                     "50,100,150", "--stage-duration", "20", "--arrival", "constant", timeout=180)  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    _assert_every_stage_held_its_target(run.summary, run.records)
+    assert (run.records.turn > 0).mean() > 0.3
+
+
+def test_trace_replay_sends_at_the_recorded_offsets(tmp_path: Path) -> None:
+    """--arrival trace: each session at its recorded offset, its follow-up at the recorded time,
+    within 50 ms, at --time-scale 1 and 2."""
+    turn = Turn(messages=[Message(role="user", content="hello there")], output_tokens=4)
+    sessions = [
+        Session(id=f"s{k}", offset_s=0.37 * k, turns=[turn, turn.model_copy(update={"at_s": 0.9})] if k % 3 == 0
+                else [turn])
+        for k in range(24)
+    ]  # fmt: skip
+    workload = write_workload(tmp_path, "trace", sessions)
+    end = 0.37 * 24 - 0.1  # one pass of the trace (it would repeat from 0.37 × 24 s)
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "5") as sim:
+        for scale in (1.0, 2.0):
+            run_id = f"trace-x{scale:g}"
+            run = run_locust(sim.url, workload, tmp_path / "reports", run_id, "--arrival", "trace",
+                             "--time-scale", f"{scale:g}", "--stages", "100", "--stage-duration",
+                             f"{end / scale:g}", "--warmup", "0")  # fmt: skip
+            assert run.returncode == 0, run.output[-3000:]
+            records, started = run.records, run.summary["run"]["started_at"]
+            recorded = {(s.id, 0): s.offset_s for s in sessions} | {
+                (s.id, 1): (s.offset_s or 0) + 0.9 for s in sessions if len(s.turns) == 2
+            }
+            sent = {(r.session_id, r.turn): r.sent_at - started for r in records.itertuples()}
+            expected = {key: at / scale for key, at in recorded.items() if at < end}
+            assert set(sent) == set(expected)
+            errors = np.array([sent[key] - expected[key] for key in expected])
+            assert np.abs(errors).max() < 0.05, errors
+
+
 def test_distributed_master_and_two_workers_offer_the_target_not_twice(tmp_path: Path) -> None:
-    workload = small_workload(tmp_path, "dist")
+    workload = SAMPLE_WORKLOAD
     port = free_port()
     reports = tmp_path / "reports"
     with SimProcess("--ttft-ms", "20", "--itl-ms", "5") as sim:
-        flags = ("--target-qps", "8", "--stage-duration", "3", "--arrival", "constant")
+        flags = ("--target-qps", "8", "--stages", "50,100,150", "--stage-duration", "10", "--arrival", "constant",
+                 "--warmup", "10")  # fmt: skip
         master = subprocess.Popen(
             [*locust_command(sim.url, workload, reports, "dist", *flags), "--master", "--expect-workers", "2",
              "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port)],
@@ -124,20 +219,23 @@ def test_distributed_master_and_two_workers_offer_the_target_not_twice(tmp_path:
             for _ in range(2)
         ]
         try:
-            output, _ = master.communicate(timeout=90)
+            output, _ = master.communicate(timeout=150)
         finally:
             for proc in [master, *workers]:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait(timeout=10)
     assert master.returncode == 0, output[-3000:]
-    records = __import__("llmload.records", fromlist=["read_records"]).read_records(reports / "dist" / "requests.jsonl")
+    records = read_records(reports / "dist" / "requests.jsonl")
+    summary = orjson.loads((reports / "dist" / "summary.json").read_bytes())
     assert sorted(records.worker.unique()) == [0, 1]
-    assert (records.turn == 0).sum() == _planned_sessions(workload, 8, 3)
+    assert len(records) == expected_arrivals(build_stages(8, (50, 100, 150), 10, warmup_s=10))
     assert (records.status == "ok").all()
-    first_turns = records[records.turn == 0]
-    by_worker = first_turns.groupby("worker").size()
+    _assert_every_stage_held_its_target(summary, records)
+    by_worker = records.groupby("worker").size()
     assert abs(by_worker[0] - by_worker[1]) <= 1
+    # each worker opened its own sessions: none is shared, and follow-ups stay on their worker
+    assert records.groupby("session_id").worker.nunique().max() == 1 and (records.turn > 0).any()
 
 
 def test_failures_are_classified_and_the_run_goes_on(tmp_path: Path) -> None:
@@ -148,7 +246,7 @@ def test_failures_are_classified_and_the_run_goes_on(tmp_path: Path) -> None:
         run = run_locust(sim.url, workload, tmp_path / "reports", "faulty", "--target-qps", "12",
                          "--stage-duration", "3", "--arrival", "poisson")  # fmt: skip
     req, failures = run.summary["requests"], run.summary["failures"]["by_category"]
-    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"]
+    assert req["scheduled"] == req["ok"] + req["failed"] + req["cancelled"] + req["not_sent"]
     assert req["ok"] > 0
     assert {"rate_limited", "engine_dead", "stream_error", "http_5xx", "context_length"} <= set(failures)
     assert set(failures) <= set(FAILURE_CATEGORIES)
@@ -165,7 +263,8 @@ def test_sigterm_mid_run_writes_a_partial_report_with_every_record(tmp_path: Pat
     reports = tmp_path / "reports"
     with SimProcess("--ttft-ms", "30", "--itl-ms", "20") as sim:
         proc = subprocess.Popen(
-            locust_command(sim.url, workload, reports, "stopped", "--target-qps", "10", "--stage-duration", "60"),
+            locust_command(sim.url, workload, reports, "stopped", "--target-qps", "10", "--stage-duration", "60",
+                           "--warmup", "0"),
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         deadline = time.time() + 30
@@ -179,10 +278,14 @@ def test_sigterm_mid_run_writes_a_partial_report_with_every_record(tmp_path: Pat
     summary = __import__("orjson").loads((run_dir / "summary.json").read_bytes())
     req = summary["requests"]
     lines = sum(1 for _ in (run_dir / "requests.jsonl").open())
-    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"] == lines, output[-2000:]
+    assert req["scheduled"] == req["ok"] + req["failed"] + req["cancelled"] + req["not_sent"] == lines, output[-2000:]
     assert req["ok"] > 0
-    # in-flight requests at the stop are recorded as cancelled, not lost
-    assert set(summary["failures"]["by_category"]) <= {"cancelled"}
+    # in-flight requests at the stop are recorded as cancelled, not lost, and are no failure
+    assert req["failed"] == 0 and summary["failures"]["by_category"] == {}
+    records = read_records(run_dir / "requests.jsonl")
+    cancelled = records[records.status == "cancelled"]
+    assert len(cancelled) == req["cancelled"] and (cancelled.error_category == "cancelled").all()
+    assert "cancelled" in (run_dir / "report.md").read_text()
 
 
 def test_without_host_the_embedded_target_serves_and_says_so(tmp_path: Path) -> None:
@@ -190,6 +293,8 @@ def test_without_host_the_embedded_target_serves_and_says_so(tmp_path: Path) -> 
                      "--stage-duration", "1")  # fmt: skip
     assert run.returncode == 0, run.output[-3000:]
     assert "no --host given: started the embedded target" in run.output
+    # nothing a newcomer would read as an error
+    assert "MonkeyPatchWarning" not in run.output and "spawn rate is very high" not in run.output
     summary = run.summary
     assert summary["run"]["host"].startswith("http://127.0.0.1:")
     assert summary["requests"]["ok"] == summary["requests"]["scheduled"] > 0

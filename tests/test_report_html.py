@@ -26,7 +26,7 @@ HOSTILE = '<script>alert("x")</script><img src=http://example.invalid/x.png>'
 def _manifest(run_id: str, stages: int = 4, stage_s: float = 30.0) -> RunManifest:
     return RunManifest(
         run_id=run_id, host="http://127.0.0.1:8000", model="tiny-llama", workload="chat.yaml", arrival="poisson",
-        burstiness=1.0, seed=0, target_qps=10.0, session_rate_scale=0.5,
+        burstiness=1.0, seed=0, target_qps=10.0,
         stages=[Stage(name=f"{25 * (i + 1)}%", percent=25.0 * (i + 1), qps=2.5 * (i + 1), start_s=i * stage_s,
                       duration_s=stage_s) for i in range(stages)],
         drain_s=10.0, started_at=STARTED, workers=1, limits={}, finished_at=STARTED + stages * stage_s + 5,

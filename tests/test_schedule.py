@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmload.schedule import ArrivalSchedule, build_stages, parse_stage_percents, stage_at
+from llmload.models import Message, Session, Turn
+from llmload.schedule import (
+    ArrivalSchedule,
+    TraceClock,
+    build_stages,
+    parse_stage_percents,
+    stage_at,
+    trace_stages,
+)
 
 
 def _times(schedule: ArrivalSchedule) -> np.ndarray:
@@ -13,15 +21,15 @@ def _times(schedule: ArrivalSchedule) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("process", "burstiness"), [("poisson", 1.0), ("gamma", 0.5), ("gamma", 4.0), ("constant", 1)])
-def test_arrivals_hit_the_stage_rate(process: str, burstiness: float) -> None:
-    stages = build_stages(50.0, (100,), stage_duration_s=200.0)
+def test_every_stage_holds_exactly_its_target_count(process: str, burstiness: float) -> None:
+    """The process shapes the gaps; the count is the target's, so a stage judged at 150% got 150%."""
+    stages = build_stages(7.0, (25, 50, 100, 150), stage_duration_s=9.0)
     times = _times(ArrivalSchedule(stages, process, burstiness=burstiness, seed=3))  # type: ignore[arg-type]
-    expected = 50.0 * 200.0
-    # Poisson count sd = sqrt(10000) = 100; gamma(k) count sd ≈ sqrt(n / k); 5 sd bounds never flake
-    sd = np.sqrt(expected / burstiness)
-    assert abs(len(times) - expected) < 5 * sd + 1
+    counts = [int(((times >= s.start_s) & (times < s.end_s)).sum()) for s in stages]
+    # 15.75, 31.5, 63, 94.5 requests: rounded on the running total, none lost
+    assert counts == [16, 31, 63, 95] and sum(counts) == round(7.0 * 9 * 3.25)
     assert np.all(np.diff(times) >= 0)
-    assert times[0] >= 0 and times[-1] < 200.0
+    assert times[0] >= 0 and times[-1] < stages[-1].end_s
 
 
 def test_burstiness_changes_dispersion_not_rate() -> None:
@@ -55,9 +63,45 @@ def test_stages_switch_rate_on_time() -> None:
     assert stage_at(stages, 99.0).name == "150%"
 
 
-def test_rate_scale_turns_request_rate_into_session_rate() -> None:
-    stages = build_stages(12.0, (100,), stage_duration_s=10.0)
-    assert len(_times(ArrivalSchedule(stages, "constant", rate_scale=1 / 3))) == 40
+def test_poisson_gaps_stay_exponential_inside_a_stage() -> None:
+    gaps = np.diff(_times(ArrivalSchedule(build_stages(20.0, (100,), stage_duration_s=500.0), "poisson", seed=5)))
+    assert gaps.mean() == pytest.approx(1 / 20.0, rel=0.02)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)
+    assert np.median(gaps) == pytest.approx(np.log(2) / 20.0, rel=0.1)
+
+
+def test_warmup_runs_first_at_the_first_stage_rate_and_is_marked() -> None:
+    stages = build_stages(8.0, (50, 150), stage_duration_s=10.0, warmup_s=6.0)
+    assert [(s.name, s.qps, s.start_s, s.duration_s, s.warmup) for s in stages] == [
+        ("warm-up", 4.0, 0.0, 6.0, True),
+        ("50%", 4.0, 6.0, 10.0, False),
+        ("150%", 12.0, 16.0, 10.0, False),
+    ]
+    with pytest.raises(ValueError, match="--warmup"):
+        build_stages(8.0, (100,), warmup_s=-1)
+
+
+def test_trace_clock_plays_each_stage_at_its_percent_and_the_time_scale() -> None:
+    stages = build_stages(1.0, (50, 100, 150), stage_duration_s=10.0)
+    clock = TraceClock(stages, time_scale=2.0)
+    # trace seconds played: 10 × 1 + 10 × 2 + 10 × 3 = 60
+    assert clock.trace_end == pytest.approx(60.0)
+    assert clock.run_time(5.0) == pytest.approx(5.0)  # 50% × 2 = recorded speed
+    assert clock.run_time(10.0 + 4.0) == pytest.approx(12.0)  # twice as fast in the 100% stage
+    assert clock.run_time(30.0 + 6.0) == pytest.approx(22.0)  # three times as fast at 150%
+    assert clock.speed_at(25.0) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="--time-scale"):
+        TraceClock(stages, time_scale=0)
+
+
+def test_trace_stages_carry_the_rate_the_trace_holds() -> None:
+    turn = Turn(messages=[Message(role="user", content="x")])
+    sessions = [Session(id=f"s{k}", offset_s=k * 0.5, turns=[turn, turn.model_copy(update={"at_s": 0.25})])
+                for k in range(20)]  # fmt: skip
+    stages = build_stages(1.0, (100, 200), stage_duration_s=5.0)
+    planned = trace_stages(stages, TraceClock(stages), sessions)
+    # 4 requests per trace second: 4 req/s at 100%, 8 at 200% (the trace repeats after 10 s)
+    assert [s.qps for s in planned] == [pytest.approx(4.0), pytest.approx(8.0)]
 
 
 @pytest.mark.parametrize("process", ["poisson", "constant", "gamma"])

@@ -55,7 +55,7 @@ def write_run(
     stages = build_stages(4, (100, 150), RAMP_S, HOLD_S)
     manifest = RunManifest(
         run_id=run_dir.name, host="http://generated", model="m", workload="w.yaml", arrival="constant",
-        burstiness=1, seed=seed, target_qps=4, session_rate_scale=1, stages=stages, drain_s=30,
+        burstiness=1, seed=seed, target_qps=4, stages=stages, drain_s=30,
         started_at=STARTED_AT, workers=1, limits={}, finished_at=STARTED_AT + RAMP_S + HOLD_S + 1,
     )  # fmt: skip
     run_dir.mkdir(parents=True)

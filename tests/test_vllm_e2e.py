@@ -9,8 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmload.models import Message, Session, Turn
+from llmload.models import Message, Session, Stage, Turn
 from llmload.records import read_records
+from llmload.schedule import stage_counts
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
 from tests.conftest import VllmServerFactory
@@ -49,8 +50,20 @@ def test_replay_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> No
     )  # fmt: skip
     summary, records = run.summary, run.records
     req = summary["requests"]
-    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"] == len(records), run.output[-3000:]
-    assert req["not_sent"] == 0
+    assert (
+        req["scheduled"]
+        == req["ok"] + req["failed"] + req["cancelled"] + req["not_sent"]
+        == len(records) - req["warmup"]
+    ), run.output[-3000:]
+    assert req["not_sent"] == req["cancelled"] == 0
+
+    # every stage, the warm-up included, offered exactly its target count, follow-up turns included
+    stages = summary["stages"]
+    assert [s["name"] for s in stages] == ["warm-up", "25%", "50%", "100%", "150%"]
+    assert [s["scheduled"] for s in stages] == stage_counts([Stage(**s) for s in run.manifest["stages"]])
+    assert [s["scheduled"] for s in stages[1:]] == [3, 6, 12, 18]
+    assert not any(s["shortfall"] for s in stages), stages
+    assert (records.turn > 0).sum() > len(records) / 2
 
     # the prompt over --max-model-len is vLLM's real 400, classified
     too_long = records[records.session_id.str.startswith("too-long")]
@@ -100,8 +113,12 @@ def test_run_survives_its_vllm_killed_mid_run(vllm_server_factory: VllmServerFac
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     records = read_records(run_dir / "requests.jsonl")
     req = summary["requests"]
-    assert req["scheduled"] == req["ok"] + req["failed"] + req["not_sent"] == len(records), output[-3000:]
-    # the plan ran to its end (20 s of stages), with requests scheduled in the last stage too
+    assert (
+        req["scheduled"]
+        == req["ok"] + req["failed"] + req["cancelled"] + req["not_sent"]
+        == len(records) - req["warmup"]
+    ), output[-3000:]
+    # the plan ran to its end (warm-up and 20 s of stages), with requests scheduled in the last stage too
     assert summary["run"]["finished_at"] - summary["run"]["started_at"] >= 20
     assert (records.stage == "150%").sum() > 0
     after = records[(records.scheduled_at > killed_at + 1) & (records.status != "not_sent")]

@@ -62,6 +62,20 @@ def test_format_is_detected_from_the_first_lines(name: str, fmt: str) -> None:
     assert detect_format(LOGS / name) == fmt
 
 
+def test_a_first_line_of_10_mb_is_detected_and_built(tmp_path: Path) -> None:
+    """One long prompt on the first line: detection reads the whole line, not a fixed-size head."""
+    long_prompt = "lorem ipsum dolor " * 600_000  # ~10.8 MB of text
+    log = tmp_path / "long.jsonl"
+    with log.open("w") as out:
+        out.write(json.dumps({"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 8}) + "\n")
+        out.write(json.dumps({"messages": [{"role": "user", "content": "short"}], "max_tokens": 8}) + "\n")
+    assert log.stat().st_size > 10 * 2**20
+    assert detect_format(log) == "openai-jsonl"
+    workload = build(tmp_path, log)
+    assert [len(s.turns) for s in workload.sessions] == [1, 1]
+    assert workload.sessions[0].turns[0].prompt_tokens == count(long_prompt)
+
+
 def test_openai_log_groups_sessions_by_message_prefix(tmp_path: Path) -> None:
     workload = build(tmp_path, "openai.jsonl")
     assert contents(workload) == [
@@ -89,6 +103,35 @@ def test_openai_log_groups_sessions_by_message_prefix(tmp_path: Path) -> None:
     assert spec.source is not None and spec.source.format == "openai-jsonl"
     assert spec.source.files == [str(LOGS / "openai.jsonl")] and spec.source.built_at is not None
     assert spec.stats is not None and spec.stats["requests"] == 6 and spec.stats["sessions"] == 3
+    # the log gives no response times: turns keep their recorded times, and stats say what think times hold
+    assert [t.at_s for t in first.turns] == [None, 5.5, 10.0]
+    assert "includes the previous reply's duration" in spec.stats["think_times"]
+
+
+def test_response_times_are_taken_out_of_think_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A logged response end (latency_ms or response_timestamp) separates think time from the reply."""
+
+    def line(at: float, messages: list[dict[str, str]], reply: str, **end: float) -> bytes:
+        response = {"choices": [{"message": {"role": "assistant", "content": reply}}]}
+        record = {"timestamp": at, "request": {"messages": messages}, "response": response, **end}
+        return json.dumps(record).encode() + b"\n"
+
+    first = [{"role": "user", "content": "Where is my order?"}]
+    second = [*first, {"role": "assistant", "content": "It ships."}, {"role": "user", "content": "When?"}]
+    third = [*second, {"role": "assistant", "content": "Monday."}, {"role": "user", "content": "Thanks"}]
+    log = tmp_path / "timed.jsonl"
+    log.write_bytes(
+        line(1000.0, first, "It ships.", latency_ms=1500)
+        + line(1010.0, second, "Monday.", response_timestamp=1012.5)
+        + line(1020.0, third, "Bye.")
+    )
+    out = tmp_path / "timed.yaml"
+    build_workload([log], out)
+    (session,) = load_workload(out).sessions
+    assert [t.think_time_s for t in session.turns] == [0.0, 8.5, 7.5]  # 10 - 1.5 and 10 - 2.5
+    assert [t.at_s for t in session.turns] == [None, 10.0, 20.0]
+    assert run_cli("stats", str(out)) == 0
+    assert "Think times: measured from the end of the previous reply (2 follow-up turns" in capsys.readouterr().out
 
 
 def test_bare_request_bodies_group_without_replies_or_times(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from llmload.workload.cli import add_arguments
 from llmload.workload.stats import TABLE_COLUMNS, render_stats, request_table, workload_stats
 from llmload.workload.tokens import get_tokenizer
 
-AZURE = Path("/work/shared/data/azure_llm_inference_conv_2023.csv")
+AZURE = Path(__file__).resolve().parents[1] / "data" / "azure_llm_inference_conv_2023.csv"
 LOGS = Path(__file__).parent / "data" / "logs"
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 
@@ -84,8 +84,9 @@ def test_built_workload_has_the_stats_of_its_source(tmp_path: Path) -> None:
     for name in ("openai.jsonl", "sharegpt.json", "vllm-0.32-debug.log", "mooncake.jsonl"):
         out = tmp_path / f"{Path(name).stem}.yaml"
         result = build_workload([LOGS / name], out, progress=None)
-        from_source = workload_stats(source_table([LOGS / name]).table)
-        from_file = workload_stats(request_table(load_workload(out)))
+        log = source_table([LOGS / name])
+        from_source = workload_stats(log.table, think_times=log.think_times)
+        from_file = workload_stats(request_table(load_workload(out)), think_times=log.think_times)
         assert result.stats == from_source == from_file, name
         assert load_workload(out).spec.stats == result.stats.model_dump(mode="json")
 

@@ -3,8 +3,8 @@
 Run with the vLLM venv's python (it has torch/transformers/tokenizers):
 ``python tests/vllm_tiny_model.py DEST``.  No model hub is reachable, so everything is made
 locally; a fixed seed keeps the output deterministic so cached builds stay valid.
-The shapes follow /work/shared/VLLM_CPU.md (head_dim 32 is the smallest the CPU attention
-backend accepts).
+The shapes are the smallest vLLM's CPU backend serves (head_dim 32 is the smallest its attention
+accepts).
 """
 
 from __future__ import annotations

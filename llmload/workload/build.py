@@ -82,6 +82,7 @@ class LogTable:
     sessions: int
     skipped: Counter[str]
     ignored: Counter[str]
+    think_times: str | None = None
 
 
 @dataclass
@@ -283,6 +284,7 @@ class _Finisher:
         self.seed = seed
         self.table = _Table()
         self.t0: float | None = None
+        self.think_basis: Counter[str] = Counter()  # follow-up turns by how their think time was found
 
     @cached_property
     def _synth(self) -> TextSynthesizer:
@@ -318,7 +320,9 @@ class _Finisher:
         history: list[dict[str, str]] = []  # for templated counting only
         templated = self.tokenizer.templated
         prompt = previous_reply = 0
-        first, previous_ts = session.turns[0].timestamp, None
+        first = session.turns[0].timestamp
+        previous_ts: float | None = None
+        previous_end: float | None = None
         if first is not None and self.t0 is None:
             self.t0 = first
         offset = None if first is None or self.t0 is None else max(0.0, first - self.t0)
@@ -345,8 +349,11 @@ class _Finisher:
             previous_reply = reply_count
             think = 0.0
             if previous_ts is not None and request.timestamp is not None:
-                think = max(0.0, request.timestamp - previous_ts)
-            previous_ts = request.timestamp
+                # the log's gap holds the previous reply's duration too: take it out where the log says
+                start = previous_end if previous_end is not None else previous_ts
+                think = max(0.0, request.timestamp - start)
+                self.think_basis["after_reply" if previous_end is not None else "with_reply"] += 1
+            previous_ts, previous_end = request.timestamp, request.finished
             self._row(
                 session.index, index, offset=offset, think=think, prompt=prompt, output=output, limit=request.max_tokens
             )
@@ -357,6 +364,8 @@ class _Finisher:
                 if output:
                     turn["output_tokens"] = output
                 turn["think_time_s"] = think
+                if index and first is not None and request.timestamp is not None:
+                    turn["at_s"] = max(0.0, request.timestamp - first)
                 if prompt:
                     turn["prompt_tokens"] = prompt
                 turns.append(turn)
@@ -504,7 +513,22 @@ def _run(
         raise BuildError(issues, skipped)
     if not seen:
         raise WorkloadError(f"no requests in {', '.join(map(str, sources))}")
-    return LogTable(finisher.table.frame(name, sessions.count), fmt, sessions.count, skipped, ignored)
+    table = finisher.table.frame(name, sessions.count)
+    return LogTable(table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis))
+
+
+def think_time_note(basis: Counter[str]) -> str | None:
+    """What `workload stats` says of think times: measured from the reply's end, or holding it."""
+    after, within = basis["after_reply"], basis["with_reply"]
+    if not after and not within:
+        return None
+    if not within:
+        return f"measured from the end of the previous reply ({after:,} follow-up turns; the log gives response times)"
+    return (
+        f"for {within:,} of {after + within:,} follow-up turns, the gap between requests, which includes the"
+        " previous reply's duration: the log gives no response time (response_timestamp or latency_ms), so"
+        " replay, which waits for the reply and then the think time, paces those sessions slower than logged"
+    )
 
 
 def source_table(sources: Sequence[Path | str], options: BuildOptions | None = None) -> LogTable:
@@ -531,7 +555,7 @@ def build_workload(
     try:
         with partial.open("wb") as out:
             log = _run([Path(s) for s in sources], options, name, out=out, progress=progress)
-        stats = workload_stats(log.table)
+        stats = workload_stats(log.table, think_times=log.think_times)
         spec = WorkloadSpec(
             version=1,
             name=name,

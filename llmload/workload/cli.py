@@ -140,13 +140,16 @@ def _build(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     paths = [Path(p) for p in args.inputs]
     if len(paths) == 1 and paths[0].suffix in _WORKLOAD_SUFFIXES:
-        table = request_table(load_workload(paths[0]))
+        workload = load_workload(paths[0])
+        table = request_table(workload)
+        think_times = (workload.spec.stats or {}).get("think_times")  # as the build found them
     else:
         log = source_table(paths, _options(args))
         _report_counts("skipped bad", log.skipped)
         _report_counts("ignored", log.ignored)
-        table = log.table
-    stats = workload_stats(table, max_tokens=args.max_tokens)
+        table, think_times = log.table, log.think_times
+    note = think_times if isinstance(think_times, str) else None
+    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=note)
     print(stats.model_dump_json(indent=2) if args.json else render_stats(stats), end="\n" if args.json else "")
     if args.plot:
         print(f"plot: {plot_stats(table, stats, Path(args.plot))}", file=sys.stderr)

@@ -57,6 +57,8 @@ class LogRequest:
     output_tokens: int | None = None
     reply: str | None = None
     """The assistant's reply text, when the log holds it."""
+    finished: float | None = None
+    """When the response ended, on the same clock as `timestamp`, when the log says."""
     session: str | None = None
     """An explicit conversation id (ShareGPT); other formats are grouped by message prefix."""
     last: bool = False
@@ -189,12 +191,14 @@ def _records(
 
 
 def _openai_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]:
-    """A bare chat-completions request body, or a `{timestamp, request, response}` record.
+    """A bare chat-completions request body, or a `{timestamp, request, response}` record. The
+    response's end, when given as `response_timestamp` or `latency_ms`, separates a user's think
+    time from the time the reply took.
 
     Example lines::
 
         {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64}
-        {"timestamp": "2026-11-20T10:00:00Z", "request": {"messages": [...], "max_tokens": 64},
+        {"timestamp": "2026-11-20T10:00:00Z", "latency_ms": 840, "request": {"messages": [...], "max_tokens": 64},
          "response": {"choices": [{"message": {"role": "assistant", "content": "Hello"}}],
                       "usage": {"prompt_tokens": 9, "completion_tokens": 2}}}
     """
@@ -211,9 +215,18 @@ def _openai_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]:
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     message = choice.get("message")
     reply = message.get("content") if isinstance(message, dict) else None
+    timestamp = _timestamp(record.get("timestamp"))
+    finished = _timestamp(record.get("response_timestamp"))
+    latency_ms = record.get("latency_ms")
+    if latency_ms is not None:
+        if not isinstance(latency_ms, (int, float)) or isinstance(latency_ms, bool) or latency_ms < 0:
+            raise _Bad(f"bad latency_ms: {latency_ms!r} is not a number of milliseconds ≥ 0")
+        if timestamp is not None:
+            finished = timestamp + latency_ms / 1000
     yield LogRequest(
         where=where,
-        timestamp=_timestamp(record.get("timestamp")),
+        timestamp=timestamp,
+        finished=finished,
         messages=_messages(body.get("messages")),
         max_tokens=_optional_int(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens", minimum=1),
         prompt_tokens=_optional_int(usage.get("prompt_tokens"), "usage.prompt_tokens"),
@@ -554,14 +567,17 @@ class FormatError(WorkloadError):
 
 
 def detect_format(path: Path) -> str:
-    """The format of a log from its first non-blank line (and, for vLLM logs, its first 64 KiB)."""
+    """The format of a log from its first non-blank line, read whole however long it is (one JSON
+    request may be megabytes), and, for vLLM logs, its first 64 KiB."""
     try:
         with path.open("rb") as handle:
             head = handle.read(_DETECT_BYTES)
+            handle.seek(0)
+            first_line = next((line for line in handle if line.strip()), b"")
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
     text = head.decode("utf-8", errors="replace")
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    first = first_line.decode("utf-8", errors="replace").strip()
     if first.startswith("["):
         return "sharegpt"
     if first.startswith("{"):

@@ -62,6 +62,7 @@ class WorkloadStats(BaseModel):
     duration_s: float | None = Field(description="first to last arrival; None without times")
     requests_per_s: float | None = Field(description="mean request rate: 1 / mean inter-arrival time")
     inter_arrival_s: Percentiles
+    think_times: str | None = Field(default=None, description="how the source's think times were found")
     max_tokens_p99: float | None = Field(description="P99 of max_tokens, or of the output length where unset")
     max_tokens: int | None = Field(description="the max_tokens the recommendation assumes")
     max_tokens_configured: bool = Field(description="max_tokens was given, not taken from the source")
@@ -72,8 +73,11 @@ def _round_up(value: float, multiple: int) -> int:
     return int(math.ceil(value / multiple) * multiple)
 
 
-def workload_stats(table: pd.DataFrame, *, max_tokens: int | None = None) -> WorkloadStats:
-    """Statistics of a request table; `max_tokens` overrides the source's P99 in the recommendation."""
+def workload_stats(
+    table: pd.DataFrame, *, max_tokens: int | None = None, think_times: str | None = None
+) -> WorkloadStats:
+    """Statistics of a request table; `max_tokens` overrides the source's P99 in the recommendation,
+    and `think_times` says how the source's think times were found (the table cannot tell)."""
     missing = set(TABLE_COLUMNS) - set(table.columns)
     if missing:
         raise ValueError(f"request table lacks columns {sorted(missing)}")
@@ -100,6 +104,7 @@ def workload_stats(table: pd.DataFrame, *, max_tokens: int | None = None) -> Wor
         None if prompt_p99 is None or assumed is None else _round_up(prompt_p99 + assumed, MAX_MODEL_LEN_MULTIPLE)
     )
     return WorkloadStats(
+        think_times=think_times,
         requests=len(table),
         sessions=len(turns),
         prompt_tokens=percentiles(prompt),
@@ -149,13 +154,16 @@ def _prompt_lengths(session: Session, tokenizer_name: str) -> list[int]:
 
 
 def request_table(workload: Workload) -> pd.DataFrame:
-    """The request table of a loaded workload file (arrivals = session offset + think times)."""
+    """The request table of a loaded workload file (arrivals = session offset + the turn's recorded
+    time, or + think times where none was recorded)."""
     columns: dict[str, list[object]] = {name: [] for name in TABLE_COLUMNS}
     for session in workload.sessions:
-        arrival = math.nan if session.offset_s is None else session.offset_s
+        start = math.nan if session.offset_s is None else session.offset_s
+        arrival = start
         prompts = _prompt_lengths(session, workload.spec.tokenizer)
         for index, (turn, prompt) in enumerate(zip(session.turns, prompts, strict=True)):
-            arrival += turn.think_time_s if index else 0.0
+            if index:
+                arrival = start + turn.at_s if turn.at_s is not None else arrival + turn.think_time_s
             for name, value in zip(
                 TABLE_COLUMNS,
                 (session.id, index, arrival, prompt, turn.output_tokens, turn.max_tokens),
@@ -200,6 +208,8 @@ def render_stats(stats: WorkloadStats) -> str:
         lines.append(f"Arrivals: {stats.requests_per_s:.3f} requests/s over {stats.duration_s:,.1f} s.")
     else:
         lines.append("Arrivals: the source has no timestamps.")
+    if stats.think_times is not None:
+        lines.append(f"Think times: {stats.think_times}.")
     if stats.recommended_max_model_len is not None:
         origin = "given" if stats.max_tokens_configured else "P99 of max_tokens, or of output where unset"
         lines.append(

@@ -1,0 +1,258 @@
+"""Live figures while a run goes: fed with every record on the process that writes them (a local
+run, or the master of a distributed one, so the whole fleet), read by Locust's web UI (the LLM
+tab), the console of a headless run, and the Prometheus endpoint (`--prometheus-port`).
+
+Histograms keep bucket counts in numpy arrays and are exposed through a custom collector: a
+request carries hundreds of inter-token gaps, and one vectorised count per request costs far
+less than one `Histogram.observe` per gap. Percentiles in the LLM tab come from the raw values of
+the most recent requests, kept in fixed-size rings, so memory stays flat over an hour-long run.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from llmload.models import Stage
+from llmload.observe import ServerSample
+
+# seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
+RECENT_REQUESTS = 10_000  # the LLM tab's percentiles are over this many latest requests
+RECENT_GAPS = 200_000
+DELAY_WINDOW_S = 10.0
+# every metric llmload serves; the Grafana dashboard may use these and vLLM's/DCGM's, nothing else
+HISTOGRAM_NAMES = ("llmload_ttft_seconds", "llmload_itl_seconds", "llmload_tpot_seconds", "llmload_e2e_seconds")
+METRIC_NAMES = (
+    *HISTOGRAM_NAMES,
+    "llmload_requests_total", "llmload_output_tokens_total",
+    "llmload_target_qps", "llmload_offered_qps", "llmload_achieved_qps", "llmload_stage_index",
+    "llmload_stage_percent", "llmload_schedule_delay_p99_seconds", "llmload_users", "llmload_users_busy",
+)  # fmt: skip
+
+
+class _Ring:
+    """The latest `size` values, in a preallocated float array."""
+
+    def __init__(self, size: int) -> None:
+        self._values = np.empty(size, dtype=np.float64)
+        self._next = 0
+        self._full = False
+
+    def extend(self, values: np.ndarray) -> None:
+        values = values[-len(self._values) :]
+        end = self._next + len(values)
+        if end <= len(self._values):
+            self._values[self._next : end] = values
+        else:
+            split = len(self._values) - self._next
+            self._values[self._next :] = values[:split]
+            self._values[: end - len(self._values)] = values[split:]
+        self._full = self._full or end >= len(self._values)
+        self._next = end % len(self._values)
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._values if self._full else self._values[: self._next]
+
+
+class _BucketHistogram:
+    """A Prometheus histogram counted with numpy, one call per batch of observations."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = np.asarray(buckets, dtype=np.float64)
+        self.counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, values: np.ndarray) -> None:
+        if values.size:
+            self.counts += np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.counts))
+            self.total += float(values.sum())
+
+    def family(self) -> HistogramMetricFamily:
+        cumulative = np.cumsum(self.counts)
+        labels = [*(f"{b:g}" for b in self.bounds), "+Inf"]
+        return HistogramMetricFamily(
+            self.name,
+            self.documentation,
+            buckets=list(zip(labels, cumulative.tolist(), strict=True)),
+            sum_value=self.total,
+        )
+
+
+class _Histograms(Collector):
+    def __init__(self, histograms: Iterable[_BucketHistogram]) -> None:
+        self._histograms = list(histograms)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        return (h.family() for h in self._histograms)
+
+
+class LiveStats:
+    """Every record of the run as it is written, folded into counters, rings and per-stage counts."""
+
+    def __init__(self, stages: Sequence[Stage], plan_offsets: np.ndarray, started_at: float) -> None:
+        self.stages = list(stages)
+        self.started_at = started_at
+        self._plan = np.sort(plan_offsets)  # every planned request, seconds from the start
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._latency = {
+            "ttft": _BucketHistogram("llmload_ttft_seconds", "time to first token, from send", REQUEST_BUCKETS),
+            "itl": _BucketHistogram("llmload_itl_seconds", "gap between output chunks", GAP_BUCKETS),
+            "tpot": _BucketHistogram("llmload_tpot_seconds", "time per output token after the first", GAP_BUCKETS),
+            "e2e": _BucketHistogram("llmload_e2e_seconds", "whole request, from send", REQUEST_BUCKETS),
+        }
+        self.registry.register(_Histograms(self._latency.values()))
+        self._requests = Counter(
+            "llmload_requests",
+            "requests by status and failure category",
+            ["status", "category"],
+            registry=self.registry,
+        )
+        self._output_tokens = Counter("llmload_output_tokens", "output tokens of ok requests", registry=self.registry)
+
+        def gauge(name: str, documentation: str) -> Gauge:
+            return Gauge(name, documentation, registry=self.registry)
+
+        self._target = gauge("llmload_target_qps", "the current stage's target request rate")
+        self._offered = gauge("llmload_offered_qps", "planned requests per second so far in the current stage")
+        self._achieved = gauge("llmload_achieved_qps", "requests sent per second so far in the current stage")
+        self._stage_index = gauge("llmload_stage_index", "current stage, 0-based (the warm-up, if any, is 0)")
+        self._stage_percent = gauge("llmload_stage_percent", "current stage's percent of the target")
+        self._delay_p99 = gauge("llmload_schedule_delay_p99_seconds", f"p99 schedule delay, last {DELAY_WINDOW_S:g} s")
+        self._users = gauge("llmload_users", "Locust users (request slots) across the fleet")
+        self._busy = gauge("llmload_users_busy", "users with a request in flight across the fleet")
+        self._recent = {name: _Ring(RECENT_GAPS if name == "itl" else RECENT_REQUESTS) for name in self._latency}
+        self._delays: collections.deque[tuple[float, float]] = collections.deque()
+        self._stage_scheduled: collections.Counter[str] = collections.Counter()
+        self._stage_sent: collections.Counter[str] = collections.Counter()  # sent inside the stage's window
+        self.statuses: collections.Counter[str] = collections.Counter()
+        self.failures: collections.Counter[str] = collections.Counter()
+        self.server: ServerSample | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One record, as written to requests.jsonl."""
+        status = row["status"]
+        self.statuses[status] += 1
+        category = row["error_category"] or "" if status == "failed" else ""
+        self._requests.labels(status, category).inc()
+        self._stage_scheduled[row["stage"]] += 1
+        if status == "failed":
+            self.failures[category] += 1
+        sent = row["sent_at"]
+        if sent is not None:
+            stage = self._stage_at(sent - self.started_at)
+            if stage is not None:
+                self._stage_sent[stage.name] += 1
+            self._delays.append((sent, (row["schedule_delay_ms"] or 0.0) / 1000))
+        if status != "ok":
+            return
+        self._output_tokens.inc(row["output_tokens"] or 0)
+        for name in ("ttft", "tpot", "e2e"):
+            if row[f"{name}_ms"] is not None:
+                value = np.array([row[f"{name}_ms"] / 1000])
+                self._latency[name].observe(value)
+                self._recent[name].extend(value)
+        gaps = np.asarray(row["itl_ms"], dtype=np.float64) / 1000
+        self._latency["itl"].observe(gaps)
+        self._recent["itl"].extend(gaps)
+
+    def _stage_at(self, offset_s: float) -> Stage | None:
+        return next((s for s in self.stages if s.start_s <= offset_s < s.end_s), None)
+
+    def refresh(self, *, users: int, busy: int, now: float | None = None) -> None:
+        """Set the gauges for the moment `now` (unix seconds)."""
+        now = time.time() if now is None else now
+        while self._delays and self._delays[0][0] < now - DELAY_WINDOW_S:
+            self._delays.popleft()
+        delays = [d for _, d in self._delays]
+        self._delay_p99.set(float(np.percentile(delays, 99)) if delays else 0.0)
+        self._users.set(users)
+        self._busy.set(busy)
+        stage = self._stage_at(now - self.started_at) or self.stages[-1]
+        target, offered, achieved = self.rates(stage, now)
+        self._stage_index.set(self.stages.index(stage))
+        self._stage_percent.set(stage.percent)
+        self._target.set(target)
+        self._offered.set(offered)
+        self._achieved.set(achieved)
+
+    def rates(self, stage: Stage, now: float) -> tuple[float, float, float]:
+        """Target, offered (planned so far) and achieved (sent so far) requests/s of a stage."""
+        elapsed = min(now - self.started_at, stage.end_s) - stage.start_s
+        if elapsed <= 0:
+            return stage.qps, 0.0, 0.0
+        planned = np.searchsorted(self._plan, stage.start_s + elapsed) - np.searchsorted(self._plan, stage.start_s)
+        return stage.qps, float(planned) / elapsed, self._stage_sent[stage.name] / elapsed
+
+    def percentiles(self, name: str) -> tuple[float, float, float, int] | None:
+        """p50, p95, p99 (ms) and count of a latency over the latest requests."""
+        values = self._recent[name].values
+        if not values.size:
+            return None
+        p50, p95, p99 = np.percentile(values, (50, 95, 99)) * 1000
+        return float(p50), float(p95), float(p99), int(values.size)
+
+    def tab_rows(self, now: float | None = None) -> list[dict[str, str]]:
+        """The LLM tab of Locust's web UI: latency percentiles, stage rates, failures, the server."""
+        now = time.time() if now is None else now
+        rows = []
+        for name in ("ttft", "itl", "tpot", "e2e"):
+            p = self.percentiles(name)
+            window = "gaps" if name == "itl" else "requests"
+            cells = (f"{v:,.1f}" for v in p[:3]) if p else ("–",) * 3
+            rows.append(dict(zip(("p50", "p95", "p99"), cells, strict=True)) | {
+                "name": f"{name.upper()} ms",
+                "value": f"latest {p[3]:,} {window}" if p else "no successful request yet",
+            })  # fmt: skip
+        for stage in self.stages:
+            if stage.start_s > now - self.started_at:
+                break
+            target, offered, achieved = self.rates(stage, now)
+            label = f"stage {stage.name}" + (" (warm-up, not judged)" if stage.warmup else "")
+            rows.append({"name": label, "value": f"target {target:.2f} · offered {offered:.2f} · achieved"
+                         f" {achieved:.2f} req/s"})  # fmt: skip
+        counts = ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items()))
+        rows.append({"name": "requests", "value": counts or "none yet"})
+        rows += [{"name": f"failed: {k}", "value": f"{v:,}"} for k, v in self.failures.most_common()]
+        if self.server is not None:
+            kv, waiting = self.server.kv_cache_usage, self.server.waiting
+            rows.append({"name": "server KV-cache usage", "value": "–" if kv is None else f"{kv:.0%}"})
+            rows.append({"name": "server waiting requests", "value": "–" if waiting is None else f"{waiting:g}"})
+        return [{"p50": "", "p95": "", "p99": "", **row} for row in rows]
+
+    def console_line(self, now: float | None = None) -> str:
+        """One line for the console of a headless run."""
+        now = time.time() if now is None else now
+        stage = self._stage_at(now - self.started_at) or self.stages[-1]
+        target, offered, achieved = self.rates(stage, now)
+        parts = [f"stage {stage.name}: target {target:.2f}, offered {offered:.2f}, achieved {achieved:.2f} req/s"]
+        for name in ("ttft", "itl", "e2e"):
+            p = self.percentiles(name)
+            if p is not None:
+                parts.append(f"{name.upper()} p50 {p[0]:,.0f} ms p99 {p[2]:,.0f} ms")
+        parts.append(f"{self.statuses['failed']} failed")
+        return "; ".join(parts)
+
+
+LLM_TAB = {"title": "LLM", "key": "llm"}
+LLM_TABLE = {
+    "key": "llm",
+    "structure": [
+        {"key": "name", "title": "What"},
+        {"key": "value", "title": "Value"},
+        {"key": "p50", "title": "p50"},
+        {"key": "p95", "title": "p95"},
+        {"key": "p99", "title": "p99"},
+    ],
+}

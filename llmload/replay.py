@@ -1,0 +1,392 @@
+"""The replay engine, free of Locust: which request goes out when, for which session, and what it became.
+
+The plan's arrivals are *requests*. In the rate modes (poisson, constant, gamma) a
+`RequestDispatcher` hands each arrival, when it falls due, to the session whose next turn has
+waited longest past its think time, or opens a new session when none is due. So every stage
+offers exactly its request rate, all turns counted, from its first second, whatever the sessions'
+lengths and think times: think time becomes a minimum, and sessions carry across stages. In trace
+mode a `TraceDispatcher` plays the trace's own sessions at their recorded times; a turn that is
+due before its previous reply came back waits, and the wait is schedule delay.
+
+Users are request slots: a free user claims the next arrival in order and sleeps until its time.
+When no user is free an arrival waits, and that wait is recorded as schedule delay (coordinated
+omission made visible). `TurnSender` sends one turn of a session, with the history the server
+really answered, and turns it into a record.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import gevent
+import numpy as np
+import psutil
+
+from llmload.client import ChatClient, StreamResult, chat_body
+from llmload.failures import HEALTH_PROBED, refine_with_health
+from llmload.models import Message, RequestRecord, Session, Stage
+from llmload.schedule import ArrivalSchedule, TraceClock, stage_at, trace_session_starts
+from llmload.workload.tokens import Tokenizer
+
+RecordSink = Callable[[RequestRecord], None]
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """One origin for the whole run: perf_counter for intervals, unix seconds in records."""
+
+    start_perf: float
+    start_wall: float
+
+    @classmethod
+    def now(cls) -> RunClock:
+        return cls(time.perf_counter(), time.time())
+
+    def wall(self, perf: float) -> float:
+        return self.start_wall + (perf - self.start_perf)
+
+    def offset(self, perf: float) -> float:
+        return perf - self.start_perf
+
+
+class StealMeter:
+    """CPU time the hypervisor gave to other guests ("steal") since creation, in % of all CPU time.
+
+    On a VM, a vCPU descheduled for a few ms delays client and target alike: latency tails that
+    neither caused. Runs record it so the report can say so; 0 on bare metal and non-Linux.
+    """
+
+    def __init__(self) -> None:
+        self._start = psutil.cpu_times()
+
+    @property
+    def percent(self) -> float:
+        now = psutil.cpu_times()
+        total = sum(now) - sum(self._start)
+        steal = getattr(now, "steal", 0.0) - getattr(self._start, "steal", 0.0)
+        return 100.0 * steal / total if total > 0 else 0.0
+
+
+@dataclass(eq=False)
+class LiveSession:
+    """A session being replayed: its next turn, the history the server answered, when it may go on."""
+
+    session: Session
+    trace_start: float | None = None  # trace mode: the session's first turn on the trace's clock
+    next_turn: int = 0
+    history: list[list[Message]] = field(default_factory=list)
+    ready_at: float = 0.0  # perf_counter seconds: previous reply + think time
+
+    @property
+    def finished(self) -> bool:
+        return self.next_turn >= len(self.session.turns)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One planned request of this process (rate modes), or one planned session start (trace mode)."""
+
+    seq: int
+    at: float  # perf_counter seconds
+    session: LiveSession | None = None  # trace mode: the session that starts here
+
+
+def _session_copy(sessions: Sequence[Session], index: int) -> Session:
+    """The workload's `index`-th session, cycling the workload with unique ids."""
+    session = sessions[index % len(sessions)]
+    if index >= len(sessions):
+        session = session.model_copy(update={"id": f"{session.id}~{index // len(sessions)}"})
+    return session
+
+
+class Dispatcher:
+    """This process's planned arrivals, handed out in order to whichever user is free."""
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        offsets: np.ndarray,
+        clock: RunClock,
+        *,
+        run_id: str,
+        worker_index: int = 0,
+        worker_count: int = 1,
+        drain_s: float = 30.0,
+    ) -> None:
+        self.clock = clock
+        self.run_id = run_id
+        self.stages = list(stages)
+        self._index = worker_index
+        self._count = worker_count
+        self._times = clock.start_perf + offsets
+        self._next = 0
+        self.plan_end = clock.start_perf + self.stages[-1].end_s
+        self.deadline = self.plan_end + drain_s
+        self.busy = 0
+
+    @property
+    def planned(self) -> int:
+        return len(self._times)
+
+    def _arrival(self, j: int) -> Arrival:
+        return Arrival(self._index + j * self._count, float(self._times[j]))
+
+    def claim(self) -> Arrival | None:
+        """The next arrival, or None when the plan has no more (never yields to other greenlets)."""
+        if self._next >= len(self._times):
+            return None
+        arrival = self._arrival(self._next)
+        self._next += 1
+        return arrival
+
+    def backlog(self, now: float) -> int:
+        """Arrivals already due that no user has claimed: the sign of too few users."""
+        return max(0, int(np.searchsorted(self._times, now, side="right")) - self._next)
+
+    def expire(self, now: float) -> list[Arrival]:
+        """Give up the arrivals due by `now` that were never claimed; they become `not_sent`."""
+        due = int(np.searchsorted(self._times, min(now, self.plan_end), side="right"))
+        expired = [self._arrival(j) for j in range(self._next, due)]
+        self._next = max(self._next, due)
+        if now >= self.plan_end:
+            self._next = len(self._times)
+        return expired
+
+    @property
+    def done(self) -> bool:
+        """Plan over and nothing in flight: every record of this process is written."""
+        return self._next >= len(self._times) and self.busy == 0
+
+    def record(self, session_id: str, turn: int, scheduled: float, result: StreamResult | None) -> RequestRecord:
+        """The record of one scheduled request: `not_sent` without a result, `cancelled` when the run
+        cut it, else `ok` or `failed` with its category."""
+        clock = self.clock
+        record = RequestRecord(
+            run_id=self.run_id,
+            worker=self._index,
+            stage=stage_at(self.stages, clock.offset(scheduled)).name,
+            session_id=session_id,
+            turn=turn,
+            scheduled_at=clock.wall(scheduled),
+            status="not_sent",
+        )
+        if result is None:
+            return record
+        first, times = result.first_token_at, result.token_times
+        output_tokens = result.completion_tokens if result.completion_tokens is not None else len(times)
+        tpot = None
+        if first is not None and output_tokens > 1:
+            tpot = (times[-1] - first) * 1000 / (output_tokens - 1)
+        status = "ok" if result.ok else "cancelled" if result.error_category == "cancelled" else "failed"
+        return record.model_copy(
+            update={
+                "sent_at": clock.wall(result.sent_at),
+                "first_token_at": clock.wall(first) if first is not None else None,
+                "finished_at": clock.wall(result.finished_at),
+                "schedule_delay_ms": max(0.0, (result.sent_at - scheduled) * 1000),
+                "ttft_ms": (first - result.sent_at) * 1000 if first is not None else None,
+                "e2e_ms": (result.finished_at - result.sent_at) * 1000,
+                "tpot_ms": tpot,
+                "itl_ms": np.round(np.diff(times) * 1000, 3).tolist() if len(times) > 1 else [],
+                "prompt_tokens": result.prompt_tokens,
+                "output_tokens": output_tokens,
+                "cached_tokens": result.cached_tokens,
+                "usage_from_server": result.completion_tokens is not None,
+                "status": status,
+                "error_category": result.error_category,
+                "http_status": result.http_status,
+                "error_message": result.error_message,
+            }
+        )
+
+
+class RequestDispatcher(Dispatcher):
+    """Rate modes: request arrivals at the stage rates; each goes to a due session or a new one."""
+
+    def __init__(
+        self,
+        schedule: ArrivalSchedule,
+        sessions: Sequence[Session],
+        clock: RunClock,
+        *,
+        run_id: str,
+        worker_index: int = 0,
+        worker_count: int = 1,
+        drain_s: float = 30.0,
+    ) -> None:
+        offsets = np.fromiter(schedule.share(worker_index, worker_count), dtype=float)
+        super().__init__(
+            schedule.stages, offsets, clock, run_id=run_id, worker_index=worker_index, worker_count=worker_count,
+            drain_s=drain_s,
+        )  # fmt: skip
+        self._sessions = sessions
+        self._opened = 0
+        self._ready: list[tuple[float, int, LiveSession]] = []  # heap by ready_at, then order
+        self._order = itertools.count()
+
+    def session_for(self, now: float) -> LiveSession:
+        """The session whose next turn has been due longest, else a new one (ids unique across workers)."""
+        if self._ready and self._ready[0][0] <= now:
+            return heapq.heappop(self._ready)[2]
+        index = self._index + self._opened * self._count
+        self._opened += 1
+        return LiveSession(_session_copy(self._sessions, index))
+
+    def release(self, live: LiveSession, ok: bool) -> None:
+        """A turn is back: the session waits out its next think time, or ends (done, or broken by a failure)."""
+        if ok and not live.finished:
+            live.ready_at = time.perf_counter() + live.session.turns[live.next_turn].think_time_s
+            heapq.heappush(self._ready, (live.ready_at, next(self._order), live))
+
+    @property
+    def waiting_sessions(self) -> int:
+        return len(self._ready)
+
+
+class TraceDispatcher(Dispatcher):
+    """Trace mode: the trace's sessions at their recorded offsets, played at each stage's speed.
+
+    Worker k of N plays sessions k, k + N, ...; the trace repeats (ids made unique) when the plan
+    is longer than it, shifted by its span plus one mean gap between session starts.
+    """
+
+    def __init__(
+        self,
+        trace: TraceClock,
+        sessions: Sequence[Session],
+        clock: RunClock,
+        *,
+        run_id: str,
+        worker_index: int = 0,
+        worker_count: int = 1,
+        drain_s: float = 30.0,
+    ) -> None:
+        self.trace = trace
+        self._sessions = sessions
+        self._plan = [
+            (start, index)
+            for start, index in trace_session_starts(trace, sessions)
+            if index % worker_count == worker_index
+        ]  # (trace time, global session index) of this worker's sessions, in order
+        offsets = np.array([trace.run_time(t) for t, _ in self._plan], dtype=float)
+        super().__init__(
+            trace.stages, offsets, clock, run_id=run_id, worker_index=worker_index, worker_count=worker_count,
+            drain_s=drain_s,
+        )  # fmt: skip
+
+    def _arrival(self, j: int) -> Arrival:
+        start, index = self._plan[j]
+        live = LiveSession(_session_copy(self._sessions, index), trace_start=start)
+        return Arrival(index, float(self._times[j]), live)
+
+    def due(self, live: LiveSession, reply_at: float) -> float:
+        """When a follow-up turn is due: at its recorded time when the source has one, else its
+        think time after the reply (at the stage's speed)."""
+        turn = live.session.turns[live.next_turn]
+        if turn.at_s is not None and live.trace_start is not None:
+            return self.clock.start_perf + self.trace.run_time(live.trace_start + turn.at_s)
+        return reply_at + turn.think_time_s / self.trace.speed_at(self.clock.offset(reply_at))
+
+
+def flatten_history(history: Sequence[list[Message]], keep_turns: int | None) -> list[Message]:
+    kept = history[-keep_turns:] if keep_turns else history
+    return [m for turn in kept for m in turn]
+
+
+class TurnSender:
+    """Sends turns for one user, one request at a time, each with the session's real history."""
+
+    def __init__(
+        self,
+        client: ChatClient,
+        dispatcher: Dispatcher,
+        sink: RecordSink,
+        *,
+        model: str,
+        tokenizer: Tokenizer,
+        history_turns: int | None = None,
+    ) -> None:
+        self.client = client
+        self.dispatcher = dispatcher
+        self.sink = sink
+        self.model = model
+        self.tokenizer = tokenizer
+        self.history_turns = history_turns
+
+    def play(self, arrival: Arrival) -> None:
+        """Play one arrival: a request to a due session (rate modes) or a whole trace session."""
+        if isinstance(self.dispatcher, RequestDispatcher):
+            self._play_request(self.dispatcher, arrival)
+        else:
+            assert isinstance(self.dispatcher, TraceDispatcher) and arrival.session is not None
+            self._play_trace_session(self.dispatcher, arrival.session, arrival.at)
+
+    def _play_request(self, dispatcher: RequestDispatcher, arrival: Arrival) -> None:
+        self._wait_until("", 0, arrival.at)
+        live = dispatcher.session_for(time.perf_counter())
+        dispatcher.busy += 1
+        try:
+            result = self._send(live, arrival.at)
+            dispatcher.release(live, result.ok)
+        finally:
+            dispatcher.busy -= 1
+        if result.stopped:
+            raise gevent.GreenletExit
+
+    def _play_trace_session(self, dispatcher: TraceDispatcher, live: LiveSession, start: float) -> None:
+        """Turn by turn at the recorded times; a failed turn ends the session (its history is broken)."""
+        self._wait_until(live.session.id, 0, start)
+        scheduled = start
+        dispatcher.busy += 1
+        try:
+            while not live.finished:
+                if live.next_turn > 0:
+                    scheduled = dispatcher.due(live, time.perf_counter())
+                    if scheduled > dispatcher.plan_end:
+                        return  # the plan ends before this turn would be sent: never scheduled
+                    self._wait_until(live.session.id, live.next_turn, scheduled)
+                result = self._send(live, scheduled)
+                if result.stopped:
+                    raise gevent.GreenletExit
+                if not result.ok:
+                    return
+        finally:
+            dispatcher.busy -= 1
+
+    def _wait_until(self, session_id: str, turn: int, scheduled: float) -> None:
+        """Sleep until a request's time; stopped while waiting for a due request, record it not_sent."""
+        try:
+            gevent.sleep(max(0.0, scheduled - time.perf_counter()))
+        except gevent.GreenletExit:
+            if scheduled <= time.perf_counter():
+                self.sink(self.dispatcher.record(session_id, turn, scheduled, None))
+            raise
+
+    def _send(self, live: LiveSession, scheduled: float) -> StreamResult:
+        """One turn: history + the turn's messages, streamed and recorded; the reply joins the history."""
+        index = live.next_turn
+        turn = live.session.turns[index]
+        messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
+        body = chat_body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
+        result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
+        if result.prompt_tokens is None and result.ok:
+            result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)
+        record = self.dispatcher.record(live.session.id, index, scheduled, result)
+        if record.error_category in HEALTH_PROBED and not result.stopped:
+            record = self._with_health(record)
+        self.sink(record)
+        live.next_turn += 1
+        if result.ok:
+            live.history.append([*turn.messages, Message(role="assistant", content=result.text)])
+        return result
+
+    def _with_health(self, record: RequestRecord) -> RequestRecord:
+        """Ask /health what a transport-level failure was: a dead engine, a server gone, or neither."""
+        assert record.error_category is not None and record.error_message is not None
+        health = self.client.probe_health()
+        category, message = refine_with_health(record.error_category, record.error_message, health)
+        return record.model_copy(update={"error_category": category, "error_message": message, "server_health": health})

@@ -1,0 +1,187 @@
+"""The replay engine without Locust: request-rate plans, sessions, trace times and records, on a loopback server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent
+import pytest
+
+from llmload.client import ChatClient
+from llmload.models import Message, RequestRecord, Session, Turn
+from llmload.replay import Dispatcher, RequestDispatcher, RunClock, TraceDispatcher, TurnSender
+from llmload.schedule import ArrivalSchedule, TraceClock, build_stages
+from llmload.workload.tokens import get_tokenizer
+from tests.wire_server import canned_server, chat_stream
+
+
+def _reply(body: dict[str, Any]) -> tuple[int, bytes, bool]:
+    """Answers with the number of messages it got, so every reply is distinct and checkable."""
+    return 200, chat_stream([f"reply-to-{len(body['messages'])}", " done"]), True
+
+
+def _session(turns: int, *, think_s: float = 0.0, name: str = "s", offset_s: float | None = None) -> Session:
+    return Session(
+        id=name,
+        offset_s=offset_s,
+        turns=[
+            Turn(messages=[Message(role="user", content=f"question {k}")], output_tokens=2, think_time_s=think_s)
+            for k in range(turns)
+        ],
+    )
+
+
+def _dispatcher(sessions: list[Session], qps: float, seconds: float, **kw: Any) -> RequestDispatcher:
+    schedule = ArrivalSchedule(build_stages(qps, (100,), seconds), "constant")
+    return RequestDispatcher(schedule, sessions, RunClock.now(), run_id="t", **kw)
+
+
+def _play_all(dispatcher: Dispatcher, url: str, users: int = 1, **kw: Any) -> list[RequestRecord]:
+    """`users` greenlets claim arrivals in order until the plan is over, as Locust users do."""
+    records: list[RequestRecord] = []
+    client = ChatClient(url)
+    sender = TurnSender(client, dispatcher, records.append, model="m", tokenizer=get_tokenizer(), **kw)
+
+    def user() -> None:
+        while (arrival := dispatcher.claim()) is not None:
+            sender.play(arrival)
+
+    gevent.joinall([gevent.spawn(user) for _ in range(users)], raise_error=True)
+    client.close()
+    return records
+
+
+@pytest.mark.parametrize(("keep", "expected_lengths"), [(None, [1, 3, 5]), (1, [1, 3, 3])])
+def test_a_due_session_takes_the_next_arrival_with_its_real_history(
+    keep: int | None, expected_lengths: list[int]
+) -> None:
+    with canned_server(_reply) as (url, received):
+        records = _play_all(_dispatcher([_session(3)], qps=3.0, seconds=1.0), url, history_turns=keep)
+    assert [len(b["messages"]) for b in received] == expected_lengths
+    last = received[-1]["messages"]
+    assert last[-1] == {"role": "user", "content": "question 2"}
+    # the assistant turns are the replies the server actually sent
+    assert last[-2] == {"role": "assistant", "content": f"reply-to-{expected_lengths[1]} done"}
+    assert received[0]["max_tokens"] == received[0]["min_tokens"] == 2 and received[0]["ignore_eos"] is True
+    assert received[0]["stream_options"] == {"include_usage": True}
+    assert [(r.session_id, r.turn) for r in records] == [("s", 0), ("s", 1), ("s", 2)]
+    assert all(r.status == "ok" for r in records)
+
+
+def test_every_arrival_is_sent_whatever_the_think_times() -> None:
+    """Think times of 30 s cannot slow the plan: arrivals open new sessions while none is due."""
+    sessions = [_session(4, think_s=30.0, name=f"s{k}") for k in range(3)]
+    with canned_server(_reply) as (url, _):
+        dispatcher = _dispatcher(sessions, qps=20.0, seconds=0.5)
+        records = _play_all(dispatcher, url, users=3)
+    assert len(records) == dispatcher.planned == 10 and all(r.status == "ok" for r in records)
+    assert {r.turn for r in records} == {0}  # no session was due: think time is a minimum
+    # every opened session is a distinct one, cycled with unique ids
+    assert sorted(r.session_id for r in records)[:4] == ["s0", "s0~1", "s0~2", "s0~3"]
+    assert len({r.session_id for r in records}) == 10
+    assert dispatcher.waiting_sessions == 10  # all of them wait to go on
+
+
+def test_a_session_waits_out_its_think_time_then_takes_an_arrival() -> None:
+    with canned_server(_reply) as (url, _):
+        dispatcher = _dispatcher([_session(2, think_s=0.3)], qps=10.0, seconds=1.0)
+        records = _play_all(dispatcher, url)
+    by_session: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_session.setdefault(r.session_id, []).append(r)
+    follow_ups = [(turns[0], turns[1]) for turns in by_session.values() if len(turns) == 2]
+    assert follow_ups, [(r.session_id, r.turn) for r in records]
+    for first, second in follow_ups:
+        assert second.turn == 1
+        assert second.sent_at is not None and first.finished_at is not None
+        assert second.sent_at - first.finished_at >= 0.3  # think time is a minimum
+    assert len(records) == 10  # and the rate held
+
+
+def test_worker_shares_open_disjoint_sessions() -> None:
+    sessions = [_session(1, name=f"s{k}") for k in range(3)]
+    schedule = ArrivalSchedule(build_stages(20.0, (100,), 1.0), "constant")
+    clock = RunClock.now()
+    opened = []
+    for worker in (0, 1):
+        d = RequestDispatcher(schedule, sessions, clock, run_id="t", worker_index=worker, worker_count=2)
+        opened.append([d.session_for(0.0).session.id for _ in range(d.planned)])
+    assert opened[0] == ["s0", "s2", "s1~1", "s0~2", "s2~2", "s1~3", "s0~4", "s2~4", "s1~5", "s0~6"]
+    assert not set(opened[0]) & set(opened[1])
+
+
+def test_too_few_users_show_as_schedule_delay_and_backlog() -> None:
+    """One user for arrivals every 100 ms, each taking ~300 ms: the rest wait, and it is measured."""
+
+    def slow(_: dict[str, Any]) -> tuple[int, bytes, bool]:
+        time.sleep(0.3)
+        return 200, chat_stream(["x"]), True
+
+    with canned_server(slow) as (url, _):
+        dispatcher = _dispatcher([_session(1)], qps=10.0, seconds=1.0)
+        backlog_seen = 0
+        worker = gevent.spawn(_play_all, dispatcher, url)
+        while not worker.dead:
+            backlog_seen = max(backlog_seen, dispatcher.backlog(time.perf_counter()))
+            gevent.sleep(0.05)
+        records = worker.get()
+    delays = [r.schedule_delay_ms or 0 for r in records]
+    assert len(records) == dispatcher.planned == 10
+    assert backlog_seen >= 3
+    assert delays[0] < 50 and delays[-1] > 1000  # the tenth waited for nine slow requests
+    assert dispatcher.done
+
+
+def test_expire_turns_unclaimed_due_arrivals_into_not_sent() -> None:
+    dispatcher = _dispatcher([_session(1)], qps=100.0, seconds=0.1)
+    first = dispatcher.claim()
+    assert first is not None
+    expired = dispatcher.expire(time.perf_counter() + 1.0)
+    assert len(expired) == dispatcher.planned - 1
+    assert dispatcher.claim() is None and dispatcher.done
+    record = dispatcher.record("", 0, expired[0].at, None)
+    assert record.status == "not_sent" and record.sent_at is None and record.stage == "100%"
+
+
+@pytest.mark.parametrize("time_scale", [1.0, 2.0])
+def test_trace_replay_sends_at_the_recorded_times(time_scale: float) -> None:
+    """Sessions at their offsets, a follow-up at its recorded time, all divided by the time scale."""
+    sessions = [_session(1, name=f"s{k}", offset_s=0.2 * k) for k in range(4)]
+    sessions[1] = sessions[1].model_copy(
+        update={"turns": [*sessions[1].turns, Turn(messages=[Message(role="user", content="again")], at_s=0.5)]}
+    )
+    stages = build_stages(1.0, (100,), 0.8 / time_scale)  # one pass: the trace repeats at 0.6 + 0.2 s
+    with canned_server(_reply) as (url, _):
+        dispatcher = TraceDispatcher(TraceClock(stages, time_scale), sessions, RunClock.now(), run_id="t")
+        records = _play_all(dispatcher, url, users=4)
+    start = dispatcher.clock.start_wall
+    sent = sorted((r.session_id, r.turn, (r.sent_at or 0) - start) for r in records)
+    expected = [("s0", 0, 0.0), ("s1", 0, 0.2), ("s1", 1, 0.7), ("s2", 0, 0.4), ("s3", 0, 0.6)]
+    assert [(s, t) for s, t, _ in sent] == [(s, t) for s, t, _ in expected]
+    for (_, _, actual), (_, _, recorded) in zip(sent, expected, strict=True):
+        assert actual == pytest.approx(recorded / time_scale, abs=0.05)
+
+
+def test_a_trace_turn_due_before_its_reply_waits_as_schedule_delay() -> None:
+    def slow(_: dict[str, Any]) -> tuple[int, bytes, bool]:
+        time.sleep(0.3)
+        return 200, chat_stream(["x"]), True
+
+    session = _session(1, offset_s=0.0)
+    session = session.model_copy(
+        update={"turns": [*session.turns, Turn(messages=[Message(role="user", content="again")], at_s=0.1)]}
+    )
+    with canned_server(slow) as (url, _):
+        dispatcher = TraceDispatcher(TraceClock(build_stages(1.0, (100,), 1.0)), [session], RunClock.now(), run_id="t")
+        records = _play_all(dispatcher, url)
+    assert [r.turn for r in records] == [0, 1]
+    assert records[1].schedule_delay_ms == pytest.approx(200, abs=60)  # due at 0.1 s, reply at ~0.3 s
+
+
+def test_a_trace_repeats_with_unique_ids_when_the_plan_is_longer() -> None:
+    sessions = [_session(1, name=f"s{k}", offset_s=float(k)) for k in range(2)]  # period 2 s
+    trace = TraceClock(build_stages(1.0, (100,), 5.0))
+    dispatcher = TraceDispatcher(trace, sessions, RunClock.now(), run_id="t")
+    arrivals = list(iter(dispatcher.claim, None))
+    assert [a.session.session.id for a in arrivals if a.session] == ["s0", "s1", "s0~1", "s1~1", "s0~2"]

@@ -148,7 +148,7 @@ def parquet_records(run_dir: Path) -> Path:
     # gaps byte-stream-split: half the decoding time of dictionaries, for 40% more bytes
     encoding = {"itl_ms.list.element": "BYTE_STREAM_SPLIT"}
     with pq.ParquetWriter(
-        partial, SCHEMA, use_dictionary=strings, column_encoding=encoding, compression="zstd"
+        partial, SCHEMA, use_dictionary=strings, column_encoding=encoding, compression="lz4"
     ) as writer:
         for batch in _batches(jsonl):
             writer.write_batch(batch)

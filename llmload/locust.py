@@ -38,7 +38,7 @@ from prometheus_client.metrics_core import Metric
 from llmload.client import ChatClient, Limits
 from llmload.live import LLM_TAB, LLM_TABLE, LiveStats
 from llmload.models import RequestRecord, RunManifest, Stage
-from llmload.observe import SERVER_FILE, Observer
+from llmload.observe import SERVER_FILE, Observer, gpu_reader
 from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.replay import Dispatcher, RequestDispatcher, RunClock, StealMeter, TraceDispatcher, TurnSender
 from llmload.report import MANIFEST_FILE, REPORT_FILE, VERDICT_FILE, write_report
@@ -110,6 +110,14 @@ def add_arguments(parser: Any) -> None:
     )
     add_criteria_arguments(group)
     group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    group.add_argument(
+        "--gpu-metrics",
+        metavar="URL",
+        default=None,
+        env_var="LLMLOAD_GPU_METRICS",
+        help="an NVIDIA DCGM exporter's /metrics: GPU memory and utilisation into server.jsonl (default: nvidia-smi"
+        " when the target runs on this machine, else none)",
+    )
     group.add_argument(
         "--prometheus-port", type=int, default=None, help="serve live llmload metrics for Prometheus on this port"
     )
@@ -395,8 +403,11 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
         run.writer = RecordWriter(run.run_dir / RECORDS_FILE)
+        gpu = gpu_reader(options.gpu_metrics, environment.host)
+        if gpu is not None:
+            log.info("llmload: GPU memory and utilisation from %s", gpu.url)
         run.observer = Observer(
-            environment.host, run.run_dir / SERVER_FILE, options.metrics_interval, options.api_key or None
+            environment.host, run.run_dir / SERVER_FILE, options.metrics_interval, options.api_key or None, gpu
         ).start()
         run.live = LiveStats(config.stages, config.plan_offsets(), start_wall)
         run.greenlets.append(gevent.spawn(_live_loop, environment, run))

@@ -263,10 +263,23 @@ class FailureSummary(BaseModel):
     examples: dict[str, str] = Field(default_factory=dict)
 
 
+class GpuSummary(Strict):
+    """One GPU over the run (from server.jsonl: a DCGM exporter or nvidia-smi)."""
+
+    gpu: str
+    memory_used_max_mib: float | None
+    memory_total_mib: float | None
+    memory_usage_max: float | None = Field(description="the highest memory used / total, 0..1")
+    utilization_mean_percent: float | None
+    utilization_max_percent: float | None
+
+
 class ServerSummary(BaseModel):
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None
     waiting_max: float | None = None
+    gpu_memory_usage_max: float | None = Field(default=None, description="the fullest GPU's memory used / total")
+    gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")
 
 
 class Verdict(BaseModel):

@@ -5,26 +5,36 @@ engine dead?), so the observer keeps a time series a report can chart and a shor
 history the run can look up when a request fails. It runs as a greenlet in the Locust process
 (gevent, geventhttpclient like llmload.client); a server that lacks metrics or stops answering
 is recorded as such, never an error.
+
+GPU memory and utilisation come with each sample when there is a source: an NVIDIA DCGM
+exporter's /metrics (`--gpu-metrics URL`), else `nvidia-smi` when the target runs on this
+machine. Without either, samples carry no GPUs and nothing else changes.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import shutil
 import time
 from collections import deque
+from collections.abc import Iterator
 from http.client import HTTPException
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+from urllib.parse import urlsplit
 
 import gevent
 import orjson
 import pandas as pd
+from gevent import subprocess
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from pydantic import BaseModel, Field
 
-from llmload.models import ServerSummary
+from llmload.models import GpuSummary, ServerSummary, Strict
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +53,21 @@ METRICS: dict[str, tuple[str, ...]] = {
     "generation_tokens_total": ("vllm:generation_tokens_total",),
 }
 _WANTED = frozenset(name for names in METRICS.values() for name in names)
+# NVIDIA DCGM exporter fields (default counters), one series per GPU labelled `gpu`: MiB, MiB, %
+DCGM_USED, DCGM_FREE, DCGM_UTIL = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"
+DCGM_FIELDS = (DCGM_USED, DCGM_FREE, DCGM_UTIL)
+NVIDIA_SMI = "nvidia-smi"
+NVIDIA_SMI_QUERY = ("--query-gpu=index,memory.used,memory.total,utilization.gpu", "--format=csv,noheader,nounits")
+GPU_SOURCES = frozenset({*DCGM_FIELDS, NVIDIA_SMI})  # what `missing` names when a GPU source gave nothing
+
+
+class GpuSample(Strict):
+    """One GPU in one sample."""
+
+    gpu: str = Field(description="index (DCGM's `gpu` label; a MIG instance as `0/13`)")
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = Field(default=None, description="DCGM: used + free")
+    utilization_percent: float | None = None
 
 
 class ServerSample(BaseModel):
@@ -58,7 +83,16 @@ class ServerSample(BaseModel):
     prefix_cache_queries_total: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
-    missing: list[str] = Field(default_factory=list, description="metric names this sample could not read")
+    gpus: list[GpuSample] = Field(default_factory=list, description="empty without a GPU source")
+    missing: list[str] = Field(
+        default_factory=list, description="metric names this sample could not read (nvidia-smi: its name)"
+    )
+
+
+def _samples(text: str, wanted: frozenset[str]) -> Iterator[Sample]:
+    """The samples of a Prometheus text exposition whose names are wanted (prometheus_client's parser)."""
+    for family in text_string_to_metric_families(text):
+        yield from (sample for sample in family.samples if sample.name in wanted)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -68,10 +102,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     where the fullest engine is the one that runs out.
     """
     found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in _WANTED:
-                found.setdefault(sample.name, []).append(float(sample.value))
+    for sample in _samples(text, _WANTED):
+        found.setdefault(sample.name, []).append(float(sample.value))
     values: dict[str, float] = {}
     for field, names in METRICS.items():
         name = next((n for n in names if n in found), None)
@@ -80,13 +112,163 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
+def parse_dcgm(text: str) -> list[GpuSample]:
+    """Each GPU of a DCGM exporter's exposition, in its order; total memory is used + free."""
+    fields: dict[str, dict[str, float]] = {}
+    for sample in _samples(text, frozenset(DCGM_FIELDS)):
+        gpu = sample.labels.get("gpu", "")
+        if "GPU_I_ID" in sample.labels:  # a MIG instance: its own memory, not the whole GPU's
+            gpu += f"/{sample.labels['GPU_I_ID']}"
+        fields.setdefault(gpu, {})[sample.name] = float(sample.value)
+    return [
+        GpuSample(
+            gpu=gpu,
+            memory_used_mib=f.get(DCGM_USED),
+            memory_total_mib=f[DCGM_USED] + f[DCGM_FREE] if DCGM_USED in f and DCGM_FREE in f else None,
+            utilization_percent=f.get(DCGM_UTIL),
+        )
+        for gpu, f in fields.items()
+    ]
+
+
+def _number(text: str) -> float | None:
+    """A CSV cell of nvidia-smi: `[N/A]` or `[Not Supported]` is None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def parse_nvidia_smi(text: str) -> list[GpuSample]:
+    """`nvidia-smi NVIDIA_SMI_QUERY` output: one GPU a line, index, MiB used, MiB total, % utilisation."""
+    gpus = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != 4:
+            raise ValueError(f"not index, memory.used, memory.total, utilization.gpu: {line!r}")
+        gpus.append(
+            GpuSample(
+                gpu=cells[0],
+                memory_used_mib=_number(cells[1]),
+                memory_total_mib=_number(cells[2]),
+                utilization_percent=_number(cells[3]),
+            )
+        )
+    return gpus
+
+
+class GpuReadError(Exception):
+    """A GPU source gave no GPUs this time; the message says why."""
+
+
+def _fetch(http: HTTPClient, path: str, timeout_s: float) -> tuple[int | None, bytes]:
+    """GET `path`: (status, body), or (None, b"") when nothing answered within `timeout_s`."""
+    try:
+        with gevent.Timeout(timeout_s, TimeoutError):  # also a server that trickles its answer
+            response = http.get(path)
+            try:
+                return response.status_code, response.read()
+            finally:
+                response.release()
+    except (OSError, HTTPException):
+        return None, b""
+
+
+class DcgmReader:
+    """GPUs from an NVIDIA DCGM exporter's /metrics."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.names = list(DCGM_FIELDS)
+        parsed = URL(url)
+        self._path = parsed.request_uri
+        self._http = HTTPClient.from_url(parsed, concurrency=1)
+
+    def read(self, timeout_s: float) -> list[GpuSample]:
+        status, body = _fetch(self._http, self._path, timeout_s)
+        if status != 200:
+            raise GpuReadError(f"the DCGM exporter at {self.url} answered {status or 'nothing'}")
+        try:
+            gpus = parse_dcgm(body.decode(errors="replace"))
+        except ValueError as exc:
+            raise GpuReadError(f"{self.url} is not Prometheus text ({exc})") from None
+        if not gpus:
+            raise GpuReadError(f"{self.url} serves none of {', '.join(DCGM_FIELDS)}")
+        return gpus
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class NvidiaSmiReader:
+    """GPUs of this machine from `nvidia-smi --query-gpu` (its CSV)."""
+
+    def __init__(self, executable: str) -> None:
+        self.url = executable
+        self.names = [NVIDIA_SMI]
+
+    def read(self, timeout_s: float) -> list[GpuSample]:
+        try:
+            done = subprocess.run(
+                [self.url, *NVIDIA_SMI_QUERY], capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise GpuReadError(f"{NVIDIA_SMI} did not run ({exc})") from None
+        if done.returncode != 0:
+            first = (done.stderr or done.stdout).strip().splitlines()[:1]
+            raise GpuReadError(f"{NVIDIA_SMI} exited {done.returncode}: {first[0] if first else 'no message'}")
+        try:
+            gpus = parse_nvidia_smi(done.stdout)
+        except ValueError as exc:
+            raise GpuReadError(f"{NVIDIA_SMI}: {exc}") from None
+        if not gpus:
+            raise GpuReadError(f"{NVIDIA_SMI} lists no GPU")
+        return gpus
+
+    def close(self) -> None:
+        """Nothing held between reads."""
+
+
+GpuReader = DcgmReader | NvidiaSmiReader
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url` names this machine (localhost or a loopback address)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def gpu_reader(gpu_metrics: str | None, target: str) -> GpuReader | None:
+    """The run's GPU source: the DCGM exporter at `gpu_metrics`; else nvidia-smi, when it is on the
+    PATH and the target runs on this machine (a GPU here would be another's otherwise); else none."""
+    if gpu_metrics:
+        return DcgmReader(gpu_metrics)
+    executable = shutil.which(NVIDIA_SMI)
+    if executable is not None and is_loopback(target):
+        return NvidiaSmiReader(executable)
+    return None
+
+
 class Observer:
-    """Scrape `base_url`'s /health and /metrics every `interval_s` into `out_path` (JSON lines, flushed).
+    """Scrape `base_url`'s /health and /metrics, and `gpu`'s GPUs, every `interval_s` into `out_path`
+    (JSON lines, flushed).
 
     `api_key` goes out as a bearer token (gateways may guard /metrics) and is never written.
     """
 
-    def __init__(self, base_url: str, out_path: Path, interval_s: float = 1.0, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        out_path: Path,
+        interval_s: float = 1.0,
+        api_key: str | None = None,
+        gpu: GpuReader | None = None,
+    ) -> None:
         self.url = base_url.rstrip("/").removesuffix("/v1")  # the OpenAI base URL may be given
         url = URL(self.url)
         self._prefix = url.path.rstrip("/")
@@ -97,6 +279,7 @@ class Observer:
         self._http = HTTPClient.from_url(
             url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s, headers=headers
         )
+        self.gpu = gpu
         self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
         self._noted: set[str] = set()
         self._reachable = True
@@ -118,6 +301,8 @@ class Observer:
             self._file.close()
             self._file = None
         self._http.close()
+        if self.gpu is not None:
+            self.gpu.close()
 
     def latest(self) -> ServerSample | None:
         return self._history[-1] if self._history else None
@@ -145,18 +330,41 @@ class Observer:
     def scrape(self) -> ServerSample:
         """One sample now; an unreachable server gives health None and no metrics."""
         t = time.time()
+        source = self.gpu
+        reading = gevent.spawn(self._read_gpus, source) if source is not None else None  # beside the server's
+        try:
+            health, values, missing = self._read_server()
+            gpus: list[GpuSample] = reading.get() if reading is not None else []
+        finally:
+            if reading is not None:
+                reading.kill(block=False)  # stopped mid-scrape: no read outlives the observer
+        if source is not None and not gpus:
+            missing.extend(source.names)
+        return ServerSample(t=t, health=health, gpus=gpus, missing=missing, **(values or {}))
+
+    def _read_server(self) -> tuple[int | None, dict[str, float] | None, list[str]]:
+        """/health's status, the METRICS fields of /metrics (None when unreachable) and those missing."""
         health, _ = self._get("/health")
-        if health is None:
-            self._set_reachable(False)
-            return ServerSample(t=t, health=None, missing=self._missing({}))
-        self._set_reachable(True)
-        values = self._read_metrics()
+        self._set_reachable(health is not None)
+        values = self._read_metrics() if health is not None else None
         missing = self._missing(values or {})
         unnoted = [name for name in missing if name not in self._noted]
         if values is not None and unnoted:
             self._noted.update(unnoted)
             log.warning("llmload: %s/metrics lacks %s: those series stay empty", self.url, ", ".join(unnoted))
-        return ServerSample(t=t, health=health, missing=missing, **(values or {}))
+        return health, values, missing
+
+    def _read_gpus(self, source: GpuReader) -> list[GpuSample]:
+        """This moment's GPUs; none when the source fails (said once, and again once it recovers)."""
+        try:
+            gpus = source.read(self.timeout_s)
+        except GpuReadError as exc:
+            self._note("gpu", f"no GPU metrics: {exc}")
+            return []
+        if "gpu" in self._noted:
+            self._noted.discard("gpu")
+            log.warning("llmload: GPU metrics read again from %s", source.url)
+        return gpus
 
     def _read_metrics(self) -> dict[str, float] | None:
         """The METRICS fields /metrics gives; None when it gives no Prometheus text at all."""
@@ -171,15 +379,7 @@ class Observer:
             return None
 
     def _get(self, path: str) -> tuple[int | None, bytes]:
-        try:
-            with gevent.Timeout(self.timeout_s, TimeoutError):  # also a server that trickles its answer
-                response = self._http.get(self._prefix + path)
-                try:
-                    return response.status_code, response.read()
-                finally:
-                    response.release()
-        except (OSError, HTTPException):
-            return None, b""
+        return _fetch(self._http, self._prefix + path, self.timeout_s)
 
     @staticmethod
     def _missing(values: dict[str, float]) -> list[str]:
@@ -197,23 +397,52 @@ class Observer:
             log.warning("llmload: server %s %s", self.url, state)
 
 
-def server_frame(path: Path) -> pd.DataFrame:
-    """server.jsonl as a DataFrame sorted by `t` (health NaN = unreachable); empty when absent.
-
-    A line that does not parse (the run killed mid-write) is a lost sample, not an error.
-    """
+def _server_lines(path: Path) -> list[dict[str, Any]]:
+    """server.jsonl's samples; a line that does not parse (the run killed mid-write) is a lost sample."""
     rows = []
     if path.exists():
         for line in path.read_bytes().splitlines():
             try:
-                rows.append(orjson.loads(line))
+                row = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-    columns = list(ServerSample.model_fields)
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def _gpu_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    gpus = [{"t": row.get("t"), **gpu} for row in rows for gpu in row.get("gpus") or ()]
+    frame = pd.DataFrame(gpus, columns=["t", *GpuSample.model_fields])
+    numeric = [c for c in frame.columns if c != "gpu"]
+    frame[numeric] = frame[numeric].astype(float)
+    frame["gpu"] = frame.gpu.astype(str)
+    frame["memory_used_fraction"] = frame.memory_used_mib / frame.memory_total_mib.where(frame.memory_total_mib > 0)
+    return frame.sort_values("t", kind="stable", ignore_index=True)
+
+
+def _server_frame(rows: list[dict[str, Any]], gpus: pd.DataFrame) -> pd.DataFrame:
+    columns = [c for c in ServerSample.model_fields if c != "gpus"]
     frame = pd.DataFrame(rows, columns=columns)
     numeric = [c for c in columns if c != "missing"]
     frame[numeric] = frame[numeric].astype(float)
+    frame["gpu_memory_usage"] = frame.t.map(gpus.groupby("t").memory_used_fraction.max()).astype(float)
     return frame.sort_values("t", ignore_index=True)
+
+
+def server_frame(path: Path) -> pd.DataFrame:
+    """server.jsonl as a DataFrame sorted by `t` (health NaN = unreachable); empty when absent.
+
+    `gpu_memory_usage` is the fullest GPU's memory used / total (0..1), NaN without GPU data.
+    """
+    rows = _server_lines(path)
+    return _server_frame(rows, _gpu_frame(rows))
+
+
+def gpu_frame(path: Path) -> pd.DataFrame:
+    """One row per GPU per sample of server.jsonl: t, gpu, memory_used_mib, memory_total_mib,
+    utilization_percent and memory_used_fraction (used / total, 0..1); empty without GPU data."""
+    return _gpu_frame(_server_lines(path))
 
 
 def series_max(values: pd.Series) -> float | None:
@@ -231,13 +460,31 @@ def counter_increase(values: pd.Series) -> float | None:
     return float(steps.where(steps >= 0, seen.iloc[1:]).sum())  # after a reset it counts from 0
 
 
+def _gpu_summaries(gpus: pd.DataFrame) -> list[GpuSummary]:
+    return [
+        GpuSummary(
+            gpu=str(gpu),
+            memory_used_max_mib=series_max(rows.memory_used_mib),
+            memory_total_mib=series_max(rows.memory_total_mib),
+            memory_usage_max=series_max(rows.memory_used_fraction),
+            utilization_mean_percent=None if rows.utilization_percent.isna().all() else rows.utilization_percent.mean(),
+            utilization_max_percent=series_max(rows.utilization_percent),
+        )
+        for gpu, rows in gpus.groupby("gpu", sort=False)
+    ]
+
+
 def server_summary(path: Path) -> ServerSummary | None:
-    """summary.json's `server` block; None when no sample read any metric (or no server.jsonl)."""
-    frame = server_frame(path)
-    if frame[list(METRICS)].isna().all().all():
+    """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl)."""
+    rows = _server_lines(path)
+    gpus = _gpu_frame(rows)
+    frame = _server_frame(rows, gpus)
+    if frame[list(METRICS)].isna().all().all() and gpus.empty:
         return None
     return ServerSummary(
         kv_cache_usage_max=series_max(frame.kv_cache_usage),
         preemptions=counter_increase(frame.preemptions_total),
         waiting_max=series_max(frame.waiting),
+        gpu_memory_usage_max=series_max(gpus.memory_used_fraction),
+        gpus=_gpu_summaries(gpus),
     )

@@ -24,6 +24,7 @@ from llmload.models import (
     RequestCounts,
     RunInfo,
     RunManifest,
+    ServerSummary,
     StageSummary,
     Summary,
     Throughput,
@@ -268,6 +269,31 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def percent(fraction: float | None) -> str:
+    """A 0..1 share as a whole percent."""
+    return "–" if fraction is None else f"{100 * fraction:.0f}%"
+
+
+def _gpu_lines(server: ServerSummary | None) -> list[str]:
+    """The GPU table of report.md; nothing for a run that read no GPU."""
+    if server is None or not server.gpus:
+        return []
+    lines = [
+        "",
+        "## GPU",
+        "",
+        "| GPU | memory used max | MiB used max | MiB total | utilisation mean % | utilisation max % |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for g in server.gpus:
+        lines.append(
+            f"| {g.gpu} | {percent(g.memory_usage_max)} | {fmt(g.memory_used_max_mib, 0)} "
+            f"| {fmt(g.memory_total_mib, 0)} | {fmt(g.utilization_mean_percent, 0)} "
+            f"| {fmt(g.utilization_max_percent, 0)} |"
+        )
+    return [*lines, "", "Over the whole run, warm-up included, sampled with the server's metrics."]
+
+
 def turn_depths(mix: dict[str, float]) -> str:
     """Turn mix as "turn 1 / 2 / 3 / 4 and deeper" percentages."""
     if not mix:
@@ -329,6 +355,7 @@ def render_markdown(summary: Summary) -> str:
         f"{fmt(tok.prompt.p50, 0)}/{fmt(tok.prompt.p95, 0)}/{fmt(tok.prompt.p99, 0)}/{fmt(tok.prompt.max, 0)}; "
         f"output: {fmt(tok.output.p50, 0)}/{fmt(tok.output.p95, 0)}/{fmt(tok.output.p99, 0)}/"
         f"{fmt(tok.output.max, 0)}.",
+        *_gpu_lines(summary.server),
         "",
         "## Stages",
         "",

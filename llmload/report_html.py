@@ -27,9 +27,9 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
-from llmload.observe import SERVER_FILE, series_max, server_frame
+from llmload.observe import GPU_SOURCES, SERVER_FILE, gpu_frame, series_max, server_frame
 from llmload.records import RunRecords
-from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percentiles, summarize, turn_depths
+from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percent, percentiles, summarize, turn_depths
 from llmload.sketch import METHOD as ITL_METHOD
 from llmload.sketch import quantiles
 
@@ -72,6 +72,7 @@ class Run:
     summary: Summary
     records: pd.DataFrame  # without ITL gaps: `source` streams them
     server: pd.DataFrame
+    gpus: pd.DataFrame  # one row per GPU per sample; empty when the run read no GPU
     span_s: float  # plan and drain: the x range of every time chart
     window_s: float
     itl: RunItl
@@ -101,7 +102,7 @@ def load_run(run_dir: Path, source: RunRecords | None = None, itl: RunItl | None
     window_s = _window_s(span)
     if itl is None or itl.window_s != window_s:
         itl = RunItl.count(source, manifest, window_s)
-    return Run(manifest, summary, records, server, span, window_s, itl)
+    return Run(manifest, summary, records, server, gpu_frame(run_dir / SERVER_FILE), span, window_s, itl)
 
 
 def _span_s(manifest: RunManifest, finished_at: float) -> float:
@@ -206,17 +207,16 @@ def _qps_chart(run: Run) -> Figure | str:
     return fig
 
 
-def _peaks(server: pd.DataFrame) -> pd.DataFrame:
-    """At most MAX_SERVER_POINTS samples for the chart, each the max of its share of the run, and
-    unhealthy if any of its samples was: no spike or outage disappears (the summary uses them all)."""
-    if len(server) <= MAX_SERVER_POINTS:
-        return server
-    start = server.t.iloc[0]
-    slot = ((server.t - start) // ((server.t.iloc[-1] - start) / MAX_SERVER_POINTS)).clip(upper=MAX_SERVER_POINTS - 1)
-    columns = ["t", "kv_cache_usage", "waiting", "running", "preemptions_total"]
-    peaks = server[columns].groupby(slot).max()
-    peaks["t"] = server.t.groupby(slot).mean()
-    peaks["health"] = np.where((server.health == 200).groupby(slot).all(), 200.0, np.nan)
+def _peaks(samples: pd.DataFrame) -> pd.DataFrame:
+    """At most MAX_SERVER_POINTS of a time series' samples (`t`, sorted, and numeric or boolean
+    columns) for a chart, each the max of its share of the run: no spike or outage disappears (the
+    summary uses them all)."""
+    if len(samples) <= MAX_SERVER_POINTS:
+        return samples
+    start = samples.t.iloc[0]
+    slot = ((samples.t - start) // ((samples.t.iloc[-1] - start) / MAX_SERVER_POINTS)).clip(upper=MAX_SERVER_POINTS - 1)
+    peaks = samples.drop(columns="t").groupby(slot).max()
+    peaks["t"] = samples.t.groupby(slot).mean()
     return peaks.reset_index(drop=True)
 
 
@@ -230,7 +230,8 @@ def _server_chart(run: Run) -> Figure | str:
             f"No server metrics: {len(server)} samples, /health 200 in {answered}, but /metrics gave none of "
             "vLLM's KV cache or queue metrics."
         )
-    server = _peaks(server)
+    columns = ["t", "kv_cache_usage", "waiting", "running", "preemptions_total"]
+    server = _peaks(server[columns].assign(unhealthy=server.health != 200))
     t = run.rel(server.t)
     fig = Figure(figsize=(10, 4.4))
     kv_ax, queue_ax = fig.subplots(2, 1, sharex=True)
@@ -244,13 +245,39 @@ def _server_chart(run: Run) -> Figure | str:
     queue_ax.set_ylabel("requests")
     queue_ax.set_ylim(bottom=0)
     queue_ax.set_xlabel("seconds since start")
-    unhealthy = t[(server.health != 200).to_numpy()]
+    unhealthy = t[server.unhealthy.to_numpy(dtype=bool)]
     half = float(np.median(np.diff(t))) / 2 if len(t) > 1 else 0.5  # a band as wide as the sample
     for ax in (kv_ax, queue_ax):
         _time_axis(ax, run, names=ax is kv_ax)
         for at in unhealthy:  # samples where /health was not 200 or nothing answered
             ax.axvspan(at - half, at + half, color=P99, alpha=0.15, linewidth=0)
     _legend(queue_ax, title="red: /health not 200" if len(unhealthy) else None)
+    return fig
+
+
+def _gpu_chart(run: Run) -> Figure | str | None:
+    """Memory used (% of total) and utilisation per GPU, on the time axis of the KV-cache chart.
+    A run without a GPU source shows nothing; one whose source gave nothing says so."""
+    if run.gpus.empty:
+        if not any(isinstance(names, list) and GPU_SOURCES & set(names) for names in run.server.missing):
+            return None
+        return "No GPU metrics: the GPU source (--gpu-metrics or nvidia-smi) gave none; the run's log says why."
+    fig = Figure(figsize=(10, 4.4))
+    memory_ax, util_ax = fig.subplots(2, 1, sharex=True)
+    for gpu, samples in run.gpus.groupby("gpu", sort=False):
+        peaks = _peaks(samples[["t", "memory_used_fraction", "utilization_percent"]])
+        total = series_max(samples.memory_total_mib)
+        label = f"GPU {gpu}" + ("" if total is None else f" ({total:,.0f} MiB)")
+        t = run.rel(peaks.t)
+        memory_ax.plot(t, peaks.memory_used_fraction * 100, label=label)
+        util_ax.plot(t, peaks.utilization_percent, label=label)
+    memory_ax.set_ylabel("GPU memory used (%)")
+    util_ax.set_ylabel("GPU utilisation (%)")
+    util_ax.set_xlabel("seconds since start")
+    for ax in (memory_ax, util_ax):
+        ax.set_ylim(0, 105)
+        _time_axis(ax, run, names=ax is memory_ax)
+    _legend(memory_ax)
     return fig
 
 
@@ -320,10 +347,11 @@ def _tokens_chart(run: Run) -> Figure | str:
     return fig
 
 
-CHARTS: Sequence[tuple[str, Callable[[Run], Figure | str]]] = (
+CHARTS: Sequence[tuple[str, Callable[[Run], Figure | str | None]]] = (  # None: the chart does not apply
     ("Latency over time (p50, p99)", _latency_chart),
     ("Offered vs achieved rate by stage", _qps_chart),
     ("Server: KV cache and queue", _server_chart),
+    ("Server: GPU memory and utilisation", _gpu_chart),
     ("Failures over time by category", _failures_chart),
     ("By turn: prompt length and TTFT", _turns_chart),
     ("Token lengths (successful requests)", _tokens_chart),
@@ -360,6 +388,7 @@ def _failure_rows(run: Run) -> list[dict[str, object]]:
 
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 _ENV.filters["fmt"] = fmt
+_ENV.filters["percent"] = percent
 _ENV.filters["turn_depths"] = turn_depths
 TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -412,7 +441,13 @@ table leaves out the warm-up.</p>
 output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% if s.server %} Server: KV cache
 usage max {{ (s.server.kv_cache_usage_max * 100) | fmt(0) if s.server.kv_cache_usage_max is not none else "–" }}%,
 preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting_max | fmt(0) }}.{% endif %}</p>
-{% for chart in charts %}<h2>{{ chart.title }}</h2>
+{% if s.server and s.server.gpus %}<table><tr><th class="l">GPU</th><th>memory used max</th><th>MiB used max</th>
+<th>MiB total</th><th>utilisation mean %</th><th>utilisation max %</th></tr>
+{% for g in s.server.gpus %}<tr><td class="l">{{ g.gpu }}</td><td>{{ g.memory_usage_max | percent }}</td>
+<td>{{ g.memory_used_max_mib | fmt(0) }}</td><td>{{ g.memory_total_mib | fmt(0) }}</td>
+<td>{{ g.utilization_mean_percent | fmt(0) }}</td><td>{{ g.utilization_max_percent | fmt(0) }}</td></tr>
+{% endfor %}</table>
+{% endif %}{% for chart in charts %}<h2>{{ chart.title }}</h2>
 {% if chart.image %}<figure><img src="{{ chart.image }}" alt="{{ chart.title }}"></figure>
 {% else %}<p class="note">{{ chart.note }}</p>{% endif %}
 {% endfor %}
@@ -450,6 +485,8 @@ def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | 
     with matplotlib.rc_context(_RC):
         for title, draw in CHARTS:
             drawn = draw(run)
+            if drawn is None:
+                continue
             if isinstance(drawn, str):
                 charts.append(Chart(title, note=drawn))
             else:

@@ -27,6 +27,10 @@ from llmload.report import percentiles, summarize_run
 from llmload.yamlfile import InputError, load_yaml_model
 
 AlertAction = Literal["warn", "fail"]
+NO_GPU = (
+    "no GPU samples in the hold (give --gpu-metrics URL of a DCGM exporter, or run the target on this machine"
+    " with nvidia-smi on the PATH)"
+)
 
 # --------------------------------------------------------------------------- criteria
 
@@ -59,12 +63,14 @@ class AlertLevels(Strict):
     kv_cache_usage: float = Field(default=0.90, description="mean KV-cache usage of a window (0..1)")
     waiting: float = Field(default=10, description="mean waiting requests of a window")
     e2e_p99_ms: float = Field(default=2000, description="p99 E2E of the requests sent in a window")
+    gpu_memory_used: float = Field(default=0.90, description="mean memory used / total of the fullest GPU (0..1)")
 
 
 class AlertActions(Strict):
     kv_cache_usage: AlertAction = "warn"
     waiting: AlertAction = "warn"
     e2e_p99_ms: AlertAction = "warn"
+    gpu_memory_used: AlertAction = "warn"
 
 
 class AlertCriteria(Strict):
@@ -266,9 +272,17 @@ def _slo_check(name: str, measured: float | None, slo: float | None, flag: str) 
     return Check(name=name, status=status, detail=f"{measured:.1f} ms in the hold; SLO {slo:g} ms")
 
 
-def _alert(name: str, series: pd.Series | None, level: float, action: AlertAction, window_s: float) -> Check:
+def _alert(
+    name: str,
+    series: pd.Series | None,
+    level: float,
+    action: AlertAction,
+    window_s: float,
+    *,
+    unmeasured: str = "no data in the hold",
+) -> Check:
     if series is None or series.empty:
-        return Check(name=name, status="skip", detail="not measured: no data in the hold")
+        return Check(name=name, status="skip", detail=f"not measured: {unmeasured}")
     worst_at, worst = float(series.index[int(series.argmax())]), float(series.max())
     fired = worst > level
     return Check(
@@ -331,6 +345,10 @@ def evaluate(run_dir: Path, criteria: SoakCriteria) -> SoakResult:
         _alert(
             "p99 E2E alert", latency_p99("e2e_ms", alert_window), levels.e2e_p99_ms, actions.e2e_p99_ms, alert_window
         ),
+        _alert(
+            "GPU memory alert", server_series("gpu_memory_usage", alert_window),
+            levels.gpu_memory_used, actions.gpu_memory_used, alert_window, unmeasured=NO_GPU,
+        ),
     ]  # fmt: skip
     return SoakResult(run_id=manifest.run_id, hold=stage.name, checks=checks)
 
@@ -354,7 +372,8 @@ def add_criteria_arguments(parser: Any) -> None:
         dest="soak_alerts",
         choices=["warn", "fail"],
         default=None,
-        help="what KV usage > 90%%, waiting > 10 or p99 E2E > 2 s in the hold does (default: warn)",
+        help="what KV usage > 90%%, waiting > 10, p99 E2E > 2 s or GPU memory used > 90%% in the hold does"
+        " (default: warn)",
     )
 
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from llmload.models import RequestRecord, RunManifest, Stage, Verdict
-from llmload.observe import SERVER_FILE, ServerSample
+from llmload.observe import DCGM_FIELDS, SERVER_FILE, GpuSample, ServerSample
 from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.report import MANIFEST_FILE, SUMMARY_FILE, write_report
 from llmload.report_html import CHARTS, render_html
@@ -34,7 +34,8 @@ def _manifest(run_id: str, stages: int = 4, stage_s: float = 30.0) -> RunManifes
 
 
 def synthetic_run(run_dir: Path, requests: int, *, failed_every: int = 20, server: bool = True) -> Path:
-    """A run dir as a Locust run leaves it: manifest, records (100 ITLs each), summary, server samples."""
+    """A run dir as a Locust run leaves it: manifest, records (100 ITLs each), summary, server samples
+    with two GPUs."""
     manifest = _manifest(run_dir.name)
     run_dir.mkdir(parents=True)
     (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(manifest.model_dump(mode="json")))
@@ -60,9 +61,16 @@ def synthetic_run(run_dir: Path, requests: int, *, failed_every: int = 20, serve
         writer.write([record])
     writer.close()
     if server:
+
+        def gpu(index: int, used_mib: float, busy: float) -> GpuSample:
+            return GpuSample(
+                gpu=str(index), memory_used_mib=used_mib, memory_total_mib=81_559, utilization_percent=busy
+            )
+
         samples = [
             ServerSample(t=STARTED + s, health=503 if s in (70, 71) else 200, kv_cache_usage=min(1.0, s / 100),
-                         running=min(8, s // 10), waiting=max(0, s - 90), preemptions_total=max(0, s - 100))
+                         running=min(8, s // 10), waiting=max(0, s - 90), preemptions_total=max(0, s - 100),
+                         gpus=[gpu(0, 40_000 + 300 * s, min(100, s)), gpu(1, 40_000, 20)])
             for s in range(int(span) + 5)
         ]  # fmt: skip
         (run_dir / SERVER_FILE).write_bytes(
@@ -95,6 +103,18 @@ def test_verdict_is_on_top(tmp_path: Path) -> None:
     assert html.index("FAIL") < html.index("<h2>")
     assert "p99 TTFT 812 ms &gt; 500 ms" in html
     assert "No server metrics: the run has no server.jsonl" in html
+    assert len(_images(html)) == len(CHARTS) - 2
+    assert "GPU" not in html  # no GPU source: no chart, no table, no note, as before GPUs were read
+
+
+def test_a_gpu_source_that_gave_nothing_gets_a_note_not_a_chart(tmp_path: Path) -> None:
+    run_dir = synthetic_run(tmp_path / "dead-exporter", 60)
+    samples = [orjson.loads(line) for line in (run_dir / SERVER_FILE).read_bytes().splitlines()]
+    (run_dir / SERVER_FILE).write_bytes(
+        b"".join(orjson.dumps({**s, "gpus": [], "missing": list(DCGM_FIELDS)}) + b"\n" for s in samples)
+    )
+    html = render_html(run_dir).read_text()
+    assert "No GPU metrics: the GPU source (--gpu-metrics or nvidia-smi) gave none" in html
     assert len(_images(html)) == len(CHARTS) - 1
 
 
@@ -110,7 +130,7 @@ def test_all_failed_run_without_summary_json(tmp_path: Path) -> None:
     (run_dir / SUMMARY_FILE).unlink()  # rebuilt from the records
     html = render_html(run_dir).read_text()
     assert "No successful requests" in html and "Failures over time by category" in html
-    assert len(_images(html)) == 3  # stage rates, server, failures
+    assert len(_images(html)) == 4  # stage rates, server, GPU, failures
 
 
 def test_twenty_thousand_records_render_fast(tmp_path: Path) -> None:
@@ -140,7 +160,7 @@ def test_real_run_report_opens_in_chromium_without_errors(tmp_path: Path) -> Non
     page = inspect_page(path, screenshot=tmp_path / "report.png")
     assert page.errors == [], page.errors
     assert page.title == "llmload run html"
-    assert len(page.images) == len(CHARTS) - (0 if server_charted else 1)
+    assert len(page.images) == len(CHARTS) - 1 - (0 if server_charted else 1)  # - 1: no GPU here
     assert all(img["complete"] and img["width"] > 100 and img["height"] > 50 for img in page.images), page.images
     assert "PASS" in page.text and "no OOM-family failures" in page.text
     assert f"{summary['requests']['failed']}" in page.text and "http_5xx" in page.text

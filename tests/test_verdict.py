@@ -24,7 +24,7 @@ from tests.locust_runs import run_locust, small_workload
 CHECKS = [
     "OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO",
     "p99 TTFT drift", "p99 E2E drift", "KV-cache usage drift", "waiting-queue drift", "preemption-rate drift",
-    "KV-cache usage alert", "waiting-queue alert", "p99 E2E alert",
+    "KV-cache usage alert", "waiting-queue alert", "p99 E2E alert", "GPU memory alert",
 ]  # fmt: skip
 STARTED_AT = 1_800_000_000.0
 HOLD_S = 120.0
@@ -47,10 +47,12 @@ def write_run(
     noise: float = 0.1,
     seed: int = 0,
     server: dict[str, Curve] | None = None,
+    gpu_memory: Curve | None = None,
 ) -> Path:
     """A run directory as Locust writes it: a 10 s ramp stage, then a 120 s hold at 6 req/s,
     constant arrivals, every request ok; TTFT follows `ttft_ms` times lognormal noise, E2E adds
-    200 ms of decode. `server` curves become 1 Hz server.jsonl samples over the whole run."""
+    200 ms of decode. `server` curves become 1 Hz server.jsonl samples over the whole run, with two
+    80 GB GPUs when `gpu_memory` gives GPU 0's memory used / total (GPU 1 stays at half)."""
     rng = np.random.default_rng(seed)
     stages = build_stages(4, (100, 150), RAMP_S, HOLD_S)
     manifest = RunManifest(
@@ -93,10 +95,17 @@ def write_run(
     if server is not None:
         t = np.arange(0, RAMP_S + HOLD_S)
         columns = {name: curve(np.maximum(t - RAMP_S, 0)) for name, curve in server.items()}
+        used = gpu_memory(np.maximum(t - RAMP_S, 0)) if gpu_memory is not None else None
         lines = [
-            {"t": STARTED_AT + ti, "health": 200, "running": 3, **{k: float(v[i]) for k, v in columns.items()}}
+            {
+                "t": STARTED_AT + ti, "health": 200, "running": 3, **{k: float(v[i]) for k, v in columns.items()},
+                "gpus": [] if used is None else [
+                    {"gpu": str(g), "memory_used_mib": share * 81_559, "memory_total_mib": 81_559}
+                    for g, share in enumerate((float(used[i]), 0.5))
+                ],
+            }
             for i, ti in enumerate(t.tolist())
-        ]
+        ]  # fmt: skip
         (run_dir / SERVER_FILE).write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
     return run_dir
 
@@ -178,6 +187,28 @@ def test_alert_levels_warn_by_default_and_fail_when_asked(tmp_path: Path) -> Non
     failed = evaluate(run_dir, strict)
     assert not failed.verdict.passed
     assert any(r.startswith("FAIL waiting-queue alert") for r in failed.verdict.reasons)
+
+
+def test_gpu_memory_alert_judges_the_fullest_gpu_and_says_when_there_is_none(tmp_path: Path) -> None:
+    none = evaluate(write_run(tmp_path / "none", server=HEALTHY_SERVER), SoakCriteria())
+    check = next(c for c in none.checks if c.name == "GPU memory alert")
+    assert check.status == "skip" and "no GPU samples in the hold" in check.detail and "--gpu-metrics" in check.detail
+
+    # GPU 0 climbs from 85% to 95% over the hold: its last 60 s window averages ~92.5%
+    full = write_run(tmp_path / "full", server=HEALTHY_SERVER, gpu_memory=ramp(0.85, 0.95))
+    warned = evaluate(full, SoakCriteria())
+    assert warned.verdict.passed and _status(warned, "GPU memory alert") == "warn"
+    assert any(w.startswith("WARN GPU memory alert: worst 60 s window 0.925 (+90 s") for w in warned.warnings)
+    path = tmp_path / "criteria.yaml"
+    path.write_text("alerts: {actions: {gpu_memory_used: fail}}\n")
+    failed = evaluate(full, criteria_from_args(_parse("--criteria", str(path))))
+    assert not failed.verdict.passed and _status(failed, "GPU memory alert") == "fail"
+    path.write_text("alerts: {levels: {gpu_memory_used: 0.95}, actions: {gpu_memory_used: fail}}\n")
+    assert _status(evaluate(full, criteria_from_args(_parse("--criteria", str(path)))), "GPU memory alert") == "pass"
+
+    summary = write_report(full).server
+    assert summary is not None and summary.gpu_memory_usage_max == pytest.approx(0.95, abs=0.01)
+    assert [(g.gpu, g.memory_usage_max) for g in summary.gpus] == [("0", pytest.approx(0.95, abs=0.01)), ("1", 0.5)]
 
 
 def test_server_file_with_nulls_missing_fields_and_a_torn_line_is_read(tmp_path: Path) -> None:

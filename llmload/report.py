@@ -82,24 +82,25 @@ def _turn_mix(turns: pd.Series) -> dict[str, float]:
 
 def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSummary]:
     """Per stage: target, offered (scheduled) and achieved (sent in the stage's window) rates, and
-    what the stage carried (turn depths, prompt lengths). Shortfall is judged against the target."""
+    what the stage carried (turn depths, prompt lengths). Shortfall is judged against the target.
+    Rows are selected with the few columns used: a run can hold 10M records."""
     out = []
-    sent = df[df.status != "not_sent"]
+    sent_at = df.sent_at.to_numpy(dtype=float)
+    is_sent = (df.status != "not_sent").to_numpy(dtype=bool)
     for stage in manifest.stages:
-        rows = df[df.stage == stage.name]
+        mine = (df.stage == stage.name).to_numpy(dtype=bool)
+        rows = df.loc[mine, ["status", "turn", "schedule_delay_ms", "ttft_ms", "e2e_ms", "prompt_tokens"]]
         window_start = manifest.started_at + stage.start_s
-        in_window = sent[(sent.sent_at >= window_start) & (sent.sent_at < window_start + stage.duration_s)]
-        achieved = len(in_window) / stage.duration_s
+        in_window = int((is_sent & (sent_at >= window_start) & (sent_at < window_start + stage.duration_s)).sum())
         delay_p99 = _quantile(rows.schedule_delay_ms, 99)
         ok = rows[rows.status == "ok"]
-        stage_sent = rows[rows.status != "not_sent"]
         needed = math.floor(SHORTFALL_RATIO * stage.qps * stage.duration_s + 1e-9)
         out.append(
             StageSummary(
                 name=stage.name,
                 target_qps=stage.qps,
                 offered_qps=len(rows) / stage.duration_s,
-                achieved_qps=achieved,
+                achieved_qps=in_window / stage.duration_s,
                 duration_s=stage.duration_s,
                 scheduled=len(rows),
                 ok=len(ok),
@@ -112,9 +113,9 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSumma
                 e2e_p99_ms=_quantile(ok.e2e_ms, 99),
                 prompt_tokens_p50=_quantile(ok.prompt_tokens, 50),
                 prompt_tokens_p99=_quantile(ok.prompt_tokens, 99),
-                turn_mix=_turn_mix(stage_sent.turn),
+                turn_mix=_turn_mix(rows.turn[rows.status != "not_sent"]),
                 warmup=stage.warmup,
-                shortfall=bool(len(in_window) < needed or (delay_p99 or 0) > SHORTFALL_DELAY_MS),
+                shortfall=bool(in_window < needed or (delay_p99 or 0) > SHORTFALL_DELAY_MS),
             )
         )
     return out
@@ -132,7 +133,8 @@ def shortfall_reason(stage: StageSummary) -> str:
 
 def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     out = []
-    for turn, rows in df[df.status != "not_sent"].groupby("turn"):
+    sent = df.loc[(df.status != "not_sent").to_numpy(dtype=bool), ["turn", "status", "prompt_tokens", "ttft_ms"]]
+    for turn, rows in sent.groupby("turn"):
         ok = rows[rows.status == "ok"]
         out.append(
             TurnSummary(
@@ -153,10 +155,15 @@ def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles) -> S
     (they are streamed apart from `df`: see summarize_run)."""
     stages = _stage_summaries(df, manifest)
     in_warmup = df.stage.isin({s.name for s in manifest.stages if s.warmup})
-    df = df[~in_warmup]
-    ok = df[df.status == "ok"]
-    sent = df[df.status != "not_sent"]
-    failed = df[df.status == "failed"]
+    if in_warmup.any():
+        df = df[~in_warmup]
+    # only the columns used: a run can hold 10M records, each copy of the frame a gigabyte
+    ok = df.loc[
+        (df.status == "ok").to_numpy(dtype=bool),
+        ["ttft_ms", "tpot_ms", "e2e_ms", "schedule_delay_ms", "prompt_tokens", "output_tokens", "usage_from_server"],
+    ]
+    sent = df.schedule_delay_ms[(df.status != "not_sent").to_numpy(dtype=bool)]
+    failed = df.loc[(df.status == "failed").to_numpy(dtype=bool), ["error_category", "error_message"]]
     finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
     # over the judged stages (or less, when stopped early): warm-up, start-up and drain would make
     # throughput depend on how a run began and wound down rather than on the target
@@ -211,7 +218,7 @@ def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles) -> S
             itl=itl,
             tpot=percentiles(ok.tpot_ms),
             e2e=percentiles(ok.e2e_ms),
-            schedule_delay=percentiles(sent.schedule_delay_ms),
+            schedule_delay=percentiles(sent),
             ttft_from_schedule=percentiles(ok.ttft_ms + ok.schedule_delay_ms),
             e2e_from_schedule=percentiles(ok.e2e_ms + ok.schedule_delay_ms),
         ),

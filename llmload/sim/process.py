@@ -32,7 +32,7 @@ class SimProcess:
     listening line, and on exit sends SIGTERM, then SIGKILL after `stop_timeout_s`.
     """
 
-    def __init__(self, *cli_args: str, startup_timeout_s: float = 20.0, stop_timeout_s: float = 5.0) -> None:
+    def __init__(self, *cli_args: str, startup_timeout_s: float = 60.0, stop_timeout_s: float = 5.0) -> None:
         self.args = [sys.executable, "-m", "llmload.sim", "--host", "127.0.0.1", "--port", "0", *cli_args]
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s

@@ -29,7 +29,7 @@ from matplotlib.typing import RcKeyType
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe import SERVER_FILE, series_max, server_frame
 from llmload.records import RunRecords
-from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percentiles, summarize, turn_depths
+from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percent, percentiles, summarize_run, turn_depths
 from llmload.sketch import METHOD as ITL_METHOD
 from llmload.sketch import quantiles
 
@@ -95,7 +95,7 @@ def load_run(run_dir: Path, source: RunRecords | None = None, itl: RunItl | None
     if summary_path.exists():
         summary = Summary.model_validate_json(summary_path.read_bytes())
     else:
-        summary = summarize(source.frame, manifest, itl=RunItl.count(source, manifest).judged)
+        summary = summarize_run(source, manifest)
     server = server_frame(run_dir / SERVER_FILE)
     span = _span_s(manifest, summary.run.finished_at)
     window_s = _window_s(span)
@@ -361,6 +361,7 @@ def _failure_rows(run: Run) -> list[dict[str, object]]:
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
 _ENV.filters["fmt"] = fmt
 _ENV.filters["turn_depths"] = turn_depths
+_ENV.filters["percent"] = percent
 TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
@@ -412,6 +413,18 @@ table leaves out the warm-up.</p>
 output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% if s.server %} Server: KV cache
 usage max {{ (s.server.kv_cache_usage_max * 100) | fmt(0) if s.server.kv_cache_usage_max is not none else "–" }}%,
 preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting_max | fmt(0) }}.{% endif %}</p>
+{% if s.run.goodput_slo and s.throughput.goodput %}{% set g = s.throughput.goodput %}
+<h2>Goodput</h2>
+<p>Requests meeting every SLO ({{ s.run.goodput_slo.describe() }}): {{ g.requests_per_s | fmt(2) }} req/s,
+{{ g.output_tokens_per_s | fmt(0) }} output tok/s, {{ g.slo_attainment | percent }} of the answered requests.
+Failed requests count against it; cancelled ones are left out.</p>
+<table><tr><th class="l">stage</th><th>achieved req/s</th><th>goodput req/s</th><th>goodput output tok/s</th>
+<th>SLO met</th></tr>
+{% for st in s.stages if st.goodput %}<tr><td class="l">{{ st.name }}{% if st.warmup %} (not judged){% endif %}</td>
+<td>{{ st.achieved_qps | fmt(2) }}</td><td>{{ st.goodput.requests_per_s | fmt(2) }}</td>
+<td>{{ st.goodput.output_tokens_per_s | fmt(0) }}</td><td>{{ st.goodput.slo_attainment | percent }}</td></tr>
+{% endfor %}</table>
+{% endif %}
 {% for chart in charts %}<h2>{{ chart.title }}</h2>
 {% if chart.image %}<figure><img src="{{ chart.image }}" alt="{{ chart.title }}"></figure>
 {% else %}<p class="note">{{ chart.note }}</p>{% endif %}

@@ -39,7 +39,7 @@ from llmload.client import ChatClient, Limits
 from llmload.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.goodput import parse_goodput_slo
 from llmload.live import LLM_TAB, LLM_TABLE, LiveStats
-from llmload.models import GoodputSLO, RequestRecord, RunManifest, Stage
+from llmload.models import GoodputSLO, RequestRecord, RunManifest, Stage, Verdict
 from llmload.observe import SERVER_FILE, Observer
 from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.replay import Dispatcher, RequestDispatcher, RunClock, StealMeter, TraceDispatcher, TurnSender
@@ -61,6 +61,7 @@ from llmload.soak import parse_duration
 from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
+from llmload.yamlfile import InputError
 
 log = logging.getLogger("llmload")
 
@@ -573,7 +574,10 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     )
     (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
     if _state.criteria is not None:
-        verdict = evaluate(run.run_dir, _state.criteria).verdict
+        try:
+            verdict = evaluate(run.run_dir, _state.criteria).verdict
+        except InputError as exc:  # stopped before any request: nothing to judge, and the report still written
+            verdict = Verdict(passed=False, reasons=[f"FAIL run: {exc}"])
         (run.run_dir / VERDICT_FILE).write_bytes(orjson.dumps(verdict.model_dump()))
         environment.process_exit_code = 0 if verdict.passed else 1
     summary = write_report(run.run_dir)

@@ -3,10 +3,11 @@
 Each probe is an ordinary run (`locust -f loadtests/chat.py --verdict`): a warm-up, then one
 hold at the probed rate, judged by the soak verdict (OOM family, errors, achieved rate, SLOs,
 goodput, drift). The search brackets first (the rate grows ×2 from --start-qps until a probe
-fails), then bisects. A rate passes only when every probe at it passed, and the rate that would
-become the answer is probed --repeats times, so one lucky probe never decides it (a noisy failure
-can only make the answer lower: the safe side for a release gate). The answer is always a rate
-that passed; the boundary is reported as an interval with the checks that failed above it.
+fails), then bisects. A rate passes only when every probe at it passed, and once the interval is
+narrow enough, the rate that would become the answer is probed again up to --repeats times, so one
+lucky probe never decides it (a noisy failure can only make the answer lower: the safe side for a
+release gate). The answer is always a rate that passed; the boundary is reported as an interval
+with the checks that failed above it.
 """
 
 from __future__ import annotations
@@ -143,22 +144,21 @@ def _round(qps: float) -> float:
 def next_rate(bounds: Bounds, probes: Sequence[Probe]) -> tuple[float | None, Outcome]:
     """The next rate to probe, or None and why the search is over."""
     lo, hi = boundary(probes)
-    verdicts = _verdicts(probes)
-    if lo is not None and len(verdicts[lo]) < bounds.repeats and (hi is not None or lo >= bounds.max_qps):
-        return lo, "found"  # the answer-to-be, probed again
+    unrepeated = lo is not None and len(_verdicts(probes)[lo]) < bounds.repeats
     if hi is None:
         if lo is None:
             return bounds.start_qps, "found"
-        if lo >= bounds.max_qps:
-            return None, "capped"
-        return min(_round(lo * bounds.growth), bounds.max_qps), "found"
+        if lo < bounds.max_qps:
+            return min(_round(lo * bounds.growth), bounds.max_qps), "found"
+        return (lo, "capped") if unrepeated else (None, "capped")
     if lo is None:
         lower = _round(hi / bounds.growth)
         return (lower, "found") if lower >= bounds.min_qps and lower < hi else (None, "none")
     middle = _round((lo + hi) / 2)
-    if hi - lo <= bounds.resolution * lo or middle in (lo, hi):
-        return None, "found"
-    return middle, "found"
+    if hi - lo > bounds.resolution * lo and middle not in (lo, hi):
+        return middle, "found"
+    # the interval is closed: the answer-to-be is probed again (a failure reopens the interval below it)
+    return (lo, "found") if unrepeated else (None, "found")
 
 
 # --------------------------------------------------------------------------- probes

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     import llmload.sim.cli as sim_cli
     from llmload import capacity_cli
     from llmload import compare as compare_cli
+    from llmload import search as search_cli
     from llmload import soak as soak_cli
     from llmload.workload import cli as workload_cli
 
@@ -96,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     soak_cli.add_arguments(soak)
     soak.set_defaults(handler=soak_cli.run, passthrough=True)
+
+    search = commands.add_parser(
+        "search",
+        help="the highest request rate whose hold passes the soak verdict: bracket, then bisect; unknown flags go"
+        " to Locust",
+    )
+    search_cli.add_arguments(search)
+    search.set_defaults(handler=search_cli.run, passthrough=True)
 
     demo = commands.add_parser("demo", help="a short real load test against the embedded target")
     demo.add_argument("--duration", type=float, default=40.0, help="seconds of ramp (4 stages)")

@@ -19,13 +19,23 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
-from llmload.models import RunManifest, Strict, Summary
+from llmload.goodput import good_requests
+from llmload.models import GoodputSLO, RunManifest, Strict, Summary
 from llmload.records import RECORDS_FILE, RunRecords
 from llmload.report import MANIFEST_FILE, load_manifest, summarize
 from llmload.sketch import Histograms, buckets, quantiles
 from llmload.yamlfile import InputError, load_yaml_model
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
+# RunSample.blocks columns that are counted per second of the plan
+RATE_COLUMNS = {"requests_per_s": 0, "output_tokens_per_s": 1, "goodput_requests_per_s": 4,
+                "goodput_output_tokens_per_s": 5}  # fmt: skip
+RATE_ROWS = (
+    ("requests_per_s", "throughput", "req/s"),
+    ("output_tokens_per_s", "output", "tok/s"),
+    ("goodput_requests_per_s", "goodput", "req/s"),
+    ("goodput_output_tokens_per_s", "goodput output", "tok/s"),
+)
 LATENCY_PERCENTILES = (50, 95, 99)
 BOOTSTRAP_BLOCKS = 500  # resampled units: runs of consecutive requests (single requests in shorter runs)
 
@@ -102,24 +112,26 @@ class RunSample:
     summary: Summary
     requests: int
     plan_s: float  # the judged stages' total duration: warm-up, start-up and drain vary from run to run
-    blocks: np.ndarray  # per judged block: ok, output tokens of the ok, failed, ok + failed (blocks × 4)
+    # per judged block: ok, output tokens of the ok, failed, ok + failed, and with a goodput SLO the
+    # requests meeting it and their output tokens (blocks × 4 or 6)
+    blocks: np.ndarray
     latency: dict[str, Blocked]
+    goodput_slo: GoodputSLO | None = None
 
     @property
     def throughput(self) -> dict[str, float]:
-        """Successful requests and their output tokens per second of the plan."""
-        ok, tokens = self.blocks[:, :2].sum(axis=0)
-        return {"requests_per_s": float(ok / self.plan_s), "output_tokens_per_s": float(tokens / self.plan_s)}
+        """Successful requests (and good ones, with a goodput SLO) and their output tokens per second
+        of the plan."""
+        sums = self.blocks.sum(axis=0) / self.plan_s
+        return {key: float(sums[column]) for key, column in RATE_COLUMNS.items() if column < len(sums)}
 
 
 def read_run(run_dir: Path) -> tuple[RunManifest, RunRecords]:
     """A run's plan and records, or an InputError that says what is wrong with the directory."""
-    if not (run_dir / MANIFEST_FILE).is_file():
-        raise InputError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
+    manifest = read_manifest(run_dir)
     if not (run_dir / RECORDS_FILE).is_file():
         raise InputError(f"{run_dir} has no {RECORDS_FILE}")
     try:
-        manifest = load_manifest(run_dir)
         records = RunRecords.load(run_dir)
     except ValueError as exc:
         raise InputError(f"{run_dir}: {exc}") from None
@@ -128,7 +140,30 @@ def read_run(run_dir: Path) -> tuple[RunManifest, RunRecords]:
     return manifest, records
 
 
-def load_run(run_dir: Path) -> RunSample:
+def read_manifest(run_dir: Path) -> RunManifest:
+    if not (run_dir / MANIFEST_FILE).is_file():
+        raise InputError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
+    try:
+        return load_manifest(run_dir)
+    except ValueError as exc:
+        raise InputError(f"{run_dir}: {exc}") from None
+
+
+def common_goodput_slo(baseline: RunManifest, current: RunManifest) -> tuple[GoodputSLO | None, list[str]]:
+    """The goodput rule both runs are counted against: the current run's, else the baseline's; a
+    warning when they differ (goodput under different rules does not compare)."""
+    slo = current.goodput_slo or baseline.goodput_slo
+    if baseline.goodput_slo is not None and current.goodput_slo is not None and baseline.goodput_slo != slo:
+        return slo, [
+            f"the runs' goodput SLOs differ ({baseline.goodput_slo.describe()} vs {current.goodput_slo.describe()}):"
+            " both are counted against the current run's"
+        ]
+    return slo, []
+
+
+def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
+    """The run reduced to blocks; goodput counted against `goodput_slo` (the same rule for both runs
+    of a comparison), none when None."""
     manifest, records = read_run(run_dir)
     frame = records.frame
     n = len(frame)
@@ -137,13 +172,18 @@ def load_run(run_dir: Path) -> RunSample:
     judged = ~frame.stage.isin([s.name for s in manifest.stages if s.warmup]).to_numpy(dtype=bool)
     ok = judged & (frame.status == "ok").to_numpy(dtype=bool)
     itl = records.itl(ok, block, blocks)
-    summary = summarize(frame, manifest, itl=itl.percentiles())  # summarize_run's, without a second pass
-    per_record = (
+    good = good_requests(records, goodput_slo)
+    summary = summarize(frame, manifest, itl=itl.percentiles(), good=good)  # summarize_run's, one ITL pass
+    tokens = frame.output_tokens.fillna(0).to_numpy(dtype=float)
+    per_record = [
         ok,
-        np.where(ok, frame.output_tokens.fillna(0).to_numpy(dtype=float), 0.0),
+        np.where(ok, tokens, 0.0),
         judged & (frame.status == "failed").to_numpy(dtype=bool),
         judged & frame.status.isin(["ok", "failed"]).to_numpy(dtype=bool),  # cancelled: not an error
-    )
+    ]
+    if good is not None:
+        met = judged & good.to_numpy(dtype=bool)
+        per_record += [met, np.where(met, tokens, 0.0)]
     latency = {
         m: Blocked.of_values(np.where(ok, frame[f"{m}_ms"].to_numpy(dtype=float), np.nan), block, blocks)
         for m in ("ttft", "tpot", "e2e")
@@ -157,6 +197,7 @@ def load_run(run_dir: Path) -> RunSample:
         plan_s=sum(stage.duration_s for stage in manifest.stages if not stage.warmup),
         blocks=np.column_stack([np.bincount(block, weights=column, minlength=blocks) for column in per_record]),
         latency=latency,
+        goodput_slo=goodput_slo,
     )
 
 
@@ -174,9 +215,9 @@ def bootstrap(run: RunSample, settings: Bootstrap, stream: int) -> dict[str, np.
     rng = np.random.default_rng([settings.seed, stream])
     blocks = len(run.blocks)
     counts = rng.multinomial(blocks, np.full(blocks, 1 / blocks), size=settings.resamples).astype(float)
-    ok, tokens, failed, sent = (counts @ run.blocks).T
-    out = {"requests_per_s": ok / run.plan_s, "output_tokens_per_s": tokens / run.plan_s}
-    out["error_rate"] = _ratio(failed, sent)
+    sums = (counts @ run.blocks).T
+    out = {key: sums[column] / run.plan_s for key, column in RATE_COLUMNS.items() if column < len(sums)}
+    out["error_rate"] = _ratio(sums[2], sums[3])
     for metric, blocked in run.latency.items():
         resampled = quantiles(counts @ blocked.counts, np.array(LATENCY_PERCENTILES), blocked.first)
         out.update({f"{metric}.p{q}": resampled[:, i] for i, q in enumerate(LATENCY_PERCENTILES)})
@@ -269,7 +310,9 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
             limit = max(getattr(thresholds.latency_rise, key) * (b or 0.0), floor)
             diffs = cur_boot[f"{metric}.{key}"] - base_boot[f"{metric}.{key}"]
             rows.append(judge(f"{metric.upper()} {key}", "ms", 1, values=(b, c), diffs=diffs, limit=limit))
-    for key, name, unit in (("requests_per_s", "throughput", "req/s"), ("output_tokens_per_s", "output", "tok/s")):
+    for key, name, unit in RATE_ROWS:
+        if key not in baseline.throughput or key not in current.throughput:
+            continue
         b, c = (r.throughput[key] for r in (baseline, current))
         diffs = cur_boot[key] - base_boot[key]
         rows.append(judge(name, unit, -1, values=(b, c), diffs=diffs, limit=thresholds.throughput_drop * b))
@@ -385,10 +428,14 @@ def run(args: argparse.Namespace) -> int:
     """0: no regression; 1: a regression; 2: bad input."""
     try:
         thresholds = load_yaml_model(args.thresholds, Thresholds) if args.thresholds else Thresholds()
-        comparison = compare_runs(load_run(Path(args.baseline)), load_run(Path(args.current)), thresholds)
+        runs = (Path(args.baseline), Path(args.current))
+        slo, notes = common_goodput_slo(*(read_manifest(run_dir) for run_dir in runs))
+        baseline, current = (load_run(run_dir, slo) for run_dir in runs)
+        comparison = compare_runs(baseline, current, thresholds)
     except InputError as exc:
         print(f"llmload compare: {exc}", file=sys.stderr)
         return 2
+    comparison.warnings += notes
     sys.stdout.write(render_text(comparison))
     if args.markdown:
         args.markdown.write_text(render_markdown(comparison))

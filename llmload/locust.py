@@ -36,8 +36,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 
 from llmload.client import ChatClient, Limits
+from llmload.goodput import SYNTAX as GOODPUT_SYNTAX
+from llmload.goodput import parse_goodput_slo
 from llmload.live import LLM_TAB, LLM_TABLE, LiveStats
-from llmload.models import RequestRecord, RunManifest, Stage
+from llmload.models import GoodputSLO, RequestRecord, RunManifest, Stage, Verdict
 from llmload.observe import SERVER_FILE, Observer, gpu_reader
 from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.replay import Dispatcher, RequestDispatcher, RunClock, StealMeter, TraceDispatcher, TurnSender
@@ -59,6 +61,7 @@ from llmload.soak import parse_duration
 from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
+from llmload.yamlfile import InputError
 
 log = logging.getLogger("llmload")
 
@@ -109,6 +112,10 @@ def add_arguments(parser: Any) -> None:
         "--verdict", action="store_true", help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL"
     )
     add_criteria_arguments(group)
+    group.add_argument(
+        "--goodput-slo", action="append", default=[], metavar="SPEC",
+        help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
+    )  # fmt: skip
     group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
     group.add_argument(
         "--gpu-metrics",
@@ -133,6 +140,7 @@ class RunConfig:
     target_qps: float
     limits: Limits
     options: argparse.Namespace
+    goodput_slo: GoodputSLO | None
 
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> RunConfig:
@@ -170,7 +178,8 @@ class RunConfig:
         )
         if options.history_turns is not None and options.history_turns < 1:
             raise ValueError("--history-turns must be ≥ 1")
-        return cls(workload, stages, plan, target, limits, options)
+        goodput_slo = parse_goodput_slo(options.goodput_slo) if options.goodput_slo else None
+        return cls(workload, stages, plan, target, limits, options, goodput_slo)
 
     @property
     def end_s(self) -> float:
@@ -270,6 +279,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
     try:
         _state.config = RunConfig.from_options(options)
         _state.criteria = criteria_from_args(options) if options.verdict else None
+        criteria = _state.criteria
+        if criteria is not None and criteria.min_goodput_ratio is not None and _state.config.goodput_slo is None:
+            raise ValueError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
     except (WorkloadError, ValueError) as exc:  # InputError is a ValueError
         _fail_config(str(exc))
     if not environment.host:
@@ -399,6 +411,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             started_at=start_wall,
             workers=max(1, len(run.workers)),
             limits={k: float(v) for k, v in vars(config.limits).items()},
+            goodput_slo=config.goodput_slo,
         )
         run.run_dir.mkdir(parents=True, exist_ok=True)
         (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
@@ -572,7 +585,10 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     )
     (run.run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(run.manifest.model_dump(mode="json")))
     if _state.criteria is not None:
-        verdict = evaluate(run.run_dir, _state.criteria).verdict
+        try:
+            verdict = evaluate(run.run_dir, _state.criteria).verdict
+        except InputError as exc:  # stopped before any request: nothing to judge, and the report still written
+            verdict = Verdict(passed=False, reasons=[f"FAIL run: {exc}"])
         (run.run_dir / VERDICT_FILE).write_bytes(orjson.dumps(verdict.model_dump()))
         environment.process_exit_code = 0 if verdict.passed else 1
     summary = write_report(run.run_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 
 class Strict(BaseModel):
@@ -70,6 +70,38 @@ class WorkloadSpec(Strict):
     stats: dict[str, object] | None = None
 
 
+# --------------------------------------------------------------------------- goodput SLOs
+
+ItlStatistic = Literal["p50", "p90", "p95", "p99", "max"]
+
+
+class GoodputSLO(Strict):
+    """Per-request SLOs in ms (DistServe's goodput rule): a request is good when it succeeded and
+    meets every one given; `itl_stat` is the statistic of the request's own gaps judged."""
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    itl_ms: PositiveFloat | None = None
+    itl_stat: ItlStatistic = "max"
+    e2e_ms: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _some_slo(self) -> GoodputSLO:
+        if all(v is None for v in (self.ttft_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)):
+            raise ValueError("a goodput SLO needs at least one of ttft_ms, tpot_ms, itl_ms, e2e_ms")
+        return self
+
+    def describe(self) -> str:
+        """`TTFT ≤ 2000 ms, ITL p99 ≤ 50 ms`: the rule as reports print it."""
+        parts = [
+            (f"ITL {self.itl_stat} of each request" if name == "ITL" else name, limit)
+            for name, limit in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("ITL", self.itl_ms),
+                                ("E2E", self.e2e_ms))
+            if limit is not None
+        ]  # fmt: skip
+        return ", ".join(f"{name} ≤ {limit:g} ms" for name, limit in parts)
+
+
 # --------------------------------------------------------------------------- run plan
 
 
@@ -110,6 +142,7 @@ class RunManifest(Strict):
     cpu_steal_percent: float | None = Field(
         default=None, description="hypervisor steal on the load generator's machine (the master's) during the run"
     )
+    goodput_slo: GoodputSLO | None = Field(default=None, description="per-request SLOs goodput counts against")
 
 
 # --------------------------------------------------------------------------- run records
@@ -210,10 +243,19 @@ class LatencySummary(BaseModel):
     e2e_from_schedule: Percentiles
 
 
+class Goodput(BaseModel):
+    """Requests meeting every goodput SLO, per second; cancelled requests are in neither figure."""
+
+    requests_per_s: float
+    output_tokens_per_s: float
+    slo_attainment: float | None = Field(description="good / answered (ok + failed); None: none answered")
+
+
 class Throughput(BaseModel):
     requests_per_s: float
     output_tokens_per_s: float
     total_tokens_per_s: float
+    goodput: Goodput | None = Field(default=None, description="with a goodput SLO (run.goodput_slo)")
 
 
 class TokenSummary(BaseModel):
@@ -242,6 +284,9 @@ class StageSummary(BaseModel):
         default_factory=dict, description="share of the stage's sent requests by turn number (1, 2, ... '8+')"
     )
     warmup: bool = False
+    goodput: Goodput | None = Field(
+        default=None, description="of the requests sent in the stage's window, per second of the stage"
+    )
     shortfall: bool = Field(
         description="fewer requests sent in the stage than 98% of its target (rounded down), or schedule delay"
         " p99 > 100 ms"
@@ -299,6 +344,7 @@ class RunInfo(BaseModel):
     workers: int
     load_generator_cpu_max_percent: float | None = None
     cpu_steal_percent: float | None = None
+    goodput_slo: GoodputSLO | None = None
     warnings: list[str] = Field(default_factory=list)
 
 

@@ -205,3 +205,26 @@ class RunRecords:
                 mine = owner == group
                 histograms.add(gaps if mine.all() else gaps[np.repeat(mine, lengths)], group)
         return histograms
+
+    def itl_per_request(self, selected: np.ndarray, percentile: float | None) -> np.ndarray:
+        """Each selected record's statistic of its own gaps: the linear `percentile` (as numpy's), or
+        the max when None; NaN for other records and those without gaps. One row group at a time,
+        so no record's gap list is ever a Python object."""
+        out = np.full(len(selected), np.nan)
+        for batch_rows, batch_lengths, gaps in gap_batches(self.parquet, selected):
+            has = batch_lengths > 0
+            rows, lengths = batch_rows[has], batch_lengths[has]
+            if not rows.size:
+                continue
+            starts = np.cumsum(lengths) - lengths
+            if percentile is None:
+                out[rows] = np.maximum.reduceat(gaps, starts)
+                continue
+            owner = np.repeat(np.arange(rows.size), lengths)
+            ordered = gaps[np.lexsort((gaps, owner))].astype(float)  # each record's gaps, ascending
+            position = percentile / 100 * (lengths - 1)
+            low = np.floor(position).astype(np.int64)
+            high = np.minimum(low + 1, lengths - 1)
+            below, above = ordered[starts + low], ordered[starts + high]
+            out[rows] = below + (position - low) * (above - below)
+        return out

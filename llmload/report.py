@@ -16,9 +16,11 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from llmload.goodput import good_requests
 from llmload.models import (
     OOM_FAMILY,
     FailureSummary,
+    Goodput,
     LatencySummary,
     Percentiles,
     RequestCounts,
@@ -80,10 +82,24 @@ def _turn_mix(turns: pd.Series) -> dict[str, float]:
     return {(f"{n}+" if n == TURN_MIX_DEEPEST else str(n)): round(float(v), 4) for n, v in shares.items()}
 
 
-def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSummary]:
-    """Per stage: target, offered (scheduled) and achieved (sent in the stage's window) rates, and
-    what the stage carried (turn depths, prompt lengths). Shortfall is judged against the target.
-    Rows are selected with the few columns used: a run can hold 10M records."""
+def goodput(rows: pd.DataFrame, good: pd.Series | None, seconds: float) -> Goodput | None:
+    """Goodput of `rows` (status and output_tokens; None without an SLO): the good ones per second,
+    and their share of the answered ones; cancelled and never-sent requests are in neither."""
+    if good is None:
+        return None
+    answered = rows.status.isin(["ok", "failed"]).to_numpy(dtype=bool)
+    met = answered & good.loc[rows.index].to_numpy(dtype=bool)
+    return Goodput(
+        requests_per_s=int(met.sum()) / seconds,
+        output_tokens_per_s=float(rows.output_tokens[met].fillna(0).sum()) / seconds,
+        slo_attainment=int(met.sum()) / int(answered.sum()) if answered.any() else None,
+    )
+
+
+def _stage_summaries(df: pd.DataFrame, manifest: RunManifest, good: pd.Series | None) -> list[StageSummary]:
+    """Per stage: target, offered (scheduled) and achieved (sent in the stage's window) rates, goodput
+    (of the same window), and what the stage carried (turn depths, prompt lengths). Shortfall is
+    judged against the target. Rows are selected with the few columns used: a run can hold 10M records."""
     out = []
     sent_at = df.sent_at.to_numpy(dtype=float)
     is_sent = (df.status != "not_sent").to_numpy(dtype=bool)
@@ -91,7 +107,8 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSumma
         mine = (df.stage == stage.name).to_numpy(dtype=bool)
         rows = df.loc[mine, ["status", "turn", "schedule_delay_ms", "ttft_ms", "e2e_ms", "prompt_tokens"]]
         window_start = manifest.started_at + stage.start_s
-        in_window = int((is_sent & (sent_at >= window_start) & (sent_at < window_start + stage.duration_s)).sum())
+        in_window = is_sent & (sent_at >= window_start) & (sent_at < window_start + stage.duration_s)
+        sent_in_window = int(in_window.sum())
         delay_p99 = _quantile(rows.schedule_delay_ms, 99)
         ok = rows[rows.status == "ok"]
         needed = math.floor(SHORTFALL_RATIO * stage.qps * stage.duration_s + 1e-9)
@@ -100,7 +117,7 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSumma
                 name=stage.name,
                 target_qps=stage.qps,
                 offered_qps=len(rows) / stage.duration_s,
-                achieved_qps=in_window / stage.duration_s,
+                achieved_qps=sent_in_window / stage.duration_s,
                 duration_s=stage.duration_s,
                 scheduled=len(rows),
                 ok=len(ok),
@@ -115,7 +132,8 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[StageSumma
                 prompt_tokens_p99=_quantile(ok.prompt_tokens, 99),
                 turn_mix=_turn_mix(rows.turn[rows.status != "not_sent"]),
                 warmup=stage.warmup,
-                shortfall=bool(in_window < needed or (delay_p99 or 0) > SHORTFALL_DELAY_MS),
+                goodput=goodput(df.loc[in_window, ["status", "output_tokens"]], good, stage.duration_s),
+                shortfall=bool(sent_in_window < needed or (delay_p99 or 0) > SHORTFALL_DELAY_MS),
             )
         )
     return out
@@ -149,11 +167,12 @@ def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     return out
 
 
-def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles) -> Summary:
+def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles, good: pd.Series | None = None) -> Summary:
     """The run's summary. The stage table covers every stage; every other figure leaves out the
     warm-up, which is reported but never judged. `itl`: of the gaps of the same requests as TTFT
-    (they are streamed apart from `df`: see summarize_run)."""
-    stages = _stage_summaries(df, manifest)
+    (they are streamed apart from `df`: see summarize_run); `good`: which records met the goodput
+    SLO (llmload.goodput.good_requests), None without one."""
+    stages = _stage_summaries(df, manifest, good)
     in_warmup = df.stage.isin({s.name for s in manifest.stages if s.warmup})
     if in_warmup.any():
         df = df[~in_warmup]
@@ -202,6 +221,7 @@ def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles) -> S
             workers=manifest.workers,
             load_generator_cpu_max_percent=cpu,
             cpu_steal_percent=steal,
+            goodput_slo=manifest.goodput_slo,
             warnings=warnings,
         ),
         requests=RequestCounts(
@@ -226,6 +246,7 @@ def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles) -> S
             requests_per_s=len(ok) / elapsed,
             output_tokens_per_s=output_tokens / elapsed,
             total_tokens_per_s=(output_tokens + prompt_tokens) / elapsed,
+            goodput=goodput(df[["status", "output_tokens"]], good, elapsed),
         ),
         tokens=TokenSummary(prompt=_token_percentiles(ok.prompt_tokens), output=_token_percentiles(ok.output_tokens)),
         stages=stages,
@@ -269,16 +290,17 @@ class RunItl:
 
 def summarize_run(records: RunRecords, manifest: RunManifest) -> Summary:
     """summarize() of a run's records, the ITL gaps streamed from requests.parquet."""
-    return summarize(records.frame, manifest, itl=RunItl.count(records, manifest).judged)
+    good = good_requests(records, manifest.goodput_slo)
+    return summarize(records.frame, manifest, itl=RunItl.count(records, manifest).judged, good=good)
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
-def percent(fraction: float | None) -> str:
-    """A 0..1 share as a whole percent."""
-    return "–" if fraction is None else f"{100 * fraction:.0f}%"
+def percent(fraction: float | None, digits: int = 0) -> str:
+    """A 0..1 share as a percent."""
+    return "–" if fraction is None else f"{100 * fraction:.{digits}f}%"
 
 
 def _gpu_lines(server: ServerSummary | None) -> list[str]:
@@ -311,6 +333,32 @@ def turn_depths(mix: dict[str, float]) -> str:
 
     deep = sum(v for k, v in mix.items() if k not in ("1", "2", "3"))
     return "/".join(f"{100 * v:.0f}" for v in (share("1"), share("2"), share("3"), deep))
+
+
+def _goodput_markdown(summary: Summary) -> list[str]:
+    """The goodput section: the SLO rule, the run's figure and each stage's (none without an SLO)."""
+    slo, overall = summary.run.goodput_slo, summary.throughput.goodput
+    if slo is None or overall is None:
+        return []
+    lines = [
+        "",
+        "## Goodput",
+        "",
+        f"Requests meeting every SLO ({slo.describe()}): {overall.requests_per_s:.2f} req/s, "
+        f"{overall.output_tokens_per_s:,.0f} output tok/s, {percent(overall.slo_attainment, 1)} of the answered"
+        " requests. Failed requests count against it; cancelled ones are left out.",
+        "",
+        "| stage | achieved req/s | goodput req/s | goodput output tok/s | SLO met |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for s in summary.stages:
+        if s.goodput is not None:
+            name = f"{s.name} (not judged)" if s.warmup else s.name
+            lines.append(
+                f"| {name} | {s.achieved_qps:.2f} | {s.goodput.requests_per_s:.2f} "
+                f"| {s.goodput.output_tokens_per_s:,.0f} | {percent(s.goodput.slo_attainment, 1)} |"
+            )
+    return lines
 
 
 def render_markdown(summary: Summary) -> str:
@@ -380,6 +428,7 @@ def render_markdown(summary: Summary) -> str:
         )
     if any(s.warmup for s in summary.stages):
         lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
+    lines += _goodput_markdown(summary)
     lines += [
         "",
         "## By turn (history growth)",
@@ -418,7 +467,7 @@ def write_report(run_dir: Path) -> Summary:
     records = RunRecords.load(run_dir)
     finished = manifest.finished_at or float(records.frame.finished_at.max())
     itl = RunItl.count(records, manifest, chart_window_s(manifest, finished))  # one pass: summary and chart
-    summary = summarize(records.frame, manifest, itl=itl.judged)
+    summary = summarize(records.frame, manifest, itl=itl.judged, good=good_requests(records, manifest.goodput_slo))
     summary.server = server_summary(run_dir / SERVER_FILE)
     if (run_dir / VERDICT_FILE).is_file():
         summary.verdict = Verdict.model_validate_json((run_dir / VERDICT_FILE).read_bytes())

@@ -29,7 +29,7 @@ from matplotlib.typing import RcKeyType
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe import GPU_SOURCES, SERVER_FILE, gpu_frame, series_max, server_frame
 from llmload.records import RunRecords
-from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percent, percentiles, summarize, turn_depths
+from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percent, percentiles, summarize_run, turn_depths
 from llmload.sketch import METHOD as ITL_METHOD
 from llmload.sketch import quantiles
 
@@ -45,7 +45,7 @@ CATEGORY_COLORS = dict(
     )
 )
 P50, P99 = "#1f77b4", "#d62728"
-_RC: dict[RcKeyType, Any] = {
+RC: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.grid": True,
     "grid.alpha": 0.3,
@@ -96,7 +96,7 @@ def load_run(run_dir: Path, source: RunRecords | None = None, itl: RunItl | None
     if summary_path.exists():
         summary = Summary.model_validate_json(summary_path.read_bytes())
     else:
-        summary = summarize(source.frame, manifest, itl=RunItl.count(source, manifest).judged)
+        summary = summarize_run(source, manifest)
     server = server_frame(run_dir / SERVER_FILE)
     span = _span_s(manifest, summary.run.finished_at)
     window_s = _window_s(span)
@@ -123,7 +123,7 @@ def _window_s(span_s: float) -> float:
     return float(math.ceil(span_s / MAX_WINDOWS))
 
 
-def _svg(fig: Figure, salt: str) -> str:
+def svg_data_uri(fig: Figure, salt: str) -> str:
     buffer = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": salt}):  # stable ids: the same run renders the same bytes
         fig.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
@@ -143,7 +143,7 @@ def _time_axis(ax: Axes, run: Run, *, names: bool) -> None:
         ax.axvline(run.stages[-1].end_s, color="0.4", linestyle="--", linewidth=1)
 
 
-def _legend(ax: Axes, **kwargs: Any) -> None:
+def legend(ax: Axes, **kwargs: Any) -> None:
     """Beside the plot, never over the data."""
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), **kwargs)
 
@@ -182,7 +182,7 @@ def _latency_chart(run: Run) -> Figure | str:
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         _time_axis(ax, run, names=i == 0)
-    _legend(axes[0])
+    legend(axes[0])
     axes[-1].set_xlabel(f"seconds since start (by send time, {run.window_s:g} s windows)")
     return fig
 
@@ -203,7 +203,7 @@ def _qps_chart(run: Run) -> Figure | str:
                         va="bottom", fontsize=8, color=P99)  # fmt: skip
     ax.set_xticks(x, [s.name for s in stages])
     ax.set_ylabel("requests/s")
-    _legend(ax)
+    legend(ax)
     return fig
 
 
@@ -251,7 +251,7 @@ def _server_chart(run: Run) -> Figure | str:
         _time_axis(ax, run, names=ax is kv_ax)
         for at in unhealthy:  # samples where /health was not 200 or nothing answered
             ax.axvspan(at - half, at + half, color=P99, alpha=0.15, linewidth=0)
-    _legend(queue_ax, title="red: /health not 200" if len(unhealthy) else None)
+    legend(queue_ax, title="red: /health not 200" if len(unhealthy) else None)
     return fig
 
 
@@ -277,7 +277,7 @@ def _gpu_chart(run: Run) -> Figure | str | None:
     for ax in (memory_ax, util_ax):
         ax.set_ylim(0, 105)
         _time_axis(ax, run, names=ax is memory_ax)
-    _legend(memory_ax)
+    legend(memory_ax)
     return fig
 
 
@@ -301,7 +301,7 @@ def _failures_chart(run: Run) -> Figure | str:
     ax.set_ylabel(f"failures per {run.window_s:g} s")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("seconds since start (by end time)")
-    _legend(ax)
+    legend(ax)
     return fig
 
 
@@ -322,7 +322,7 @@ def _turns_chart(run: Run) -> Figure | str:
         ax.set_xlabel("turn")
         ax.set_ylim(bottom=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    _legend(ttft_ax)
+    legend(ttft_ax)
     return fig
 
 
@@ -386,18 +386,7 @@ def _failure_rows(run: Run) -> list[dict[str, object]]:
     return rows
 
 
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-_ENV.filters["fmt"] = fmt
-_ENV.filters["percent"] = percent
-_ENV.filters["turn_depths"] = turn_depths
-TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>llmload run {{ s.run.run_id }}</title>
-<style>
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1100px;
+STYLE = """body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1100px;
        padding: 1.2em 1.5em 3em; color: #222; line-height: 1.4; }
 h1 { font-size: 1.5em; margin-bottom: .2em; } h2 { font-size: 1.15em; margin: 1.6em 0 .5em; }
 .meta { color: #555; margin-top: 0; }
@@ -413,7 +402,19 @@ th { background: #f3f3f3; } td.l, th.l { text-align: left; } td.msg { text-align
 tr.oom td:first-child { color: #b00; font-weight: 600; }
 .note { color: #666; font-style: italic; padding: .8em 1em; background: #f7f7f7; border-radius: 4px; }
 figure { margin: 0 0 1.2em; } figure img { width: 100%; height: auto; display: block; }
-</style></head><body>
+"""  # shared with the search page (llmload.search)
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+_ENV.filters["fmt"] = fmt
+_ENV.filters["turn_depths"] = turn_depths
+_ENV.filters["percent"] = percent
+TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>llmload run {{ s.run.run_id }}</title>
+<style>
+{{ style | safe }}</style></head><body>
 <h1>llmload run <code>{{ s.run.run_id }}</code></h1>
 <p class="meta">Target {{ s.run.host }} (model {{ s.run.model or "?" }}), workload {{ s.run.workload }},
 {{ s.run.arrival }} arrivals, target {{ s.run.target_qps | fmt(2) }} req/s, {{ s.run.workers }} load-generator
@@ -447,7 +448,20 @@ preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting
 <td>{{ g.memory_used_max_mib | fmt(0) }}</td><td>{{ g.memory_total_mib | fmt(0) }}</td>
 <td>{{ g.utilization_mean_percent | fmt(0) }}</td><td>{{ g.utilization_max_percent | fmt(0) }}</td></tr>
 {% endfor %}</table>
-{% endif %}{% for chart in charts %}<h2>{{ chart.title }}</h2>
+{% endif %}
+{% if s.run.goodput_slo and s.throughput.goodput %}{% set g = s.throughput.goodput %}
+<h2>Goodput</h2>
+<p>Requests meeting every SLO ({{ s.run.goodput_slo.describe() }}): {{ g.requests_per_s | fmt(2) }} req/s,
+{{ g.output_tokens_per_s | fmt(0) }} output tok/s, {{ g.slo_attainment | percent(1) }} of the answered requests.
+Failed requests count against it; cancelled ones are left out.</p>
+<table><tr><th class="l">stage</th><th>achieved req/s</th><th>goodput req/s</th><th>goodput output tok/s</th>
+<th>SLO met</th></tr>
+{% for st in s.stages if st.goodput %}<tr><td class="l">{{ st.name }}{% if st.warmup %} (not judged){% endif %}</td>
+<td>{{ st.achieved_qps | fmt(2) }}</td><td>{{ st.goodput.requests_per_s | fmt(2) }}</td>
+<td>{{ st.goodput.output_tokens_per_s | fmt(0) }}</td><td>{{ st.goodput.slo_attainment | percent(1) }}</td></tr>
+{% endfor %}</table>
+{% endif %}
+{% for chart in charts %}<h2>{{ chart.title }}</h2>
 {% if chart.image %}<figure><img src="{{ chart.image }}" alt="{{ chart.title }}"></figure>
 {% else %}<p class="note">{{ chart.note }}</p>{% endif %}
 {% endfor %}
@@ -482,7 +496,7 @@ def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | 
     requests.jsonl if need be), summary.json and server.jsonl."""
     run = load_run(run_dir, records, itl)
     charts = []
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         for title, draw in CHARTS:
             drawn = draw(run)
             if drawn is None:
@@ -490,7 +504,7 @@ def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | 
             if isinstance(drawn, str):
                 charts.append(Chart(title, note=drawn))
             else:
-                charts.append(Chart(title, image=_svg(drawn, run.manifest.run_id)))
+                charts.append(Chart(title, image=svg_data_uri(drawn, run.manifest.run_id)))
     lat = run.summary.latency_ms
     html = TEMPLATE.render(
         s=run.summary,
@@ -498,6 +512,7 @@ def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | 
         charts=charts,
         failures=_failure_rows(run),
         itl_method=ITL_METHOD,
+        style=STYLE,
     )
     path = run_dir / HTML_FILE
     path.write_text(html, encoding="utf-8")

@@ -21,7 +21,7 @@ import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from llmload.compare import read_run
-from llmload.models import OOM_FAMILY, Stage, StageSummary, Strict, Verdict
+from llmload.models import OOM_FAMILY, RunManifest, Stage, StageSummary, Strict, Verdict
 from llmload.observe import SERVER_FILE, server_frame
 from llmload.report import percentiles, summarize_run
 from llmload.yamlfile import InputError, load_yaml_model
@@ -86,6 +86,9 @@ class SoakCriteria(Strict):
     min_achieved_ratio: float = Field(default=0.98, ge=0, le=1, description="achieved / target req/s in the hold")
     slo_ttft_p99_ms: PositiveFloat | None = None
     slo_e2e_p99_ms: PositiveFloat | None = None
+    min_goodput_ratio: float | None = Field(
+        default=None, ge=0, le=1, description="goodput / achieved req/s in the hold; the run needs --goodput-slo"
+    )
     drift: DriftCriteria = DriftCriteria()
     alerts: AlertCriteria = AlertCriteria()
 
@@ -272,6 +275,23 @@ def _slo_check(name: str, measured: float | None, slo: float | None, flag: str) 
     return Check(name=name, status=status, detail=f"{measured:.1f} ms in the hold; SLO {slo:g} ms")
 
 
+def _goodput_check(stage: StageSummary, minimum: float | None, manifest: RunManifest) -> Check:
+    name = "goodput ratio"
+    if minimum is None:
+        return Check(name=name, status="skip", detail="no minimum given (--min-goodput-ratio)")
+    if manifest.goodput_slo is None or stage.goodput is None:
+        return Check(name=name, status="fail", detail="the run has no goodput SLO (--goodput-slo) to count against")
+    ratio = stage.goodput.slo_attainment
+    if ratio is None:
+        return Check(name=name, status="fail", detail=f"no request answered in the hold; limit ≥ {minimum:.0%}")
+    return Check(
+        name=name,
+        status="fail" if ratio < minimum else "pass",
+        detail=f"{ratio:.1%} of the answered requests met every SLO ({manifest.goodput_slo.describe()}): goodput "
+        f"{stage.goodput.requests_per_s:.2f} req/s in the hold; limit ≥ {minimum:.0%}",
+    )
+
+
 def _alert(
     name: str,
     series: pd.Series | None,
@@ -328,6 +348,7 @@ def evaluate(run_dir: Path, criteria: SoakCriteria) -> SoakResult:
         *_rate_checks(hold_summary, criteria),
         _slo_check("p99 TTFT SLO", hold_summary.ttft_p99_ms, criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
         _slo_check("p99 E2E SLO", hold_summary.e2e_p99_ms, criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
+        _goodput_check(hold_summary, criteria.min_goodput_ratio, manifest),
         drift_check("p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms),
         drift_check("p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms),
         drift_check(
@@ -368,6 +389,9 @@ def add_criteria_arguments(parser: Any) -> None:
         "--min-achieved-ratio", type=float, default=None, help="achieved/offered req/s the hold needs (0.98)"
     )
     parser.add_argument(
+        "--min-goodput-ratio", type=float, default=None, help="goodput/achieved req/s the hold needs (--goodput-slo)"
+    )
+    parser.add_argument(
         "--alerts",
         dest="soak_alerts",
         choices=["warn", "fail"],
@@ -377,7 +401,7 @@ def add_criteria_arguments(parser: Any) -> None:
     )
 
 
-_FLAG_FIELDS = ("slo_ttft_p99_ms", "slo_e2e_p99_ms", "max_error_rate", "min_achieved_ratio")
+_FLAG_FIELDS = ("slo_ttft_p99_ms", "slo_e2e_p99_ms", "max_error_rate", "min_achieved_ratio", "min_goodput_ratio")
 
 
 def criteria_from_args(args: argparse.Namespace) -> SoakCriteria:

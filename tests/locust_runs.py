@@ -12,10 +12,11 @@ from typing import Any
 import orjson
 import pandas as pd
 
-from llmload.models import Session, WorkloadSpec
+from llmload.models import Message, Session, Turn, WorkloadSpec
 from llmload.records import read_records
 from llmload.workload import save_workload
-from llmload.workload.synth import synthesize_chat_workload
+from llmload.workload.synth import TextSynthesizer, synthesize_chat_workload
+from llmload.workload.tokens import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO / "loadtests" / "chat.py"
@@ -35,6 +36,14 @@ def small_workload(
         think_time_median_s=think_s,
     )
     return save_workload(spec, sessions, directory / f"{name}.yaml")
+
+
+def fixed_output_workload(directory: Path, output_tokens: int, sessions: int = 300) -> Path:
+    """Single-turn requests of ~50 prompt tokens and exactly `output_tokens` output tokens: a load
+    whose engine cost is known, for checks against the simulator's saturation rate."""
+    synth = TextSynthesizer(get_tokenizer("cl100k_base"), seed=1)
+    turn = lambda: Turn(messages=[Message(role="user", content=synth.text(40))], output_tokens=output_tokens)  # noqa: E731
+    return write_workload(directory, "single", [Session(id=f"s{i}", turns=[turn()]) for i in range(sessions)])
 
 
 def write_workload(directory: Path, name: str, sessions: list[Session], **spec: Any) -> Path:

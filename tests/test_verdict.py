@@ -22,7 +22,7 @@ from llmload.yamlfile import InputError
 from tests.locust_runs import run_locust, small_workload
 
 CHECKS = [
-    "OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO",
+    "OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO", "goodput ratio",
     "p99 TTFT drift", "p99 E2E drift", "KV-cache usage drift", "waiting-queue drift", "preemption-rate drift",
     "KV-cache usage alert", "waiting-queue alert", "p99 E2E alert", "GPU memory alert",
 ]  # fmt: skip

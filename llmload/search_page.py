@@ -1,0 +1,100 @@
+"""search.html: one self-contained page per search, as report.html is per run: latency and goodput
+against the probed rate, each probe's verdict with its reason, and a link to each probe's report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jinja2
+import matplotlib
+from matplotlib.figure import Figure
+
+from llmload.report import fmt
+from llmload.report_html import P50, P99, RC, STYLE, legend, svg_data_uri
+
+if TYPE_CHECKING:
+    from llmload.search import SearchResult
+
+PASS_COLOR, FAIL_COLOR = "#2ca02c", P99
+
+
+def _chart(result: SearchResult) -> Figure | None:
+    probes = [p for p in result.judged() if p.ttft_p99_ms is not None or p.achieved_qps is not None]
+    if not probes:
+        return None
+    fig = Figure(figsize=(10, 5.6))
+    latency_ax, rate_ax = fig.subplots(2, 1, sharex=True)
+    for name, attribute, color in (("TTFT p50", "ttft_p50_ms", P50), ("TTFT p99", "ttft_p99_ms", P99),
+                                   ("E2E p99", "e2e_p99_ms", "0.35")):  # fmt: skip
+        points = sorted((p.qps, getattr(p, attribute)) for p in probes if getattr(p, attribute) is not None)
+        latency_ax.plot(*zip(*points, strict=True), color=color, marker="o", linewidth=1, label=name)
+    latency_ax.set_yscale("log")
+    latency_ax.set_ylabel("ms (hold, successful requests)")
+    rates = [p.qps for p in probes]
+    rate_ax.plot([0, max(rates)], [0, max(rates)], color="0.8", linestyle="--", label="target")
+    for name, attribute, marker in (("achieved", "achieved_qps", "o"), ("goodput", "goodput_qps", "s")):
+        chosen = [p for p in probes if getattr(p, attribute) is not None]
+        if not chosen:
+            continue
+        colors = [PASS_COLOR if p.passed else FAIL_COLOR for p in chosen]
+        rate_ax.scatter([p.qps for p in chosen], [getattr(p, attribute) for p in chosen], c=colors, marker=marker,
+                        label=f"{name} (green: pass, red: fail)")  # fmt: skip
+    rate_ax.set_ylabel("req/s in the hold")
+    rate_ax.set_xlabel("probed rate (req/s)")
+    rate_ax.set_ylim(bottom=0)
+    for ax in (latency_ax, rate_ax):
+        if result.passing_qps is not None and result.failing_qps is not None:
+            ax.axvspan(result.passing_qps, result.failing_qps, color="#e6a700", alpha=0.2, linewidth=0)
+        for probe in probes:
+            ax.axvline(probe.qps, color=PASS_COLOR if probe.passed else FAIL_COLOR, alpha=0.25, linewidth=1)
+        legend(ax)
+    return fig
+
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+_ENV.filters["fmt"] = fmt
+TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
+<title>llmload search {{ r.search_id }}</title>
+<style>
+{{ style | safe }}</style></head><body>
+<h1>llmload search <code>{{ r.search_id }}</code></h1>
+<p class="meta">Target {{ r.host }}, workload {{ r.workload }}, rates up to {{ r.max_qps | fmt(2) }} req/s,
+{{ r.probe_s | fmt(0) }} s holds, the answer passed {{ r.repeats }} probe(s){% if r.goodput_slo %}, goodput SLO
+{{ r.goodput_slo.describe() }}{% endif %}; {{ r.probes | length }} probe(s).</p>
+<div class="verdict {{ 'pass' if ok else 'fail' }}"><strong>{% if r.passing_qps is not none
+%}{{ r.passing_qps | fmt(2) }} req/s{% else %}no passing rate{% endif %}</strong><ul><li>{{ r.conclusion }}</li>
+{% if r.confirmed is not none %}<li>Confirming soak at the rate found: {{ 'PASS' if r.confirmed else 'FAIL' }}</li>
+{% endif %}
+{% if r.required_qps is not none %}<li>Required: {{ r.required_qps | fmt(2) }} req/s</li>{% endif %}</ul></div>
+{% if r.outcome == "interrupted" %}<div class="warn">Interrupted: this page holds what the search had learned.</div>
+{% endif %}
+<h2>Latency and goodput against rate</h2>
+{% if chart %}<figure><img src="{{ chart }}" alt="latency and goodput against rate"></figure>
+<p class="meta">Shaded: the boundary interval, between the highest passing and the lowest failing rate.</p>
+{% else %}<p class="note">No probe finished yet.</p>{% endif %}
+<h2>Probes</h2>
+<table><tr><th>#</th><th>rate req/s</th><th class="l">verdict</th><th>achieved</th><th>goodput</th>
+<th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p99 ms</th><th class="l">why it failed</th>
+<th class="l">report</th></tr>
+{% for p in r.probes %}<tr><td>{{ loop.index }}</td><td>{{ p.qps | fmt(2) }}</td>
+<td class="l">{% if p.passed is none %}not judged{% elif p.passed %}PASS{% else %}<b>FAIL</b>{% endif
+%}{% if p.confirm %} (confirming soak){% endif %}</td><td>{{ p.achieved_qps | fmt(2) }}</td>
+<td>{{ p.goodput_qps | fmt(2) }}</td><td>{{ p.ttft_p50_ms | fmt }}</td><td>{{ p.ttft_p99_ms | fmt }}</td>
+<td>{{ p.e2e_p99_ms | fmt }}</td><td class="msg">{% for line in p.failed_checks %}{{ line }}<br>{% endfor %}</td>
+<td class="l"><a href="{{ p.run_id }}/report.html">{{ p.run_id }}</a></td></tr>
+{% endfor %}</table>
+</body></html>
+""")
+
+
+def render_page(result: SearchResult, path: Path) -> None:
+    with matplotlib.rc_context(RC):
+        figure = _chart(result)
+        chart = svg_data_uri(figure, result.search_id) if figure is not None else None
+    ok = result.passing_qps is not None and result.confirmed is not False
+    path.write_text(TEMPLATE.render(r=result, chart=chart, ok=ok, style=STYLE), encoding="utf-8")

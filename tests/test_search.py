@@ -1,0 +1,183 @@
+"""`llmload search`: the bracket-and-bisect rule, real searches against the simulator (its engine's
+saturation rate as ground truth), Ctrl-C, exit codes and the refusal of SLOs that do not exist."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llmload.records import read_records
+from llmload.search import Bounds, Probe, boundary, next_rate
+from llmload.sim.process import SimProcess
+from llmload.sim.profiles import PROFILES
+from tests.locust_runs import REPO, fixed_output_workload, small_workload
+
+OUTPUT_TOKENS = 64
+MAX_NUM_SEQS = 4
+
+
+def _search_command(reports: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "llmload.cli", "search", "--reports-dir", str(reports), "--search-id", "s", *flags]
+
+
+def _search(reports: Path, *flags: str, timeout: float) -> tuple[int, str, dict]:
+    proc = subprocess.run(
+        _search_command(reports, *flags), cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    result = reports / "s" / "search.json"
+    return proc.returncode, proc.stdout + proc.stderr, orjson.loads(result.read_bytes()) if result.exists() else {}
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+def _run(bounds: Bounds, passes: object) -> list[Probe]:
+    """The search's loop with `passes(rate, attempt)` deciding each probe."""
+    probes: list[Probe] = []
+    while (rate := next_rate(bounds, probes)[0]) is not None:
+        attempt = sum(p.qps == rate for p in probes)
+        probes.append(Probe(run_id=str(len(probes)), qps=rate, passed=passes(rate, attempt)))  # type: ignore[operator]
+        assert len(probes) < 40
+    return probes
+
+
+BOUNDS = Bounds(start_qps=5, min_qps=0.5, max_qps=100, growth=2, resolution=0.05, repeats=2)
+
+
+def test_brackets_then_bisects_to_the_resolution_and_the_answer_passed_every_probe() -> None:
+    probes = _run(BOUNDS, lambda rate, _: rate <= 13.3)
+    lo, hi = boundary(probes)
+    assert lo is not None and hi is not None
+    assert lo <= 13.3 < hi and (hi - lo) <= 0.05 * lo
+    assert [p.qps for p in probes[:3]] == [5, 10, 20]  # bracketing: ×2 until a failure
+    at_answer = [p for p in probes if p.qps == lo]
+    assert len(at_answer) == 2 and all(p.passed for p in at_answer)
+
+
+def test_a_lucky_pass_is_not_the_answer_and_a_failing_rate_never_is() -> None:
+    """15 fails on its repeat (a lucky first pass): the answer falls below it."""
+    probes = _run(BOUNDS, lambda rate, attempt: rate <= 10 or (rate == 15 and attempt == 0))
+    lo, _ = boundary(probes)
+    assert lo is not None and lo <= 10
+    failing_rates = {p.qps for p in probes if not p.passed}
+    assert lo not in failing_rates and 15 in failing_rates
+    assert [p.passed for p in probes if p.qps == 15] == [True, False]
+
+
+def test_nothing_passes_or_everything_does() -> None:
+    nothing = _run(BOUNDS, lambda rate, _: False)
+    assert boundary(nothing) == (None, min(p.qps for p in nothing))
+    assert next_rate(BOUNDS, nothing) == (None, "none") and min(p.qps for p in nothing) >= BOUNDS.min_qps
+    everything = _run(BOUNDS, lambda rate, _: True)
+    assert boundary(everything) == (100, None) and next_rate(BOUNDS, everything) == (None, "capped")
+
+
+# --------------------------------------------------------------------------- ground truth
+
+
+def test_the_rate_found_is_the_simulators_saturation_rate(tmp_path: Path) -> None:
+    """vllm-cpu-tiny capped at 4 running sequences: past its saturation rate the queue grows without end."""
+    reports = tmp_path / "reports"
+    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+    with SimProcess("--profile", "vllm-cpu-tiny", "--max-num-seqs", str(MAX_NUM_SEQS)) as sim:
+        code, output, result = _search(
+            reports, "--host", sim.url, "--workload", str(workload), "--max-qps", "40",
+            "--start-qps", "10", "--resolution", "0.1", "--probe-duration", "8s", "--probe-warmup", "2s",
+            "--arrival", "constant", "--metrics-interval", "0.5", timeout=600,
+        )  # fmt: skip
+    assert code == 0, output[-4000:]
+    first = reports / "s" / result["probes"][0]["run_id"]
+    prompt = float(read_records(first / "requests.jsonl").prompt_tokens.mean())
+    truth = PROFILES["vllm-cpu-tiny"].timing.saturation_qps(MAX_NUM_SEQS, prompt, OUTPUT_TOKENS)
+    found, failing = result["passing_qps"], result["failing_qps"]
+    assert abs(found - truth) <= 0.10 * truth, (found, truth, output[-3000:])
+    assert failing > found and result["outcome"] == "found"
+    assert "drift" in result["failing_reason"] or "SLO" in result["failing_reason"]
+    assert f"highest passing rate is {found:g} req/s" in output
+    # the answer passed every probe at it, twice; every probe is an ordinary run with its report
+    at_answer = [p for p in result["probes"] if p["qps"] == found]
+    assert len(at_answer) == 2 and all(p["passed"] for p in at_answer)
+    page = (reports / "s" / "search.html").read_text()
+    for probe in result["probes"]:
+        assert (reports / "s" / probe["run_id"] / "report.html").is_file()
+        assert f'href="{probe["run_id"]}/report.html"' in page
+    assert "data:image/svg+xml;base64," in page
+
+
+# --------------------------------------------------------------------------- Ctrl-C and exit codes
+
+
+def test_ctrl_c_stops_the_probe_and_writes_what_was_learned(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "2") as sim:
+        command = _search_command(
+            reports, "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "16",
+            "--start-qps", "2", "--probe-duration", "6s", "--probe-warmup", "0",
+        )  # fmt: skip
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            second = reports / "s" / "probe-02-4qps" / "requests.jsonl"
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and (not second.exists() or second.read_bytes().count(b"\n") < 4):
+                time.sleep(0.2)
+            assert second.exists(), "the second probe never started"
+            proc.send_signal(signal.SIGINT)
+            output, _ = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    result = orjson.loads((reports / "s" / "search.json").read_bytes())
+    assert result["outcome"] == "interrupted", output[-3000:]
+    first, second_probe = result["probes"]
+    assert first["passed"] is True and second_probe["passed"] is None  # the cut probe is never judged
+    assert result["passing_qps"] == 2 and "interrupted" in output
+    assert (reports / "s" / "probe-02-4qps" / "report.html").is_file()  # the probe wrote its report on the way out
+    assert "Interrupted" in (reports / "s" / "search.html").read_text()
+    assert proc.returncode == 0  # a rate passed: what was learned
+
+
+def test_no_passing_rate_exits_1_and_reports_none(tmp_path: Path) -> None:
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "2", "--fault", "http_500:0.5") as sim:
+        code, output, result = _search(
+            tmp_path / "reports", "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "8",
+            "--start-qps", "4", "--min-qps", "2", "--probe-duration", "4s", "--probe-warmup", "0", timeout=180,
+        )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert result["passing_qps"] is None and result["outcome"] == "none"
+    assert [p["qps"] for p in result["probes"]] == [4, 2]
+    assert "No probed rate passed" in output and "error rate" in result["failing_reason"]
+
+
+def test_a_rate_below_require_qps_exits_1(tmp_path: Path) -> None:
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "2") as sim:
+        code, output, result = _search(
+            tmp_path / "reports", "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "3",
+            "--start-qps", "3", "--repeats", "1", "--probe-duration", "4s", "--probe-warmup", "0",
+            "--require-qps", "5", timeout=120,
+        )  # fmt: skip
+    assert code == 1, output[-3000:]
+    assert result["outcome"] == "capped" and result["passing_qps"] == 3
+    assert "below --require-qps 5" in output and "Passes at --max-qps 3 req/s" in output
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--goodput-slo", "ttft:p99=2000"), "ttft is one value per request, so it has no statistic 'p99'"),
+        (("--goodput-slo", "queue=5"), "no per-request metric 'queue'"),
+        (("--min-goodput-ratio", "0.9"), "--min-goodput-ratio needs"),
+        (("--slo-ttft-p99-ms", "-5"), "--slo-ttft-p99-ms: Input should be greater than 0"),
+        (("--max-qps", "0"), "--max-qps must be > 0"),
+    ],
+)
+def test_bad_input_exits_2_before_any_probe(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
+    code, output, _ = _search(tmp_path / "reports", "--max-qps", "4", *flags, timeout=60)
+    assert code == 2 and message in output, output[-2000:]
+    assert not (tmp_path / "reports" / "s").exists()

@@ -403,11 +403,11 @@ tr.oom td:first-child { color: #b00; font-weight: 600; }
 .note { color: #666; font-style: italic; padding: .8em 1em; background: #f7f7f7; border-radius: 4px; }
 figure { margin: 0 0 1.2em; } figure img { width: 100%; height: auto; display: block; }
 """  # shared with the search page (llmload.search)
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-_ENV.filters["fmt"] = fmt
-_ENV.filters["turn_depths"] = turn_depths
-_ENV.filters["percent"] = percent
-TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
+ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)  # shared with the search page
+ENV.filters["fmt"] = fmt
+ENV.filters["turn_depths"] = turn_depths
+ENV.filters["percent"] = percent
+TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <meta name="viewport" content="width=device-width, initial-scale=1">

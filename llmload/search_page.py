@@ -6,12 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import jinja2
 import matplotlib
 from matplotlib.figure import Figure
 
-from llmload.report import fmt
-from llmload.report_html import P50, P99, RC, STYLE, legend, svg_data_uri
+from llmload.report_html import ENV, P50, P99, RC, STYLE, legend, svg_data_uri
 
 if TYPE_CHECKING:
     from llmload.search import SearchResult
@@ -52,9 +50,7 @@ def _chart(result: SearchResult) -> Figure | None:
     return fig
 
 
-_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-_ENV.filters["fmt"] = fmt
-TEMPLATE = _ENV.from_string("""<!DOCTYPE html>
+TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <meta name="viewport" content="width=device-width, initial-scale=1">

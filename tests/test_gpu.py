@@ -12,12 +12,10 @@ import logging
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gevent
@@ -40,6 +38,7 @@ from llmload.observe import (
 )
 from llmload.verdict import SoakCriteria, evaluate
 from tests.locust_runs import REPO, free_port, run_locust, small_workload
+from tests.wire_server import serve, text_pages
 
 FIXTURE = Path(__file__).parent / "data" / "dcgm" / "metrics.txt"
 TOTAL_MIB = 81559.0  # used + free of each GPU in the fixture
@@ -68,27 +67,11 @@ def dcgm_exporter(used_mib: UsedMib = lambda _: FIXTURE_USED) -> Iterator[str]:
     memory used as `used_mib(seconds since start)`. Yields the /metrics URL."""
     started = time.monotonic()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = dcgm_page(used_mib(time.monotonic() - started)).encode() if self.path == "/metrics" else b""
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def page(path: str) -> str | None:
+        return dcgm_page(used_mib(time.monotonic() - started)) if path == "/metrics" else None
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve(text_pages(page)) as url:
+        yield f"{url}/metrics"
 
 
 def fake_nvidia_smi(directory: Path, output: str = SMI_CSV, exit_code: int = 0) -> Path:

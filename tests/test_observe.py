@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gevent
@@ -18,6 +16,7 @@ from llmload.client import ChatClient, Limits, StreamResult, chat_body
 from llmload.observe import METRICS, Observer, ServerSample, parse_metrics, server_frame, server_summary
 from tests.locust_runs import free_port
 from tests.vllm_harness import VllmServer
+from tests.wire_server import serve, text_pages
 
 CORE = ["vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
         "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"]  # fmt: skip
@@ -88,27 +87,11 @@ def loopback() -> Iterator[tuple[str, dict[str, str | None]]]:
     """A server answering /health 200 and /metrics with `state["metrics"]` (None: 404, like sim v0)."""
     state: dict[str, str | None] = {"metrics": None}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = state["metrics"] if self.path == "/metrics" else "" if self.path == "/health" else None
-            self.send_response(404 if body is None else 200)
-            data = (body or "").encode()
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def page(path: str) -> str | None:
+        return state["metrics"] if path == "/metrics" else "" if path == "/health" else None
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve(text_pages(page)) as url:
+        yield url, state
 
 
 def test_server_without_metrics_is_healthy_with_every_metric_missing(

@@ -58,11 +58,38 @@ def canned_server(respond: Responder) -> Iterator[tuple[str, list[dict[str, Any]
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serve(Handler) as url:
+        yield url, received
+
+
+@contextmanager
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` on 127.0.0.1 (a free port), in a thread, until the block ends; yields the base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", received
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+        thread.join(5)
+
+
+def text_pages(page: Callable[[str], str | None]) -> type[BaseHTTPRequestHandler]:
+    """A GET handler answering `page(path)` as Prometheus text, or 404 when it is None."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = page(self.path)
+            data = (body or "").encode()
+            self.send_response(404 if body is None else 200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler

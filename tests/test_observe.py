@@ -161,6 +161,12 @@ def test_state_at_and_summary_over_a_counter_reset(tmp_path: Path) -> None:
     assert observer.latest() == rows[3]
 
 
+def _long_streams(url: str, index: int) -> StreamResult:
+    """Two long streams one after the other; the first that fails, else the second."""
+    first = _long_stream(url, index)
+    return _long_stream(url, index + 100) if first.ok else first
+
+
 def _long_stream(url: str, index: int) -> StreamResult:
     client = ChatClient(url, limits=Limits(first_token_s=60))
     try:
@@ -176,8 +182,10 @@ def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path,
     observer = Observer(vllm_server.url, tmp_path / "server.jsonl").start()
     try:
         gevent.sleep(1.5)
-        streams = [gevent.spawn(_long_stream, vllm_server.url, i) for i in range(6)]
-        gevent.joinall(streams, timeout=120)
+        # two streams in turn per greenlet: load for ~10 s at the same concurrency (no preemption),
+        # so a sample lands under load even when vLLM answers /metrics late while it streams
+        streams = [gevent.spawn(_long_streams, vllm_server.url, i) for i in range(6)]
+        gevent.joinall(streams, timeout=240)
         gevent.sleep(1.5)
     finally:
         observer.stop()

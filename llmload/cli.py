@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmload.errors import InputError
 from llmload.workload import WorkloadError, save_workload
-from llmload.yamlfile import InputError
 
 
 def _workload_synth(args: argparse.Namespace) -> int:

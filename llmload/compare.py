@@ -19,12 +19,13 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
+from llmload.errors import InputError
 from llmload.goodput import good_requests
 from llmload.models import GoodputSLO, RunManifest, Strict, Summary
 from llmload.records import RECORDS_FILE, RunRecords
 from llmload.report import MANIFEST_FILE, load_manifest, summarize
 from llmload.sketch import Histograms, buckets, quantiles
-from llmload.yamlfile import InputError, load_yaml_model
+from llmload.yamlfile import load_yaml_model
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 # RunSample.blocks columns that are counted per second of the plan

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 
 from llmload.client import ChatClient, Limits
+from llmload.errors import InputError
 from llmload.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.goodput import parse_goodput_slo
 from llmload.live import LLM_TAB, LLM_TABLE, LiveStats
@@ -61,7 +62,6 @@ from llmload.soak import parse_duration
 from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
-from llmload.yamlfile import InputError
 
 log = logging.getLogger("llmload")
 

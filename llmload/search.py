@@ -27,6 +27,7 @@ import orjson
 import yaml
 from pydantic import BaseModel, Field
 
+from llmload.errors import InputError
 from llmload.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.goodput import parse_goodput_slo
 from llmload.models import GoodputSLO, Summary, Verdict
@@ -36,7 +37,6 @@ from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 from llmload.soak import parse_duration
 from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.workload import load_workload
-from llmload.yamlfile import InputError
 
 RESULT_FILE = "search.json"
 PAGE_FILE = "search.html"

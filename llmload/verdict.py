@@ -21,10 +21,11 @@ import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from llmload.compare import read_run
+from llmload.errors import InputError
 from llmload.models import OOM_FAMILY, RunManifest, Stage, StageSummary, Strict, Verdict
 from llmload.observe import SERVER_FILE, server_frame
 from llmload.report import percentiles, summarize_run
-from llmload.yamlfile import InputError, load_yaml_model
+from llmload.yamlfile import load_yaml_model
 
 AlertAction = Literal["warn", "fail"]
 NO_GPU = (

@@ -9,10 +9,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-
-class InputError(ValueError):
-    """A file the user gave that cannot be used: exit code 2, with this message (file and key named)."""
-
+from llmload.errors import InputError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

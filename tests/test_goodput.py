@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from llmload import compare
+from llmload.errors import InputError
 from llmload.goodput import good_requests, parse_goodput_slo
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
 from llmload.records import RECORDS_FILE, RecordWriter, RunRecords
@@ -19,7 +20,6 @@ from llmload.report import MANIFEST_FILE, write_report
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
 from llmload.verdict import SoakCriteria, evaluate
-from llmload.yamlfile import InputError
 from tests.locust_runs import run_locust, small_workload
 
 STARTED_AT = 1_800_000_000.0

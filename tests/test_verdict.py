@@ -12,13 +12,13 @@ import numpy as np
 import orjson
 import pytest
 
+from llmload.errors import InputError
 from llmload.models import RequestRecord, RunManifest
 from llmload.records import RECORDS_FILE, RecordWriter
 from llmload.report import MANIFEST_FILE, write_report
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
 from llmload.verdict import SERVER_FILE, SoakCriteria, SoakResult, add_criteria_arguments, criteria_from_args, evaluate
-from llmload.yamlfile import InputError
 from tests.locust_runs import run_locust, small_workload
 
 CHECKS = [

@@ -26,9 +26,10 @@ from llmload.capacity import (
     plan_capacity,
 )
 from llmload.capacity_cli import known_models, load_bundled_model, load_config_file
+from llmload.errors import InputError
 from llmload.models import Strict
 from llmload.sim.config import EngineOverrides
-from llmload.yamlfile import InputError, load_yaml_model
+from llmload.yamlfile import load_yaml_model
 
 
 class StepTiming(Strict):

@@ -24,9 +24,7 @@ import orjson
 import psutil
 
 from llmload.models import RunManifest, Stage
-from llmload.observe import SERVER_FILE
-from llmload.records import RECORDS_FILE
-from llmload.report import MANIFEST_FILE
+from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE
 
 STARTED = 1_800_000_000.0
 SAME_DATA_ABOVE = 5_000_000

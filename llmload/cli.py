@@ -31,7 +31,8 @@ def _workload_synth(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from llmload.report import REPORT_FILE, write_report
+    from llmload.conclude import write_report
+    from llmload.rundir import REPORT_FILE
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "run.json").is_file():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from llmload.report import REPORT_FILE, SUMMARY_FILE
+from llmload.rundir import REPORT_FILE, SUMMARY_FILE
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 LOCUSTFILE = Path("loadtests/chat.py")

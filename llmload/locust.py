@@ -36,21 +36,25 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 
 from llmload.client import ChatClient, Limits
+from llmload.conclude import write_report
 from llmload.errors import InputError
-from llmload.goodput import SYNTAX as GOODPUT_SYNTAX
-from llmload.goodput import parse_goodput_slo
+from llmload.gates.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.live import LLM_TAB, LLM_TABLE, LiveStats
 from llmload.models import GoodputSLO, RequestRecord, RunManifest, Stage, Verdict
-from llmload.observe import SERVER_FILE, Observer, gpu_reader
-from llmload.records import RECORDS_FILE, RecordWriter
-from llmload.replay import Dispatcher, RequestDispatcher, RunClock, StealMeter, TraceDispatcher, TurnSender
-from llmload.report import MANIFEST_FILE, REPORT_FILE, VERDICT_FILE, write_report
+from llmload.observe import Observer, gpu_reader
+from llmload.records import RecordWriter
+from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, TurnSender
+from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
+from llmload.report.goodput import parse_goodput_slo
+from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, REPORT_FILE, SERVER_FILE, VERDICT_FILE
 from llmload.schedule import (
     ARRIVAL_PROCESSES,
     ArrivalSchedule,
+    RunClock,
     TraceClock,
     build_stages,
     expected_arrivals,
+    parse_duration,
     parse_stage_percents,
     trace_period,
     trace_request_times,
@@ -58,8 +62,6 @@ from llmload.schedule import (
     trace_stages,
 )
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
-from llmload.soak import parse_duration
-from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args, evaluate
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.tokens import get_tokenizer
 

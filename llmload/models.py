@@ -359,3 +359,63 @@ class Summary(BaseModel):
     failures: FailureSummary
     server: ServerSummary | None = None
     verdict: Verdict | None = None
+
+
+# --------------------------------------------------------------------------- capacity search (search.json)
+
+SearchOutcome = Literal["found", "capped", "none", "interrupted", "aborted"]
+
+
+class Probe(BaseModel):
+    """One probe: an ordinary run directory under the search's, and what its hold showed."""
+
+    run_id: str
+    qps: float
+    passed: bool | None = Field(description="None: interrupted or unfinished, never judged")
+    failed_checks: list[str] = Field(default_factory=list, description="verdict lines of the checks that failed")
+    achieved_qps: float | None = None
+    goodput_qps: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    confirm: bool = Field(default=False, description="the --confirm soak at the rate found")
+
+
+class SearchResult(BaseModel):
+    """search.json: every probe and the answer."""
+
+    search_id: str
+    host: str
+    workload: str
+    max_qps: float
+    probe_s: float
+    repeats: int
+    started_at: float
+    finished_at: float | None = None
+    goodput_slo: GoodputSLO | None = None
+    probes: list[Probe] = Field(default_factory=list)
+    outcome: SearchOutcome = "interrupted"
+    passing_qps: float | None = Field(default=None, description="the answer: every probe at it passed")
+    failing_qps: float | None = Field(default=None, description="the lowest failing rate above the answer")
+    failing_reason: str | None = None
+    confirmed: bool | None = Field(default=None, description="the --confirm soak passed; None: not run")
+    required_qps: float | None = None
+
+    def judged(self) -> list[Probe]:
+        return [p for p in self.probes if p.passed is not None and not p.confirm]
+
+    @property
+    def conclusion(self) -> str:
+        """One sentence: the answer and the boundary, or why there is none."""
+        lo, hi = self.passing_qps, self.failing_qps
+        boundary = f" It fails at {hi:g} req/s: {self.failing_reason}." if hi is not None else ""
+        if self.outcome == "capped":
+            return f"Passes at --max-qps {lo:g} req/s: the limit lies above it."
+        if lo is None:
+            what = {"none": "No probed rate passed", "interrupted": "Interrupted before any rate passed"}
+            return f"{what.get(self.outcome, 'The search stopped before any rate passed')}.{boundary}"
+        found = f"The highest passing rate is {lo:g} req/s"
+        if hi is not None:
+            found += f" (boundary between {lo:g} and {hi:g} req/s)"
+        suffix = {"interrupted": " (interrupted: what was learned so far)", "aborted": " (the search was aborted)"}
+        return f"{found}{suffix.get(self.outcome, '')}.{boundary}"

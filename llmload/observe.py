@@ -19,6 +19,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
 from typing import IO, Any
@@ -38,7 +39,6 @@ from llmload.models import GpuSummary, ServerSummary, Strict
 
 log = logging.getLogger(__name__)
 
-SERVER_FILE = "server.jsonl"
 HISTORY_SAMPLES = 3600  # what state_at can look back over: an hour at the default interval
 
 # sample field -> Prometheus sample names, preferred first (vLLM renamed some across versions)
@@ -430,19 +430,21 @@ def _server_frame(rows: list[dict[str, Any]], gpus: pd.DataFrame) -> pd.DataFram
     return frame.sort_values("t", ignore_index=True)
 
 
-def server_frame(path: Path) -> pd.DataFrame:
-    """server.jsonl as a DataFrame sorted by `t` (health NaN = unreachable); empty when absent.
+@dataclass(frozen=True)
+class ServerSamples:
+    """server.jsonl read once: `frame` one row per sample sorted by `t` (health NaN = unreachable;
+    `gpu_memory_usage` the fullest GPU's memory used / total, NaN without GPU data) and `gpus` one
+    row per GPU per sample (t, gpu, memory_used_mib, memory_total_mib, utilization_percent,
+    memory_used_fraction); both empty when the run has no server.jsonl."""
 
-    `gpu_memory_usage` is the fullest GPU's memory used / total (0..1), NaN without GPU data.
-    """
+    frame: pd.DataFrame
+    gpus: pd.DataFrame
+
+
+def read_server(path: Path) -> ServerSamples:
     rows = _server_lines(path)
-    return _server_frame(rows, _gpu_frame(rows))
-
-
-def gpu_frame(path: Path) -> pd.DataFrame:
-    """One row per GPU per sample of server.jsonl: t, gpu, memory_used_mib, memory_total_mib,
-    utilization_percent and memory_used_fraction (used / total, 0..1); empty without GPU data."""
-    return _gpu_frame(_server_lines(path))
+    gpus = _gpu_frame(rows)
+    return ServerSamples(_server_frame(rows, gpus), gpus)
 
 
 def series_max(values: pd.Series) -> float | None:
@@ -474,11 +476,9 @@ def _gpu_summaries(gpus: pd.DataFrame) -> list[GpuSummary]:
     ]
 
 
-def server_summary(path: Path) -> ServerSummary | None:
+def server_summary(samples: ServerSamples) -> ServerSummary | None:
     """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl)."""
-    rows = _server_lines(path)
-    gpus = _gpu_frame(rows)
-    frame = _server_frame(rows, gpus)
+    frame, gpus = samples.frame, samples.gpus
     if frame[list(METRICS)].isna().all().all() and gpus.empty:
         return None
     return ServerSummary(

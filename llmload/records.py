@@ -1,5 +1,5 @@
-"""requests.jsonl: one line per scheduled request, appended and flushed as the run goes; and
-requests.parquet, its columnar copy, which reports read (docs/ARCHITECTURE.md)."""
+"""The request record: built (pure functions on the typed model), appended to requests.jsonl as the
+run goes, and converted to requests.parquet, the columnar copy every reader uses (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from llmload.client import StreamResult
+from llmload.failures import refine_with_health
 from llmload.models import RequestRecord
-from llmload.sketch import Histograms
+from llmload.observe import ServerSample
+from llmload.schedule import RunClock
+from llmload.stats.sketch import Histograms
 
-RECORDS_FILE = "requests.jsonl"
-PARQUET_FILE = "requests.parquet"
 # what reports, gates and the verdict read of each record; ITL gaps are streamed apart (gap_batches)
 FRAME_COLUMNS = (
     "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
@@ -35,6 +37,76 @@ _BLOCK_BYTES = 16 << 20  # JSONL read per batch: ~10k records, one Parquet row g
 _PARALLEL_BYTES = 256 << 20  # a smaller log is parsed in a few seconds: not worth starting processes
 _GAP_BATCH_ROWS = 16_384  # records whose gaps are read at once: ~3M gaps, ~40 MB with their buckets
 _ARROW_TYPES = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def request_record(
+    *,
+    run_id: str,
+    worker: int,
+    stage: str,
+    session_id: str,
+    turn: int,
+    scheduled: float,
+    result: StreamResult | None,
+    clock: RunClock,
+) -> RequestRecord:
+    """The record of one scheduled request (times on the perf clock): `not_sent` without a result,
+    `cancelled` when the run cut it, else `ok` or `failed` with its category."""
+    record = RequestRecord(
+        run_id=run_id,
+        worker=worker,
+        stage=stage,
+        session_id=session_id,
+        turn=turn,
+        scheduled_at=clock.wall(scheduled),
+        status="not_sent",
+    )
+    if result is None:
+        return record
+    first, times = result.first_token_at, result.token_times
+    output_tokens = result.completion_tokens if result.completion_tokens is not None else len(times)
+    tpot = None
+    if first is not None and output_tokens > 1:
+        tpot = (times[-1] - first) * 1000 / (output_tokens - 1)
+    status = "ok" if result.ok else "cancelled" if result.error_category == "cancelled" else "failed"
+    return record.model_copy(
+        update={
+            "sent_at": clock.wall(result.sent_at),
+            "first_token_at": clock.wall(first) if first is not None else None,
+            "finished_at": clock.wall(result.finished_at),
+            "schedule_delay_ms": max(0.0, (result.sent_at - scheduled) * 1000),
+            "ttft_ms": (first - result.sent_at) * 1000 if first is not None else None,
+            "e2e_ms": (result.finished_at - result.sent_at) * 1000,
+            "tpot_ms": tpot,
+            "itl_ms": np.round(np.diff(times) * 1000, 3).tolist() if len(times) > 1 else [],
+            "prompt_tokens": result.prompt_tokens,
+            "output_tokens": output_tokens,
+            "cached_tokens": result.cached_tokens,
+            "usage_from_server": result.completion_tokens is not None,
+            "status": status,
+            "error_category": result.error_category,
+            "http_status": result.http_status,
+            "error_message": result.error_message,
+        }
+    )
+
+
+def with_health(record: RequestRecord, health: int | None) -> RequestRecord:
+    """A transport-level failure told apart by what /health answered right after: a dead engine, a
+    server gone, or neither."""
+    assert record.error_category is not None and record.error_message is not None
+    category, message = refine_with_health(record.error_category, record.error_message, health)
+    return record.model_copy(update={"error_category": category, "error_message": message, "server_health": health})
+
+
+def with_server_state(record: RequestRecord, sample: ServerSample | None) -> RequestRecord:
+    """A failure with the server's state when it happened (the last scrape before it)."""
+    if record.status != "failed" or sample is None:
+        return record
+    update: dict[str, object] = {"server_kv_cache_usage": sample.kv_cache_usage, "server_waiting": sample.waiting}
+    if record.server_health is None:
+        update["server_health"] = sample.health
+    return record.model_copy(update=update)
 
 
 class RecordWriter:
@@ -47,6 +119,7 @@ class RecordWriter:
         self.count = 0
 
     def write(self, records: Iterable[RequestRecord | dict[str, object]]) -> None:
+        """Records, or rows already dumped from them (RequestRecord.model_dump())."""
         lines = [
             orjson.dumps(r.model_dump() if isinstance(r, RequestRecord) else r, option=orjson.OPT_APPEND_NEWLINE)
             for r in records
@@ -137,13 +210,12 @@ def _batches(path: Path) -> Iterator[pa.RecordBatch]:
             yield pending.popleft().result()
 
 
-def parquet_records(run_dir: Path) -> Path:
-    """The run's requests.parquet, (re)written from requests.jsonl when missing or older than it:
-    the JSONL stays the crash-safe log, the Parquet is what every reader uses."""
-    jsonl, parquet = run_dir / RECORDS_FILE, run_dir / PARQUET_FILE
+def parquet_records(jsonl: Path, parquet: Path) -> Path:
+    """`parquet`, (re)written from the record log `jsonl` when missing or older than it: the JSONL
+    stays the crash-safe log, the Parquet is what every reader uses."""
     if parquet.is_file() and parquet.stat().st_mtime_ns >= jsonl.stat().st_mtime_ns:
         return parquet
-    partial = parquet.with_name(f".{PARQUET_FILE}.partial")
+    partial = parquet.with_name(f".{parquet.name}.partial")
     strings = [f.name for f in SCHEMA if f.type == pa.string()]
     # gaps byte-stream-split: half the decoding time of dictionaries, for 40% more bytes
     encoding = {"itl_ms.list.element": "BYTE_STREAM_SPLIT"}
@@ -191,8 +263,8 @@ class RunRecords:
     frame: pd.DataFrame
 
     @classmethod
-    def load(cls, run_dir: Path) -> RunRecords:
-        parquet = parquet_records(run_dir)
+    def load(cls, jsonl: Path, parquet: Path) -> RunRecords:
+        parquet = parquet_records(jsonl, parquet)
         return cls(parquet, read_frame(parquet))
 
     def itl(self, selected: np.ndarray, groups: np.ndarray, count: int) -> Histograms:

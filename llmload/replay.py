@@ -27,30 +27,13 @@ import numpy as np
 import psutil
 
 from llmload.client import ChatClient, StreamResult, chat_body
-from llmload.failures import HEALTH_PROBED, refine_with_health
+from llmload.failures import HEALTH_PROBED
 from llmload.models import Message, RequestRecord, Session, Stage
-from llmload.schedule import ArrivalSchedule, TraceClock, stage_at, trace_session_starts
+from llmload.records import request_record, with_health
+from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, stage_at, trace_session_starts
 from llmload.workload.tokens import Tokenizer
 
 RecordSink = Callable[[RequestRecord], None]
-
-
-@dataclass(frozen=True)
-class RunClock:
-    """One origin for the whole run: perf_counter for intervals, unix seconds in records."""
-
-    start_perf: float
-    start_wall: float
-
-    @classmethod
-    def now(cls) -> RunClock:
-        return cls(time.perf_counter(), time.time())
-
-    def wall(self, perf: float) -> float:
-        return self.start_wall + (perf - self.start_perf)
-
-    def offset(self, perf: float) -> float:
-        return perf - self.start_perf
 
 
 class StealMeter:
@@ -162,46 +145,12 @@ class Dispatcher:
         return self._next >= len(self._times) and self.busy == 0
 
     def record(self, session_id: str, turn: int, scheduled: float, result: StreamResult | None) -> RequestRecord:
-        """The record of one scheduled request: `not_sent` without a result, `cancelled` when the run
-        cut it, else `ok` or `failed` with its category."""
-        clock = self.clock
-        record = RequestRecord(
-            run_id=self.run_id,
-            worker=self._index,
-            stage=stage_at(self.stages, clock.offset(scheduled)).name,
-            session_id=session_id,
-            turn=turn,
-            scheduled_at=clock.wall(scheduled),
-            status="not_sent",
-        )
-        if result is None:
-            return record
-        first, times = result.first_token_at, result.token_times
-        output_tokens = result.completion_tokens if result.completion_tokens is not None else len(times)
-        tpot = None
-        if first is not None and output_tokens > 1:
-            tpot = (times[-1] - first) * 1000 / (output_tokens - 1)
-        status = "ok" if result.ok else "cancelled" if result.error_category == "cancelled" else "failed"
-        return record.model_copy(
-            update={
-                "sent_at": clock.wall(result.sent_at),
-                "first_token_at": clock.wall(first) if first is not None else None,
-                "finished_at": clock.wall(result.finished_at),
-                "schedule_delay_ms": max(0.0, (result.sent_at - scheduled) * 1000),
-                "ttft_ms": (first - result.sent_at) * 1000 if first is not None else None,
-                "e2e_ms": (result.finished_at - result.sent_at) * 1000,
-                "tpot_ms": tpot,
-                "itl_ms": np.round(np.diff(times) * 1000, 3).tolist() if len(times) > 1 else [],
-                "prompt_tokens": result.prompt_tokens,
-                "output_tokens": output_tokens,
-                "cached_tokens": result.cached_tokens,
-                "usage_from_server": result.completion_tokens is not None,
-                "status": status,
-                "error_category": result.error_category,
-                "http_status": result.http_status,
-                "error_message": result.error_message,
-            }
-        )
+        """The record of one of this process's scheduled requests (records.request_record)."""
+        stage = stage_at(self.stages, self.clock.offset(scheduled)).name
+        return request_record(
+            run_id=self.run_id, worker=self._index, stage=stage, session_id=session_id, turn=turn,
+            scheduled=scheduled, result=result, clock=self.clock,
+        )  # fmt: skip
 
 
 class RequestDispatcher(Dispatcher):
@@ -377,16 +326,9 @@ class TurnSender:
             result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)
         record = self.dispatcher.record(live.session.id, index, scheduled, result)
         if record.error_category in HEALTH_PROBED and not result.stopped:
-            record = self._with_health(record)
+            record = with_health(record, self.client.probe_health())
         self.sink(record)
         live.next_turn += 1
         if result.ok:
             live.history.append([*turn.messages, Message(role="assistant", content=result.text)])
         return result
-
-    def _with_health(self, record: RequestRecord) -> RequestRecord:
-        """Ask /health what a transport-level failure was: a dead engine, a server gone, or neither."""
-        assert record.error_category is not None and record.error_message is not None
-        health = self.client.probe_health()
-        category, message = refine_with_health(record.error_category, record.error_message, health)
-        return record.model_copy(update={"error_category": category, "error_message": message, "server_health": health})

@@ -13,13 +13,29 @@ the run's, each stage playing the trace at its percent of the recorded speed.
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import re
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from llmload.models import Session, Stage
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|s|)\s*$")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+
+
+def parse_duration(text: str, *, allow_zero: bool = False) -> float:
+    """`5m`, `300s`, `300`, `1.5h` → seconds."""
+    match = _DURATION.match(text)
+    if match is None or float(match.group(1)) < 0 or (float(match.group(1)) == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 5m, 300s, 1h)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
 
 ArrivalProcess = Literal["poisson", "constant", "gamma", "trace"]
 ARRIVAL_PROCESSES: tuple[str, ...] = ArrivalProcess.__args__  # type: ignore[attr-defined]
@@ -217,3 +233,21 @@ def trace_stages(stages: Sequence[Stage], trace: TraceClock, sessions: Sequence[
         s.model_copy(update={"qps": int(((times >= s.start_s) & (times < s.end_s)).sum()) / s.duration_s})
         for s in stages
     ]
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """One origin for the whole run: perf_counter for intervals, unix seconds in records."""
+
+    start_perf: float
+    start_wall: float
+
+    @classmethod
+    def now(cls) -> RunClock:
+        return cls(time.perf_counter(), time.time())
+
+    def wall(self, perf: float) -> float:
+        return self.start_wall + (perf - self.start_perf)
+
+    def offset(self, perf: float) -> float:
+        return perf - self.start_perf

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from llmload import compare
-from llmload.records import RECORDS_FILE
+from llmload.rundir import RECORDS_FILE
 from llmload.sim.process import SimProcess
 from tests.locust_runs import run_locust, small_workload
 

@@ -11,15 +11,16 @@ import numpy as np
 import orjson
 import pytest
 
-from llmload import compare
+from llmload import compare, rundir
+from llmload.conclude import conclude, judge
 from llmload.errors import InputError
-from llmload.goodput import good_requests, parse_goodput_slo
+from llmload.gates.verdict import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
-from llmload.records import RECORDS_FILE, RecordWriter, RunRecords
-from llmload.report import MANIFEST_FILE, write_report
+from llmload.records import RecordWriter
+from llmload.report.goodput import good_requests, parse_goodput_slo
+from llmload.rundir import MANIFEST_FILE, RECORDS_FILE
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
-from llmload.verdict import SoakCriteria, evaluate
 from tests.locust_runs import run_locust, small_workload
 
 STARTED_AT = 1_800_000_000.0
@@ -68,12 +69,12 @@ def write_known_run(run_dir: Path, slo: GoodputSLO | None = SLO) -> Path:
 
 def test_a_request_is_good_only_when_it_met_every_slo(tmp_path: Path) -> None:
     run_dir = write_known_run(tmp_path / "known")
-    records = RunRecords.load(run_dir)
+    records = rundir.load(run_dir).records
     good = good_requests(records, SLO)
     assert good is not None
     assert good.tolist() == [True, True, False, False, False, False, False, True, False]
 
-    summary = write_report(run_dir)
+    summary = conclude(run_dir)
     warmup, hold = summary.stages
     assert warmup.goodput is not None and warmup.goodput.requests_per_s == 1 / 2
     assert hold.goodput is not None
@@ -89,7 +90,7 @@ def test_a_request_is_good_only_when_it_met_every_slo(tmp_path: Path) -> None:
 
 
 def test_an_itl_percentile_slo_judges_each_requests_own_gaps(tmp_path: Path) -> None:
-    records = RunRecords.load(write_known_run(tmp_path / "known"))
+    records = rundir.load(write_known_run(tmp_path / "known")).records
     good = good_requests(records, GoodputSLO(itl_ms=100, itl_stat="p50"))
     assert good is not None and bool(good.iloc[3])  # its median gap is 5 ms, its max 200
 
@@ -104,7 +105,7 @@ def test_an_itl_percentile_slo_judges_each_requests_own_gaps(tmp_path: Path) -> 
         for i, gaps in enumerate(gap_lists)
     )  # fmt: skip
     writer.close()
-    random = RunRecords.load(run_dir)
+    random = rundir.load(run_dir).records
     selected = np.ones(len(gap_lists), dtype=bool)
     selected[7] = False
     for percentile in (50.0, 99.0, None):
@@ -144,7 +145,7 @@ def test_min_goodput_ratio_judges_the_hold(tmp_path: Path) -> None:
     run_dir = write_known_run(tmp_path / "known")
 
     def check(ratio: float | None, directory: Path = run_dir) -> tuple[str, str]:
-        result = evaluate(directory, SoakCriteria(min_goodput_ratio=ratio))
+        result = judge(directory, SoakCriteria(min_goodput_ratio=ratio))
         found = next(c for c in result.checks if c.name == "goodput ratio")
         return found.status, found.detail
 

@@ -22,6 +22,8 @@ import gevent
 import orjson
 import pytest
 
+from llmload.conclude import judge
+from llmload.gates.verdict import SoakCriteria
 from llmload.observe import (
     DCGM_FIELDS,
     NVIDIA_SMI,
@@ -34,9 +36,9 @@ from llmload.observe import (
     parse_dcgm,
     parse_metrics,
     parse_nvidia_smi,
+    read_server,
     server_summary,
 )
-from llmload.verdict import SoakCriteria, evaluate
 from tests.locust_runs import REPO, free_port, run_locust, small_workload
 from tests.wire_server import serve, text_pages
 
@@ -168,7 +170,7 @@ def test_observer_samples_gpus_beside_the_server_and_a_dead_exporter_breaks_noth
         assert all(g["memory_total_mib"] == TOTAL_MIB for g in gpus)
         assert [g["utilization_percent"] for g in gpus] == [87, 81]
         assert not set(DCGM_FIELDS) & set(sample["missing"])
-    summary = server_summary(tmp_path / "gpu.jsonl")
+    summary = server_summary(read_server(tmp_path / "gpu.jsonl"))
     assert summary is not None and summary.kv_cache_usage_max is None
     assert [g.gpu for g in summary.gpus] == ["0", "1"]
     assert summary.gpus[0].memory_used_max_mib == pytest.approx(TOTAL_MIB * 0.97, abs=1)
@@ -180,7 +182,7 @@ def test_observer_samples_gpus_beside_the_server_and_a_dead_exporter_breaks_noth
     samples = _observe(Observer(no_server, tmp_path / "dead.jsonl", 0.2, gpu=dead), 1.0)
     assert samples and all(s["gpus"] == [] and set(DCGM_FIELDS) <= set(s["missing"]) for s in samples)
     assert sum("no GPU metrics: the DCGM exporter at" in r.message for r in caplog.records) == 1
-    summary = server_summary(tmp_path / "dead.jsonl")
+    summary = server_summary(read_server(tmp_path / "dead.jsonl"))
     assert summary is None  # nothing read at all: no server block, as before
 
 
@@ -247,7 +249,7 @@ def test_real_runs_record_chart_and_judge_gpu_memory(tmp_path: Path) -> None:
     alert = next(r for r in reasons if "GPU memory alert" in r)
     assert alert.startswith("WARN GPU memory alert: worst 10 s window 0.97") and "> level 0.9 (warn)" in alert
     strict = SoakCriteria.model_validate({"alerts": {"actions": {"gpu_memory_used": "fail"}}})
-    failed = evaluate(run.run_dir, strict).verdict
+    failed = judge(run.run_dir, strict).verdict
     assert not failed.passed
     assert any(r.startswith("FAIL GPU memory alert") for r in failed.reasons)
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from llmload.client import ChatClient, Limits, StreamResult, chat_body
-from llmload.observe import METRICS, Observer, ServerSample, parse_metrics, server_frame, server_summary
+from llmload.observe import METRICS, Observer, ServerSample, parse_metrics, read_server, server_summary
 from tests.locust_runs import free_port
 from tests.vllm_harness import VllmServer
 from tests.wire_server import serve, text_pages
@@ -104,7 +104,7 @@ def test_server_without_metrics_is_healthy_with_every_metric_missing(
     for sample in samples:
         assert sample["health"] == 200 and sample["missing"] == ALL_NAMES and sample["kv_cache_usage"] is None
     assert sum("/metrics answered 404" in r.message for r in caplog.records) == 1  # noted once, not per sample
-    assert server_summary(tmp_path / "server.jsonl") is None
+    assert server_summary(read_server(tmp_path / "server.jsonl")) is None
 
 
 def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
@@ -118,7 +118,7 @@ def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
     assert samples[0]["missing"] == [n for n in ALL_NAMES if n not in ("vllm:kv_cache_usage_perc", CORE[1])]
     lacks = [r.message for r in caplog.records if "lacks" in r.message]
     assert len(lacks) == 1 and "vllm:num_requests_waiting, vllm:num_preemptions_total" in lacks[0]
-    summary = server_summary(tmp_path / "server.jsonl")
+    summary = server_summary(read_server(tmp_path / "server.jsonl"))
     assert summary is not None and summary.kv_cache_usage_max == 0.5
     assert summary.waiting_max is None and summary.preemptions is None
 
@@ -145,12 +145,12 @@ def test_state_at_and_summary_over_a_counter_reset(tmp_path: Path) -> None:
     path.write_bytes(b"".join(orjson.dumps(r.model_dump(), option=orjson.OPT_APPEND_NEWLINE) for r in rows))
     with path.open("ab") as handle:
         handle.write(b'{"t": 104, "hea')  # torn by a crash: a lost sample
-    frame = server_frame(path)
+    frame = read_server(path).frame
     assert len(frame) == 4 and np.isnan(frame.health[2])
-    summary = server_summary(path)
+    summary = server_summary(read_server(path))
     assert summary is not None
     assert (summary.kv_cache_usage_max, summary.waiting_max, summary.preemptions) == (0.9, 12, 4 + 3)
-    assert server_summary(tmp_path / "absent.jsonl") is None
+    assert server_summary(read_server(tmp_path / "absent.jsonl")) is None
 
     observer = Observer("http://127.0.0.1:1", path)
     for row in rows:
@@ -191,7 +191,7 @@ def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path,
         observer.stop()
     assert all(g.value is not None and g.value.ok for g in streams), [g.value for g in streams]
 
-    frame = server_frame(tmp_path / "server.jsonl")
+    frame = read_server(tmp_path / "server.jsonl").frame
     # ~1 s apart: never closer; later when streams and vLLM crowd the 2 cores (a shared machine)
     gaps = np.diff(frame.t)
     assert len(frame) >= 4 and gaps.min() >= 0.95 and float(np.median(gaps)) <= 3
@@ -200,7 +200,7 @@ def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path,
     under_load = frame[frame.running > 0]
     assert len(under_load) >= 1 and (under_load.kv_cache_usage > 0).all() and frame.kv_cache_usage.max() <= 1
 
-    summary = server_summary(tmp_path / "server.jsonl")
+    summary = server_summary(read_server(tmp_path / "server.jsonl"))
     assert summary is not None and summary.kv_cache_usage_max is not None and summary.kv_cache_usage_max > 0
     assert summary.preemptions == 0 and summary.waiting_max is not None
     generated = frame.generation_tokens_total.iloc[-1] - frame.generation_tokens_total.iloc[0]

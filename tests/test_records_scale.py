@@ -13,11 +13,14 @@ import pandas as pd
 import pytest
 
 from benchmarks.records_scale import synthetic_run
-from llmload import compare
-from llmload.records import PARQUET_FILE, RECORDS_FILE, RunRecords, read_records
-from llmload.report import load_manifest, summarize, summarize_run, write_report
-from llmload.report_html import MAX_SERVER_POINTS, _peaks
-from llmload.sketch import RELATIVE_ERROR, Histograms, quantiles
+from llmload import rundir
+from llmload.conclude import conclude
+from llmload.gates import compare
+from llmload.records import read_records
+from llmload.report.html import MAX_SERVER_POINTS, _peaks
+from llmload.report.summary import summarize, summarize_run
+from llmload.rundir import PARQUET_FILE, RECORDS_FILE, read_manifest
+from llmload.stats.sketch import RELATIVE_ERROR, Histograms, quantiles
 
 QUANTILES = [50, 90, 95, 99, 99.9]
 PAIRS = 12
@@ -27,7 +30,7 @@ PAIRS = 12
 def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """200k records (20 gaps each, to stay fast), reported as at the end of a run."""
     run_dir = synthetic_run(tmp_path_factory.mktemp("scale") / "big", 200_000, gaps=20, server_s=7200)
-    write_report(run_dir)
+    conclude(run_dir)
     return run_dir
 
 
@@ -66,13 +69,13 @@ def test_summary_percentiles_equal_numpys_and_itl_is_within_the_stated_error(big
 
 
 def test_the_parquet_gives_the_summary_of_the_jsonl_and_loads_in_pandas_and_duckdb(big_run: Path) -> None:
-    manifest = load_manifest(big_run)
+    manifest = read_manifest(big_run)
     from_jsonl = read_records(big_run / RECORDS_FILE)
     histogram = Histograms()
     for gaps in from_jsonl.itl_ms[(from_jsonl.status == "ok").to_numpy()]:
         histogram.add(np.asarray(gaps, dtype=np.float32))
     expected = summarize(from_jsonl.drop(columns="itl_ms"), manifest, itl=histogram.percentiles())
-    assert summarize_run(RunRecords.load(big_run), manifest) == expected
+    assert summarize_run(rundir.load(big_run))[0] == expected
 
     parquet = big_run / PARQUET_FILE
     frame = pd.read_parquet(parquet, columns=["status", "itl_ms"])
@@ -83,12 +86,12 @@ def test_the_parquet_gives_the_summary_of_the_jsonl_and_loads_in_pandas_and_duck
 
 def test_a_stale_parquet_is_rewritten_and_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     run_dir = synthetic_run(tmp_path / "run", 50, gaps=5)
-    assert len(RunRecords.load(run_dir).frame) == 50
+    assert len(rundir.load(run_dir).records.frame) == 50
     with (run_dir / RECORDS_FILE).open("ab") as log:
         log.write((run_dir / RECORDS_FILE).read_bytes().splitlines(keepends=True)[0] + b'{"run_id": "torn')
     parquet = run_dir / PARQUET_FILE
     os.utime(parquet, ns=(0, 0))  # older than the log whatever the file system's clock resolution
-    assert len(RunRecords.load(run_dir).frame) == 51
+    assert len(rundir.load(run_dir).records.frame) == 51
 
 
 def test_a_broken_line_inside_the_log_is_named(tmp_path: Path) -> None:
@@ -96,7 +99,7 @@ def test_a_broken_line_inside_the_log_is_named(tmp_path: Path) -> None:
     lines = (run_dir / RECORDS_FILE).read_bytes().splitlines(keepends=True)
     (run_dir / RECORDS_FILE).write_bytes(b"".join([*lines[:2], b"not json\n", *lines[2:]]))
     with pytest.raises(ValueError, match=r"requests.jsonl:3: not a JSON record"):
-        RunRecords.load(run_dir)
+        rundir.load(run_dir)
 
 
 def test_block_resampled_percentiles_are_those_of_the_values_drawn_within_the_stated_error() -> None:

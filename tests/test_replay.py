@@ -10,8 +10,8 @@ import pytest
 
 from llmload.client import ChatClient
 from llmload.models import Message, RequestRecord, Session, Turn
-from llmload.replay import Dispatcher, RequestDispatcher, RunClock, TraceDispatcher, TurnSender
-from llmload.schedule import ArrivalSchedule, TraceClock, build_stages
+from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender
+from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
 from llmload.workload.tokens import get_tokenizer
 from tests.wire_server import canned_server, chat_stream
 

@@ -10,11 +10,12 @@ import numpy as np
 import orjson
 import pytest
 
+from llmload.conclude import conclude
 from llmload.models import RequestRecord, RunManifest, Stage, Verdict
-from llmload.observe import DCGM_FIELDS, SERVER_FILE, GpuSample, ServerSample
-from llmload.records import RECORDS_FILE, RecordWriter
-from llmload.report import MANIFEST_FILE, SUMMARY_FILE, write_report
-from llmload.report_html import CHARTS, render_html
+from llmload.observe import DCGM_FIELDS, GpuSample, ServerSample
+from llmload.records import RecordWriter
+from llmload.report.html import CHARTS, render_html
+from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE, SUMMARY_FILE
 from llmload.sim.process import SimProcess
 from tests.browser import CHROMIUM, inspect_page
 from tests.locust_runs import run_locust, small_workload
@@ -76,7 +77,7 @@ def synthetic_run(run_dir: Path, requests: int, *, failed_every: int = 20, serve
         (run_dir / SERVER_FILE).write_bytes(
             b"".join(orjson.dumps(s.model_dump(), option=orjson.OPT_APPEND_NEWLINE) for s in samples)
         )
-    write_report(run_dir)
+    conclude(run_dir)
     return run_dir
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmload.report import percentiles
+from llmload.stats.percentiles import percentiles
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100, 10_001])

@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from llmload.gates.search import Bounds, boundary, next_rate
+from llmload.models import Probe
 from llmload.records import read_records
-from llmload.search import Bounds, Probe, boundary, next_rate
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES
 from tests.locust_runs import REPO, fixed_output_workload, small_workload

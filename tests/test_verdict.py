@@ -12,13 +12,14 @@ import numpy as np
 import orjson
 import pytest
 
+from llmload.conclude import conclude, judge
 from llmload.errors import InputError
+from llmload.gates.verdict import SoakCriteria, SoakResult, add_criteria_arguments, criteria_from_args
 from llmload.models import RequestRecord, RunManifest
-from llmload.records import RECORDS_FILE, RecordWriter
-from llmload.report import MANIFEST_FILE, write_report
+from llmload.records import RecordWriter
+from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
-from llmload.verdict import SERVER_FILE, SoakCriteria, SoakResult, add_criteria_arguments, criteria_from_args, evaluate
 from tests.locust_runs import run_locust, small_workload
 
 CHECKS = [
@@ -129,14 +130,14 @@ HEALTHY_SERVER = {"kv_cache_usage": wobble(flat(0.4), 0.03), "waiting": flat(0),
 @pytest.mark.parametrize("seed", range(5))
 def test_noise_alone_is_no_drift(tmp_path: Path, seed: int) -> None:
     server = {**HEALTHY_SERVER, "kv_cache_usage": wobble(flat(0.4), 0.05, seed)}
-    result = evaluate(write_run(tmp_path / "noisy", noise=0.3, seed=seed, server=server), SoakCriteria())
+    result = judge(write_run(tmp_path / "noisy", noise=0.3, seed=seed, server=server), SoakCriteria())
     assert result.verdict.passed, result.verdict.reasons
     assert [c.name for c in result.checks] == CHECKS
     assert all(c.status == "pass" for c in result.checks if "drift" in c.name), result.verdict.reasons
 
 
 def test_latency_growing_over_the_hold_is_drift(tmp_path: Path) -> None:
-    result = evaluate(write_run(tmp_path / "growing", ttft_ms=ramp(100, 200), server=HEALTHY_SERVER), SoakCriteria())
+    result = judge(write_run(tmp_path / "growing", ttft_ms=ramp(100, 200), server=HEALTHY_SERVER), SoakCriteria())
     assert not result.verdict.passed
     assert _status(result, "p99 TTFT drift") == "fail"
     assert _status(result, "KV-cache usage drift") == "pass"
@@ -146,7 +147,7 @@ def test_latency_growing_over_the_hold_is_drift(tmp_path: Path) -> None:
 
 def test_a_significant_but_small_rise_is_no_drift(tmp_path: Path) -> None:
     """+10% over the hold with little noise: the slope is surely positive, yet under the 20% limit."""
-    result = evaluate(write_run(tmp_path / "small", ttft_ms=ramp(100, 110), noise=0.01), SoakCriteria())
+    result = judge(write_run(tmp_path / "small", ttft_ms=ramp(100, 110), noise=0.01), SoakCriteria())
     check = next(c for c in result.checks if c.name == "p99 TTFT drift")
     assert check.status == "pass" and "CI +" in check.detail, check.detail
     assert result.verdict.passed
@@ -154,12 +155,12 @@ def test_a_significant_but_small_rise_is_no_drift(tmp_path: Path) -> None:
 
 def test_server_signals_drift_and_a_missing_server_file_is_skipped(tmp_path: Path) -> None:
     server = {"kv_cache_usage": wobble(ramp(0.3, 0.6), 0.02), "waiting": ramp(0, 6), "preemptions_total": flat(0)}
-    result = evaluate(write_run(tmp_path / "filling", server=server), SoakCriteria())
+    result = judge(write_run(tmp_path / "filling", server=server), SoakCriteria())
     assert _status(result, "KV-cache usage drift") == "fail"
     assert _status(result, "waiting-queue drift") == "fail"
     assert _status(result, "preemption-rate drift") == "pass"
 
-    bare = evaluate(write_run(tmp_path / "bare"), SoakCriteria())
+    bare = judge(write_run(tmp_path / "bare"), SoakCriteria())
     assert bare.verdict.passed
     for name in ("KV-cache usage drift", "waiting-queue drift", "preemption-rate drift", "KV-cache usage alert"):
         assert _status(bare, name) == "skip"
@@ -169,44 +170,44 @@ def test_preemption_rate_growing_is_drift_and_counter_resets_are_not(tmp_path: P
     # a counter whose rate rises from 0 to 2/s over the hold (cumulative: t^2 / 120)
     growing = {**HEALTHY_SERVER, "preemptions_total": lambda t: np.floor(t**2 / HOLD_S)}
     assert (
-        _status(evaluate(write_run(tmp_path / "g", server=growing), SoakCriteria()), "preemption-rate drift") == "fail"
+        _status(judge(write_run(tmp_path / "g", server=growing), SoakCriteria()), "preemption-rate drift") == "fail"
     )
     # a steady 1/s whose counter restarts from 0 once (a server restart) mid-hold
     reset = {**HEALTHY_SERVER, "preemptions_total": lambda t: np.where(t < 60, t, t - 60)}
-    assert _status(evaluate(write_run(tmp_path / "r", server=reset), SoakCriteria()), "preemption-rate drift") == "pass"
+    assert _status(judge(write_run(tmp_path / "r", server=reset), SoakCriteria()), "preemption-rate drift") == "pass"
 
 
 def test_alert_levels_warn_by_default_and_fail_when_asked(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "queued", server={**HEALTHY_SERVER, "waiting": flat(15)})
-    warned = evaluate(run_dir, SoakCriteria())
+    warned = judge(run_dir, SoakCriteria())
     assert warned.verdict.passed
     assert _status(warned, "waiting-queue alert") == "warn"
     assert any("waiting-queue alert" in w and "> level 10" in w for w in warned.warnings)
 
     strict = SoakCriteria.model_validate({"alerts": {"actions": {"waiting": "fail"}}})
-    failed = evaluate(run_dir, strict)
+    failed = judge(run_dir, strict)
     assert not failed.verdict.passed
     assert any(r.startswith("FAIL waiting-queue alert") for r in failed.verdict.reasons)
 
 
 def test_gpu_memory_alert_judges_the_fullest_gpu_and_says_when_there_is_none(tmp_path: Path) -> None:
-    none = evaluate(write_run(tmp_path / "none", server=HEALTHY_SERVER), SoakCriteria())
+    none = judge(write_run(tmp_path / "none", server=HEALTHY_SERVER), SoakCriteria())
     check = next(c for c in none.checks if c.name == "GPU memory alert")
     assert check.status == "skip" and "no GPU samples in the hold" in check.detail and "--gpu-metrics" in check.detail
 
     # GPU 0 climbs from 85% to 95% over the hold: its last 60 s window averages ~92.5%
     full = write_run(tmp_path / "full", server=HEALTHY_SERVER, gpu_memory=ramp(0.85, 0.95))
-    warned = evaluate(full, SoakCriteria())
+    warned = judge(full, SoakCriteria())
     assert warned.verdict.passed and _status(warned, "GPU memory alert") == "warn"
     assert any(w.startswith("WARN GPU memory alert: worst 60 s window 0.925 (+90 s") for w in warned.warnings)
     path = tmp_path / "criteria.yaml"
     path.write_text("alerts: {actions: {gpu_memory_used: fail}}\n")
-    failed = evaluate(full, criteria_from_args(_parse("--criteria", str(path))))
+    failed = judge(full, criteria_from_args(_parse("--criteria", str(path))))
     assert not failed.verdict.passed and _status(failed, "GPU memory alert") == "fail"
     path.write_text("alerts: {levels: {gpu_memory_used: 0.95}, actions: {gpu_memory_used: fail}}\n")
-    assert _status(evaluate(full, criteria_from_args(_parse("--criteria", str(path)))), "GPU memory alert") == "pass"
+    assert _status(judge(full, criteria_from_args(_parse("--criteria", str(path)))), "GPU memory alert") == "pass"
 
-    summary = write_report(full).server
+    summary = conclude(full).server
     assert summary is not None and summary.gpu_memory_usage_max == pytest.approx(0.95, abs=0.01)
     assert [(g.gpu, g.memory_usage_max) for g in summary.gpus] == [("0", pytest.approx(0.95, abs=0.01)), ("1", 0.5)]
 
@@ -219,7 +220,7 @@ def test_server_file_with_nulls_missing_fields_and_a_torn_line_is_read(tmp_path:
         for i in range(int(HOLD_S))
     ]
     (run_dir / SERVER_FILE).write_bytes(b"".join(lines) + b'{"t": 18000001')
-    result = evaluate(run_dir, SoakCriteria())
+    result = judge(run_dir, SoakCriteria())
     assert _status(result, "KV-cache usage alert") == "warn"
     assert _status(result, "waiting-queue alert") == "skip"
     assert _status(result, "preemption-rate drift") == "skip"
@@ -227,11 +228,11 @@ def test_server_file_with_nulls_missing_fields_and_a_torn_line_is_read(tmp_path:
 
 def test_slos_state_measured_value_and_limit(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "slo")
-    result = evaluate(run_dir, SoakCriteria(slo_ttft_p99_ms=50, slo_e2e_p99_ms=1000))
+    result = judge(run_dir, SoakCriteria(slo_ttft_p99_ms=50, slo_e2e_p99_ms=1000))
     ttft = next(c for c in result.checks if c.name == "p99 TTFT SLO")
     assert ttft.status == "fail" and "SLO 50 ms" in ttft.detail
     assert _status(result, "p99 E2E SLO") == "pass"
-    assert _status(evaluate(run_dir, SoakCriteria()), "p99 TTFT SLO") == "skip"
+    assert _status(judge(run_dir, SoakCriteria()), "p99 TTFT SLO") == "skip"
 
 
 # --------------------------------------------------------------------------- criteria from flags and YAML
@@ -263,7 +264,7 @@ def test_a_misspelt_criteria_key_or_a_bad_flag_is_named(tmp_path: Path) -> None:
 
 def test_not_a_run_directory_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="not a run directory"):
-        evaluate(tmp_path, SoakCriteria())
+        judge(tmp_path, SoakCriteria())
 
 
 # --------------------------------------------------------------------------- real runs
@@ -292,7 +293,7 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_a_healthy_real_run_passes_with_a_reason_per_check(real_runs: dict[str, Path]) -> None:
-    result = evaluate(real_runs["healthy"], SoakCriteria(slo_ttft_p99_ms=500, slo_e2e_p99_ms=5000))
+    result = judge(real_runs["healthy"], SoakCriteria(slo_ttft_p99_ms=500, slo_e2e_p99_ms=5000))
     verdict = result.verdict
     assert verdict.passed, verdict.reasons
     assert result.hold == "150%"
@@ -305,7 +306,7 @@ def test_a_healthy_real_run_passes_with_a_reason_per_check(real_runs: dict[str, 
 
 
 def test_engine_deaths_in_a_real_run_fail_the_soak_naming_them(real_runs: dict[str, Path]) -> None:
-    verdict = evaluate(real_runs["dying"], SoakCriteria()).verdict
+    verdict = judge(real_runs["dying"], SoakCriteria()).verdict
     assert not verdict.passed
     oom = next(r for r in verdict.reasons if "OOM-family failures" in r)
     assert oom.startswith("FAIL") and "engine_dead: " in oom, oom
@@ -316,6 +317,6 @@ def test_the_report_warns_when_the_hypervisor_stole_cpu(tmp_path: Path) -> None:
     manifest = orjson.loads((run_dir / MANIFEST_FILE).read_bytes())
     for steal, warned in ((0.4, False), (7.5, True)):
         (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps({**manifest, "cpu_steal_percent": steal}))
-        run = write_report(run_dir).run
+        run = conclude(run_dir).run
         assert run.cpu_steal_percent == steal
         assert any("hypervisor took 7.5%" in w for w in run.warnings) is warned

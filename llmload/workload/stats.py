@@ -27,7 +27,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmload.models import Percentiles, Session
-from llmload.report import percentiles
+from llmload.stats.percentiles import percentiles
 from llmload.workload.files import Workload
 from llmload.workload.tokens import get_tokenizer
 

@@ -27,13 +27,16 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
-from llmload.observe import GPU_SOURCES, SERVER_FILE, gpu_frame, series_max, server_frame
-from llmload.records import RunRecords
-from llmload.report import SUMMARY_FILE, RunItl, fmt, load_manifest, percent, percentiles, summarize_run, turn_depths
-from llmload.sketch import METHOD as ITL_METHOD
-from llmload.sketch import quantiles
+from llmload.observe import GPU_SOURCES, series_max
+from llmload.report.format import fmt, percent, turn_depths
+from llmload.report.summary import RunItl
+from llmload.rundir import HTML_FILE
+from llmload.rundir import Run as FinishedRun
+from llmload.stats import windows
+from llmload.stats.percentiles import percentiles
+from llmload.stats.sketch import METHOD as ITL_METHOD
+from llmload.stats.sketch import quantiles
 
-HTML_FILE = "report.html"
 MAX_WINDOWS = 60  # points per time series: enough to see a trend, few enough to read
 MAX_SERVER_POINTS = 600  # server samples drawn: a 2-hour run has 7,200
 NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
@@ -65,12 +68,12 @@ class Chart:
 
 
 @dataclass
-class Run:
-    """Everything a report reads, times relative to the run's start (seconds)."""
+class Page:
+    """Everything the page draws, times relative to the run's start (seconds)."""
 
     manifest: RunManifest
     summary: Summary
-    records: pd.DataFrame  # without ITL gaps: `source` streams them
+    records: pd.DataFrame  # without ITL gaps: `itl` has them counted per window
     server: pd.DataFrame
     gpus: pd.DataFrame  # one row per GPU per sample; empty when the run read no GPU
     span_s: float  # plan and drain: the x range of every time chart
@@ -85,34 +88,14 @@ class Run:
         return (unix - self.manifest.started_at).to_numpy(dtype=float)
 
 
-def load_run(run_dir: Path, source: RunRecords | None = None, itl: RunItl | None = None) -> Run:
-    """`itl`, when the caller counted it, is used if its windows are the chart's."""
-    manifest = load_manifest(run_dir)
-    source = source or RunRecords.load(run_dir)
-    records = source.frame  # not copied: 1 GB at 10M records
-    numeric = ["scheduled_at", "sent_at", "finished_at", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
-    records[numeric] = records[numeric].astype(float)  # None -> NaN, also in runs with no such values
-    summary_path = run_dir / SUMMARY_FILE
-    if summary_path.exists():
-        summary = Summary.model_validate_json(summary_path.read_bytes())
-    else:
-        summary = summarize_run(source, manifest)
-    server = server_frame(run_dir / SERVER_FILE)
-    span = _span_s(manifest, summary.run.finished_at)
-    window_s = _window_s(span)
-    if itl is None or itl.window_s != window_s:
-        itl = RunItl.count(source, manifest, window_s)
-    return Run(manifest, summary, records, server, gpu_frame(run_dir / SERVER_FILE), span, window_s, itl)
-
-
 def _span_s(manifest: RunManifest, finished_at: float) -> float:
     """Plan and drain: the x range of every time chart."""
     return max(manifest.stages[-1].end_s if manifest.stages else 0.0, finished_at - manifest.started_at)
 
 
-def chart_window_s(manifest: RunManifest, finished_at: float) -> float:
+def chart_window_s(run: FinishedRun) -> float:
     """The latency chart's window: ITL histograms are counted per window of it."""
-    return _window_s(_span_s(manifest, finished_at))
+    return _window_s(_span_s(run.manifest, run.finished_at))
 
 
 def _window_s(span_s: float) -> float:
@@ -130,7 +113,7 @@ def svg_data_uri(fig: Figure, salt: str) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def _time_axis(ax: Axes, run: Run, *, names: bool) -> None:
+def _time_axis(ax: Axes, run: Page, *, names: bool) -> None:
     """The run's time range, stage boundaries dotted (names on top), the end of the plan dashed."""
     ax.set_xlim(0, run.span_s)
     for stage in run.stages:
@@ -150,16 +133,11 @@ def legend(ax: Axes, **kwargs: Any) -> None:
 
 def _windowed(times: np.ndarray, values: np.ndarray, window: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Window midpoints, p50 and p99 of the values in each window that has any."""
-    keep = ~np.isnan(times) & ~np.isnan(values)
-    index = np.floor(times[keep] / window).astype(int)
-    order = np.argsort(index, kind="stable")
-    index, values = index[order], values[keep][order]
-    keys, starts = np.unique(index, return_index=True)
-    p50, p99 = np.array([np.percentile(group, [50, 99]) for group in np.split(values, starts[1:])]).reshape(-1, 2).T
-    return (keys + 0.5) * window, p50, p99
+    low, high = (windows.per_window(times, values, window, reduce) for reduce in (windows.p50, windows.p99))
+    return low.index.to_numpy(), low.to_numpy(), high.to_numpy()
 
 
-def _windowed_itl(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _windowed_itl(run: Page) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """As _windowed, for the gaps of successful requests by their send time: one histogram a window."""
     counts = run.itl.by_window()
     seen = np.flatnonzero(counts.sum(axis=1))
@@ -167,7 +145,7 @@ def _windowed_itl(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return (seen + 0.5) * run.window_s, p50, p99
 
 
-def _latency_chart(run: Run) -> Figure | str:
+def _latency_chart(run: Page) -> Figure | str:
     ok = run.records[run.records.status == "ok"]
     if ok.empty:
         return "No successful requests: no latencies to show."
@@ -187,7 +165,7 @@ def _latency_chart(run: Run) -> Figure | str:
     return fig
 
 
-def _qps_chart(run: Run) -> Figure | str:
+def _qps_chart(run: Page) -> Figure | str:
     stages = run.summary.stages
     if not stages:
         return "The run had no stages."
@@ -220,7 +198,7 @@ def _peaks(samples: pd.DataFrame) -> pd.DataFrame:
     return peaks.reset_index(drop=True)
 
 
-def _server_chart(run: Run) -> Figure | str:
+def _server_chart(run: Page) -> Figure | str:
     server = run.server
     if server.empty:
         return "No server metrics: the run has no server.jsonl (the observer did not run)."
@@ -255,7 +233,7 @@ def _server_chart(run: Run) -> Figure | str:
     return fig
 
 
-def _gpu_chart(run: Run) -> Figure | str | None:
+def _gpu_chart(run: Page) -> Figure | str | None:
     """Memory used (% of total) and utilisation per GPU, on the time axis of the KV-cache chart.
     A run without a GPU source shows nothing; one whose source gave nothing says so."""
     if run.gpus.empty:
@@ -281,7 +259,7 @@ def _gpu_chart(run: Run) -> Figure | str | None:
     return fig
 
 
-def _failures_chart(run: Run) -> Figure | str:
+def _failures_chart(run: Page) -> Figure | str:
     failed = run.records[run.records.status == "failed"]
     if failed.empty:
         return "No failures."
@@ -305,7 +283,7 @@ def _failures_chart(run: Run) -> Figure | str:
     return fig
 
 
-def _turns_chart(run: Run) -> Figure | str:
+def _turns_chart(run: Page) -> Figure | str:
     turns = [t for t in run.summary.turns if t.ttft_p50_ms is not None]
     if not turns:
         return "No successful requests: nothing to show by turn."
@@ -326,7 +304,7 @@ def _turns_chart(run: Run) -> Figure | str:
     return fig
 
 
-def _tokens_chart(run: Run) -> Figure | str:
+def _tokens_chart(run: Page) -> Figure | str:
     ok = run.records[run.records.status == "ok"]
     if ok.empty:
         return "No successful requests: no token lengths to show."
@@ -347,7 +325,7 @@ def _tokens_chart(run: Run) -> Figure | str:
     return fig
 
 
-CHARTS: Sequence[tuple[str, Callable[[Run], Figure | str | None]]] = (  # None: the chart does not apply
+CHARTS: Sequence[tuple[str, Callable[[Page], Figure | str | None]]] = (  # None: the chart does not apply
     ("Latency over time (p50, p99)", _latency_chart),
     ("Offered vs achieved rate by stage", _qps_chart),
     ("Server: KV cache and queue", _server_chart),
@@ -358,7 +336,7 @@ CHARTS: Sequence[tuple[str, Callable[[Run], Figure | str | None]]] = (  # None: 
 )
 
 
-def _failure_rows(run: Run) -> list[dict[str, object]]:
+def _failure_rows(run: Page) -> list[dict[str, object]]:
     """Per category: count, an example, and the server's state when they happened (if observed)."""
     failed = run.records[run.records.status == "failed"].copy()
     examples = run.summary.failures.examples
@@ -491,10 +469,18 @@ Failed requests count against it; cancelled ones are left out.</p>
 """)
 
 
-def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | None = None) -> Path:
-    """Write `run_dir/report.html` from run.json, the records (requests.parquet, written from
-    requests.jsonl if need be), summary.json and server.jsonl."""
-    run = load_run(run_dir, records, itl)
+def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
+    """Write report.html of a run from its records, its summary and its ITL histograms (counted per
+    chart window: chart_window_s)."""
+    numeric = ["scheduled_at", "sent_at", "finished_at", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
+    records = finished.records.frame
+    records[numeric] = records[numeric].astype(float)  # None -> NaN, also in runs with no such values
+    manifest = finished.manifest
+    span = _span_s(manifest, summary.run.finished_at)
+    window_s = _window_s(span)
+    if itl.window_s != window_s:  # counted for other windows (a caller that did not use chart_window_s)
+        itl = RunItl.count(finished.records, manifest, window_s)
+    run = Page(manifest, summary, records, finished.server.frame, finished.server.gpus, span, window_s, itl)
     charts = []
     with matplotlib.rc_context(RC):
         for title, draw in CHARTS:
@@ -514,6 +500,6 @@ def render_html(run_dir: Path, records: RunRecords | None = None, itl: RunItl | 
         itl_method=ITL_METHOD,
         style=STYLE,
     )
-    path = run_dir / HTML_FILE
+    path = finished.path / HTML_FILE
     path.write_text(html, encoding="utf-8")
     return path

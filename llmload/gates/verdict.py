@@ -13,18 +13,16 @@ import functools
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
-from llmload.compare import read_run
 from llmload.errors import InputError
-from llmload.models import OOM_FAMILY, RunManifest, Stage, StageSummary, Strict, Verdict
-from llmload.observe import SERVER_FILE, server_frame
-from llmload.report import percentiles, summarize_run
+from llmload.models import OOM_FAMILY, RunManifest, Stage, StageSummary, Strict, Summary, Verdict
+from llmload.rundir import SERVER_FILE, Run
+from llmload.stats import windows
+from llmload.stats.trend import Trend
 from llmload.yamlfile import load_yaml_model
 
 AlertAction = Literal["warn", "fail"]
@@ -140,23 +138,11 @@ class Hold:
     def windows(
         self, times: pd.Series, values: pd.Series, window_s: float, reduce: Callable[[pd.Series], float]
     ) -> pd.Series:
-        """`reduce` of the values in each full window of the hold, indexed by the window's middle
-        in seconds from the hold's start; empty windows are left out."""
-        slot = np.floor((times.to_numpy(dtype=float) - self.start) / window_s)
-        frame = pd.DataFrame({"slot": slot, "value": values.to_numpy(dtype=float)}).dropna()
-        frame = frame[(frame.slot >= 0) & (frame.slot < int(self.duration_s // window_s))]
-        reduced = frame.groupby("slot").value.agg(reduce)
-        reduced.index = (reduced.index + 0.5) * window_s
-        return reduced.dropna()
-
-
-def _p99(values: pd.Series) -> float:
-    p99 = percentiles(values).p99
-    return np.nan if p99 is None else p99
-
-
-def _mean(values: pd.Series) -> float:
-    return float(values.mean())
+        """`reduce` of the values in each full window of the hold, indexed by the window's middle in
+        seconds from the hold's start; empty windows are left out."""
+        return windows.per_window(
+            times, values, window_s, reduce, origin=self.start, windows=int(self.duration_s // window_s)
+        )
 
 
 def _preemption_rate(samples: pd.DataFrame) -> pd.DataFrame:
@@ -168,39 +154,6 @@ def _preemption_rate(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- drift
-
-
-def _t_quantile(p: float, dof: int) -> float:
-    """Student's t quantile (Abramowitz & Stegun 26.7.5): within 0.003 of exact for dof ≥ 3."""
-    z = NormalDist().inv_cdf(p)
-    terms = (
-        (z**3 + z) / 4,
-        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
-        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
-        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
-    )
-    return z + sum(term / dof ** (i + 1) for i, term in enumerate(terms))
-
-
-@dataclass(frozen=True)
-class Trend:
-    """Least-squares line through per-window values: slope per second, its interval, fitted start."""
-
-    slope: float
-    low: float
-    high: float
-    start: float
-
-    @classmethod
-    def fit(cls, series: pd.Series, confidence: float) -> Trend:
-        x, y = series.index.to_numpy(dtype=float), series.to_numpy(dtype=float)
-        dx = x - x.mean()
-        slope = float(dx @ (y - y.mean()) / (dx @ dx))
-        intercept = float(y.mean() - slope * x.mean())
-        residuals = y - intercept - slope * x
-        error = np.sqrt(residuals @ residuals / (len(x) - 2) / (dx @ dx))
-        half = _t_quantile(0.5 + confidence / 2, len(x) - 2) * error
-        return cls(slope, slope - half, slope + half, intercept)
 
 
 def _drift(
@@ -314,34 +267,35 @@ def _alert(
     )
 
 
-def _hold(run_dir: Path, stage: Stage, started_at: float, df: pd.DataFrame) -> Hold:
-    start = started_at + stage.start_s
+def _hold(run: Run, stage: Stage) -> Hold:
+    start = run.manifest.started_at + stage.start_s
     end = start + stage.duration_s
-    ok = df[(df.status == "ok") & (df.sent_at >= start) & (df.sent_at < end)]
-    server = server_frame(run_dir / SERVER_FILE)
+    df, server = run.records.frame, run.server.frame
+    ok = df.loc[(df.status == "ok") & (df.sent_at >= start) & (df.sent_at < end), ["sent_at", "ttft_ms", "e2e_ms"]]
     return Hold(stage, start, ok, server[(server.t >= start) & (server.t < end)])
 
 
-def evaluate(run_dir: Path, criteria: SoakCriteria) -> SoakResult:
-    """Every check of the hold; raises InputError when run_dir is not a readable run."""
-    manifest, records = read_run(run_dir)
-    df = records.frame
-    summary = summarize_run(records, manifest)
+def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
+    """Every check of the hold, from the run and its summary (computed once, at the end of the run);
+    raises InputError when the run has no record to judge."""
+    manifest, df = run.manifest, run.records.frame
+    if df.empty:
+        raise InputError(f"{run.path}: no request records")
     stage = manifest.stages[-1]
-    hold = _hold(run_dir, stage, manifest.started_at, df)
+    hold = _hold(run, stage)
     hold_summary = summary.stages[-1]
     drift, alerts = criteria.drift, criteria.alerts
     alert_window = min(alerts.window_s, hold.duration_s)
 
     def server_series(column: str, window_s: float) -> pd.Series | None:
         samples = hold.server.dropna(subset=[column])
-        return None if samples.empty else hold.windows(samples.t, samples[column], window_s, _mean)
+        return None if samples.empty else hold.windows(samples.t, samples[column], window_s, windows.mean)
 
     def latency_p99(column: str, window_s: float) -> pd.Series:
-        return hold.windows(hold.ok.sent_at, hold.ok[column], window_s, _p99)
+        return hold.windows(hold.ok.sent_at, hold.ok[column], window_s, windows.p99)
 
     rates = _preemption_rate(hold.server)
-    preemptions = hold.windows(rates.t, rates.value, drift.window_s, _mean) if len(rates) else None
+    preemptions = hold.windows(rates.t, rates.value, drift.window_s, windows.mean) if len(rates) else None
     floors, levels, actions = drift.min_rise, alerts.levels, alerts.actions
     drift_check = functools.partial(_drift, hold=hold, criteria=drift)
     checks = [

@@ -4,15 +4,12 @@ against the probed rate, each probe's verdict with its reason, and a link to eac
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 from matplotlib.figure import Figure
 
-from llmload.report_html import ENV, P50, P99, RC, STYLE, legend, svg_data_uri
-
-if TYPE_CHECKING:
-    from llmload.search import SearchResult
+from llmload.models import SearchResult
+from llmload.report.html import ENV, P50, P99, RC, STYLE, legend, svg_data_uri
 
 PASS_COLOR, FAIL_COLOR = "#2ca02c", P99
 

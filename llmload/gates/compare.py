@@ -9,9 +9,7 @@ included. Limits and method: docs/gates.md.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,13 +17,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
+from llmload import rundir
 from llmload.errors import InputError
-from llmload.goodput import good_requests
 from llmload.models import GoodputSLO, RunManifest, Strict, Summary
-from llmload.records import RECORDS_FILE, RunRecords
-from llmload.report import MANIFEST_FILE, load_manifest, summarize
-from llmload.sketch import Histograms, buckets, quantiles
-from llmload.yamlfile import load_yaml_model
+from llmload.report.goodput import good_requests
+from llmload.report.summary import summarize
+from llmload.stats.sketch import Histograms, buckets, quantiles
 
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
 # RunSample.blocks columns that are counted per second of the plan
@@ -127,29 +124,6 @@ class RunSample:
         return {key: float(sums[column]) for key, column in RATE_COLUMNS.items() if column < len(sums)}
 
 
-def read_run(run_dir: Path) -> tuple[RunManifest, RunRecords]:
-    """A run's plan and records, or an InputError that says what is wrong with the directory."""
-    manifest = read_manifest(run_dir)
-    if not (run_dir / RECORDS_FILE).is_file():
-        raise InputError(f"{run_dir} has no {RECORDS_FILE}")
-    try:
-        records = RunRecords.load(run_dir)
-    except ValueError as exc:
-        raise InputError(f"{run_dir}: {exc}") from None
-    if records.frame.empty:
-        raise InputError(f"{run_dir}: no request records")
-    return manifest, records
-
-
-def read_manifest(run_dir: Path) -> RunManifest:
-    if not (run_dir / MANIFEST_FILE).is_file():
-        raise InputError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
-    try:
-        return load_manifest(run_dir)
-    except ValueError as exc:
-        raise InputError(f"{run_dir}: {exc}") from None
-
-
 def common_goodput_slo(baseline: RunManifest, current: RunManifest) -> tuple[GoodputSLO | None, list[str]]:
     """The goodput rule both runs are counted against: the current run's, else the baseline's; a
     warning when they differ (goodput under different rules does not compare)."""
@@ -165,9 +139,11 @@ def common_goodput_slo(baseline: RunManifest, current: RunManifest) -> tuple[Goo
 def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
     """The run reduced to blocks; goodput counted against `goodput_slo` (the same rule for both runs
     of a comparison), none when None."""
-    manifest, records = read_run(run_dir)
-    frame = records.frame
+    run = rundir.load(run_dir)
+    manifest, records, frame = run.manifest, run.records, run.records.frame
     n = len(frame)
+    if not n:
+        raise InputError(f"{run_dir}: no request records")
     block = np.arange(n) * min(n, BOOTSTRAP_BLOCKS) // n  # records as written: neighbours in time
     blocks = int(block[-1]) + 1
     judged = ~frame.stage.isin([s.name for s in manifest.stages if s.warmup]).to_numpy(dtype=bool)
@@ -413,31 +389,3 @@ def render_markdown(comparison: Comparison) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *_verdict_lines(comparison), *(f"\n> warning: {w}" for w in comparison.warnings)]
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("baseline", help="baseline run directory (run.json + requests.jsonl)")
-    parser.add_argument("current", help="current run directory")
-    parser.add_argument("--thresholds", type=Path, default=None, help="YAML overriding the limits (docs/gates.md)")
-    parser.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown (CI comments)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """0: no regression; 1: a regression; 2: bad input."""
-    try:
-        thresholds = load_yaml_model(args.thresholds, Thresholds) if args.thresholds else Thresholds()
-        runs = (Path(args.baseline), Path(args.current))
-        slo, notes = common_goodput_slo(*(read_manifest(run_dir) for run_dir in runs))
-        baseline, current = (load_run(run_dir, slo) for run_dir in runs)
-        comparison = compare_runs(baseline, current, thresholds)
-    except InputError as exc:
-        print(f"llmload compare: {exc}", file=sys.stderr)
-        return 2
-    comparison.warnings += notes
-    sys.stdout.write(render_text(comparison))
-    if args.markdown:
-        args.markdown.write_text(render_markdown(comparison))
-    return 1 if comparison.regressions else 0

@@ -13,29 +13,21 @@ with the checks that failed above it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import orjson
 import yaml
-from pydantic import BaseModel, Field
 
 from llmload.errors import InputError
-from llmload.goodput import SYNTAX as GOODPUT_SYNTAX
-from llmload.goodput import parse_goodput_slo
-from llmload.models import GoodputSLO, Summary, Verdict
-from llmload.report import SUMMARY_FILE, VERDICT_FILE
-from llmload.search_page import render_page
-from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
-from llmload.soak import parse_duration
-from llmload.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
+from llmload.gates.verdict import SoakCriteria
+from llmload.models import Probe, SearchOutcome, SearchResult, Summary, Verdict
+from llmload.report.search_page import render_page
+from llmload.rundir import SUMMARY_FILE, VERDICT_FILE
 from llmload.workload import load_workload
 
 RESULT_FILE = "search.json"
@@ -43,66 +35,6 @@ PAGE_FILE = "search.html"
 DRIFT_WINDOWS = 6  # drift windows per probe hold: the fewest a slope is judged on, so each holds the most requests
 DRIFT_CONFIDENCE = 0.99  # a search judges many holds: at 95% one in four searches would meet a false drift
 STOP_GRACE_S = 60.0  # a probe told to stop gets this long (plus its drain) to write its report
-
-Outcome = Literal["found", "capped", "none", "interrupted", "aborted"]
-
-# --------------------------------------------------------------------------- results
-
-
-class Probe(BaseModel):
-    """One probe: an ordinary run directory under the search's, and what its hold showed."""
-
-    run_id: str
-    qps: float
-    passed: bool | None = Field(description="None: interrupted or unfinished, never judged")
-    failed_checks: list[str] = Field(default_factory=list, description="verdict lines of the checks that failed")
-    achieved_qps: float | None = None
-    goodput_qps: float | None = None
-    ttft_p50_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    e2e_p99_ms: float | None = None
-    confirm: bool = Field(default=False, description="the --confirm soak at the rate found")
-
-
-class SearchResult(BaseModel):
-    """search.json: every probe and the answer."""
-
-    search_id: str
-    host: str
-    workload: str
-    max_qps: float
-    probe_s: float
-    repeats: int
-    started_at: float
-    finished_at: float | None = None
-    goodput_slo: GoodputSLO | None = None
-    probes: list[Probe] = Field(default_factory=list)
-    outcome: Outcome = "interrupted"
-    passing_qps: float | None = Field(default=None, description="the answer: every probe at it passed")
-    failing_qps: float | None = Field(default=None, description="the lowest failing rate above the answer")
-    failing_reason: str | None = None
-    confirmed: bool | None = Field(default=None, description="the --confirm soak passed; None: not run")
-    required_qps: float | None = None
-
-    def judged(self) -> list[Probe]:
-        return [p for p in self.probes if p.passed is not None and not p.confirm]
-
-    @property
-    def conclusion(self) -> str:
-        """One sentence: the answer and the boundary, or why there is none."""
-        lo, hi = self.passing_qps, self.failing_qps
-        boundary = f" It fails at {hi:g} req/s: {self.failing_reason}." if hi is not None else ""
-        if self.outcome == "capped":
-            return f"Passes at --max-qps {lo:g} req/s: the limit lies above it."
-        if lo is None:
-            what = {"none": "No probed rate passed", "interrupted": "Interrupted before any rate passed"}
-            return f"{what.get(self.outcome, 'The search stopped before any rate passed')}.{boundary}"
-        found = f"The highest passing rate is {lo:g} req/s"
-        if hi is not None:
-            found += f" (boundary between {lo:g} and {hi:g} req/s)"
-        suffix = {"interrupted": " (interrupted: what was learned so far)", "aborted": " (the search was aborted)"}
-        return f"{found}{suffix.get(self.outcome, '')}.{boundary}"
-
 
 # --------------------------------------------------------------------------- the search
 
@@ -141,7 +73,7 @@ def _round(qps: float) -> float:
     return float(f"{qps:.3g}")
 
 
-def next_rate(bounds: Bounds, probes: Sequence[Probe]) -> tuple[float | None, Outcome]:
+def next_rate(bounds: Bounds, probes: Sequence[Probe]) -> tuple[float | None, SearchOutcome]:
     """The next rate to probe, or None and why the search is over."""
     lo, hi = boundary(probes)
     unrepeated = lo is not None and len(_verdicts(probes)[lo]) < bounds.repeats
@@ -261,38 +193,7 @@ def _reason(probe: Probe) -> str:
     return probe.failed_checks[0].removeprefix("FAIL ") + (f" (and {more} more check(s))" if more else "")
 
 
-# --------------------------------------------------------------------------- command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=None, help="target base URL (default: the embedded target, started once)")
-    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml")
-    parser.add_argument("--max-qps", type=float, required=True, help="the highest rate to probe, req/s")
-    parser.add_argument(
-        "--start-qps", type=float, default=None, help="first rate (default: the workload's, else max/8)"
-    )
-    parser.add_argument("--min-qps", type=float, default=None, help="lowest rate to probe (default: max/256)")
-    parser.add_argument("--resolution", type=float, default=0.05, help="stop when the interval is this narrow (0.05)")
-    parser.add_argument("--repeats", type=int, default=2, help="probes the answer must pass, all of them (2)")
-    parser.add_argument("--probe-duration", type=parse_duration, default=30.0, help="each probe's hold (30s)")
-    parser.add_argument(
-        "--probe-warmup", type=lambda t: parse_duration(t, allow_zero=True), default=10.0,
-        help="unjudged lead-in of each probe at its rate (10s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--probe-drain", type=float, default=10.0, help="seconds a probe's requests may finish after its hold (10)"
-    )
-    parser.add_argument("--confirm", action="store_true", help="then soak at the rate found (--confirm-duration)")
-    parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")
-    parser.add_argument("--require-qps", type=float, default=None, help="exit 1 unless the answer is at least this")
-    parser.add_argument("--goodput-slo", action="append", default=[], metavar="SPEC", help=GOODPUT_SYNTAX)
-    add_criteria_arguments(parser)
-    parser.add_argument("--locustfile", default="loadtests/chat.py")
-    parser.add_argument("--search-id", default=None, help="directory under --reports-dir (default: search-TIME)")
-    parser.add_argument("--reports-dir", default="reports")
-
-
-def _bounds(args: argparse.Namespace) -> Bounds:
+def bounds_from(args: argparse.Namespace) -> Bounds:
     """The search's range from the flags and the workload; InputError for nonsense."""
     if args.max_qps <= 0:
         raise InputError(f"--max-qps must be > 0, got {args.max_qps:g}")
@@ -305,7 +206,7 @@ def _bounds(args: argparse.Namespace) -> Bounds:
     return Bounds(_round(start), min_qps, args.max_qps, 2.0, args.resolution, args.repeats)
 
 
-def _write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float) -> None:
+def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float) -> None:
     """The probes' criteria: the user's, with drift windows short enough for a probe's hold to be
     judged for drift, at 99% confidence at least; the confirming soak gets the user's unchanged."""
     drift = criteria.drift.model_copy(
@@ -321,57 +222,7 @@ def _write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float) -> 
         (directory / name).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
 
 
-def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
-    """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
-    interrupted before one; 2: bad input."""
-    if not Path(args.locustfile).is_file():
-        raise InputError(f"no locustfile at {args.locustfile} (run from the repository root)")
-    criteria = criteria_from_args(args)
-    goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
-    if criteria.min_goodput_ratio is not None and goodput_slo is None:
-        raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
-    bounds = _bounds(args)
-    search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")
-    directory = Path(args.reports_dir) / search_id
-    directory.mkdir(parents=True, exist_ok=True)
-    _write_criteria(directory, criteria, args.probe_duration)
-    with contextlib.ExitStack() as stack:
-        host = args.host
-        if host is None:
-            host = stack.enter_context(SimProcess(*EMBEDDED_TARGET_ARGS)).url
-            print(f"llmload search: no --host given: started the embedded target at {host}")
-        result = SearchResult(
-            search_id=search_id, host=host, workload=args.workload, max_qps=bounds.max_qps,
-            probe_s=args.probe_duration, repeats=bounds.repeats, started_at=time.time(), goodput_slo=goodput_slo,
-            required_qps=args.require_qps,
-        )  # fmt: skip
-        searcher = Searcher(args, passthrough, directory, result)
-        try:
-            result.outcome = _search(searcher, bounds)
-        except Interrupted:
-            result.outcome = "interrupted"
-        except KeyboardInterrupt:  # between probes
-            result.outcome = "interrupted"
-        except InputError:
-            result.outcome = "aborted"
-            searcher.save()
-            raise
-        result.finished_at = time.time()
-        searcher.save()
-    print(f"\nllmload search: {result.conclusion}")
-    if result.confirmed is not None:
-        print(f"  confirming soak at {result.passing_qps:g} req/s: {'PASS' if result.confirmed else 'FAIL'}")
-    print(f"page: {directory / PAGE_FILE}")
-    answer = result.passing_qps if result.outcome in ("found", "capped", "interrupted") else None
-    if answer is None or result.confirmed is False:
-        return 1
-    if args.require_qps is not None and answer < args.require_qps:
-        print(f"llmload search: {answer:g} req/s is below --require-qps {args.require_qps:g}")
-        return 1
-    return 0
-
-
-def _search(searcher: Searcher, bounds: Bounds) -> Outcome:
+def search(searcher: Searcher, bounds: Bounds) -> SearchOutcome:
     while True:
         qps, outcome = next_rate(bounds, searcher.result.probes)
         if qps is None:

@@ -1,0 +1,99 @@
+"""`llmload search`: the highest request rate whose hold passes the soak verdict (llmload.gates.search)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from llmload.errors import InputError
+from llmload.gates.search import PAGE_FILE, Interrupted, Searcher, bounds_from, search, write_criteria
+from llmload.gates.verdict import add_criteria_arguments, criteria_from_args
+from llmload.models import SearchResult
+from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
+from llmload.report.goodput import parse_goodput_slo
+from llmload.schedule import parse_duration
+from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
+
+HELP = "the highest request rate whose hold passes the soak verdict: bracket, then bisect; unknown flags go to Locust"
+PASSTHROUGH = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="target base URL (default: the embedded target, started once)")
+    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml")
+    parser.add_argument("--max-qps", type=float, required=True, help="the highest rate to probe, req/s")
+    parser.add_argument(
+        "--start-qps", type=float, default=None, help="first rate (default: the workload's, else max/8)"
+    )
+    parser.add_argument("--min-qps", type=float, default=None, help="lowest rate to probe (default: max/256)")
+    parser.add_argument("--resolution", type=float, default=0.05, help="stop when the interval is this narrow (0.05)")
+    parser.add_argument("--repeats", type=int, default=2, help="probes the answer must pass, all of them (2)")
+    parser.add_argument("--probe-duration", type=parse_duration, default=30.0, help="each probe's hold (30s)")
+    parser.add_argument(
+        "--probe-warmup", type=lambda t: parse_duration(t, allow_zero=True), default=10.0,
+        help="unjudged lead-in of each probe at its rate (10s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--probe-drain", type=float, default=10.0, help="seconds a probe's requests may finish after its hold (10)"
+    )
+    parser.add_argument("--confirm", action="store_true", help="then soak at the rate found (--confirm-duration)")
+    parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")
+    parser.add_argument("--require-qps", type=float, default=None, help="exit 1 unless the answer is at least this")
+    parser.add_argument("--goodput-slo", action="append", default=[], metavar="SPEC", help=GOODPUT_SYNTAX)
+    add_criteria_arguments(parser)
+    parser.add_argument("--locustfile", default="loadtests/chat.py")
+    parser.add_argument("--search-id", default=None, help="directory under --reports-dir (default: search-TIME)")
+    parser.add_argument("--reports-dir", default="reports")
+
+
+def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
+    """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
+    interrupted before one; 2: bad input."""
+    if not Path(args.locustfile).is_file():
+        raise InputError(f"no locustfile at {args.locustfile} (run from the repository root)")
+    criteria = criteria_from_args(args)
+    goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
+    if criteria.min_goodput_ratio is not None and goodput_slo is None:
+        raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
+    bounds = bounds_from(args)
+    search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")
+    directory = Path(args.reports_dir) / search_id
+    directory.mkdir(parents=True, exist_ok=True)
+    write_criteria(directory, criteria, args.probe_duration)
+    with contextlib.ExitStack() as stack:
+        host = args.host
+        if host is None:
+            host = stack.enter_context(SimProcess(*EMBEDDED_TARGET_ARGS)).url
+            print(f"llmload search: no --host given: started the embedded target at {host}")
+        result = SearchResult(
+            search_id=search_id, host=host, workload=args.workload, max_qps=bounds.max_qps,
+            probe_s=args.probe_duration, repeats=bounds.repeats, started_at=time.time(), goodput_slo=goodput_slo,
+            required_qps=args.require_qps,
+        )  # fmt: skip
+        searcher = Searcher(args, passthrough, directory, result)
+        try:
+            result.outcome = search(searcher, bounds)
+        except Interrupted:
+            result.outcome = "interrupted"
+        except KeyboardInterrupt:  # between probes
+            result.outcome = "interrupted"
+        except InputError:
+            result.outcome = "aborted"
+            searcher.save()
+            raise
+        result.finished_at = time.time()
+        searcher.save()
+    print(f"\nllmload search: {result.conclusion}")
+    if result.confirmed is not None:
+        print(f"  confirming soak at {result.passing_qps:g} req/s: {'PASS' if result.confirmed else 'FAIL'}")
+    print(f"page: {directory / PAGE_FILE}")
+    answer = result.passing_qps if result.outcome in ("found", "capped", "interrupted") else None
+    if answer is None or result.confirmed is False:
+        return 1
+    if args.require_qps is not None and answer < args.require_qps:
+        print(f"llmload search: {answer:g} req/s is below --require-qps {args.require_qps:g}")
+        return 1
+    return 0

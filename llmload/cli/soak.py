@@ -1,0 +1,33 @@
+"""`llmload soak`: ramp to 150% of the target, hold (5 minutes), PASS or FAIL (llmload.gates.soak)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+from llmload.gates.soak import run_soak
+from llmload.schedule import parse_duration
+
+HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
+PASSTHROUGH = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=None, help="target base URL (default: the embedded target)")
+    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml")
+    parser.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
+    parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")
+    parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="each of 25/50/100%%")
+    parser.add_argument("--locustfile", default="loadtests/chat.py")
+    parser.add_argument("--run-id", default=None)
+    parser.add_argument("--reports-dir", default="reports")
+
+
+def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
+    return run_soak(
+        locustfile=args.locustfile, workload=args.workload, host=args.host, target_qps=args.target_qps,
+        ramp_stage_s=args.ramp_stage_duration, hold_s=args.duration,
+        run_id=args.run_id or time.strftime("soak-%Y%m%d-%H%M%S"), reports_dir=args.reports_dir,
+        passthrough=passthrough,
+    )  # fmt: skip

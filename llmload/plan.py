@@ -1,0 +1,162 @@
+"""A run's plan, built once from the flags and checked before anything starts: the workload, the
+stages, the arrivals (a request schedule, or the trace's clock) and the client's limits. The
+plan's record in the run directory is run.json (`RunManifest`), written from it at the start.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmload.client import Limits
+from llmload.errors import InputError
+from llmload.models import GoodputSLO, RunManifest, Stage
+from llmload.report.goodput import parse_goodput_slo
+from llmload.schedule import (
+    ArrivalSchedule,
+    TraceClock,
+    build_stages,
+    expected_arrivals,
+    parse_stage_percents,
+    trace_period,
+    trace_request_times,
+    trace_session_starts,
+    trace_stages,
+)
+from llmload.workload import Workload, load_workload
+
+ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
+
+
+@dataclass(frozen=True)
+class PlanFlags:
+    """What the user asked for (Locust's flags, `llmload soak` and `search` pass them on)."""
+
+    workload: str
+    target_qps: float | None = None
+    stages: str = "25,50,100,150"
+    stage_duration_s: float = 60.0
+    hold_duration_s: float | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    time_scale: float = 1.0
+    warmup_s: float | None = None
+    seed: int = 0
+    drain_s: float = 30.0
+    history_turns: int | None = None
+    max_users: int = 2000
+    limits: Limits = Limits()
+    goodput_slo: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything the flags decide, checked: InputError names the flag that is wrong."""
+
+    flags: PlanFlags
+    workload: Workload
+    stages: list[Stage]
+    arrivals: ArrivalSchedule | TraceClock  # request arrivals (rate modes), or the trace's clock
+    target_qps: float
+    goodput_slo: GoodputSLO | None
+
+    @classmethod
+    def build(cls, flags: PlanFlags) -> RunPlan:
+        workload = load_workload(flags.workload)
+        trace = flags.arrival == "trace"
+        if trace:
+            if any(s.offset_s is None for s in workload.sessions):
+                raise InputError(
+                    f"--arrival trace needs recorded session offsets (offset_s), and {flags.workload} has"
+                    " sessions without one: build it from a log with timestamps, or pick another --arrival"
+                )
+            period = trace_period([s.offset_s or 0.0 for s in workload.sessions])
+            target = workload.requests / period * flags.time_scale  # the trace's own rate is 100%
+        elif flags.time_scale != 1.0:
+            raise InputError("--time-scale applies to --arrival trace only")
+        else:
+            target = flags.target_qps if flags.target_qps is not None else workload.spec.target_qps
+        if target is None:
+            raise InputError(f"no target rate: give --target-qps (the workload {flags.workload} names none)")
+        warmup = flags.warmup_s if flags.warmup_s is not None else default_warmup_s(workload)
+        try:
+            stages = build_stages(
+                target, parse_stage_percents(flags.stages), flags.stage_duration_s, flags.hold_duration_s, warmup
+            )
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        arrivals: ArrivalSchedule | TraceClock
+        if trace:
+            arrivals = TraceClock(stages, flags.time_scale)
+            stages = trace_stages(stages, arrivals, workload.sessions)
+        else:
+            arrivals = ArrivalSchedule(stages, flags.arrival, burstiness=flags.burstiness, seed=flags.seed)
+        if flags.history_turns is not None and flags.history_turns < 1:
+            raise InputError("--history-turns must be ≥ 1")
+        goodput_slo = parse_goodput_slo(flags.goodput_slo) if flags.goodput_slo else None
+        return cls(flags, workload, stages, arrivals, target, goodput_slo)
+
+    @property
+    def end_s(self) -> float:
+        return self.stages[-1].end_s
+
+    @property
+    def history_turns(self) -> int | None:
+        return self.flags.history_turns or self.workload.spec.history_turns
+
+    def manifest(self, *, run_id: str, host: str, model: str, started_at: float, workers: int) -> RunManifest:
+        """run.json of a run of this plan started at `started_at` (unix seconds)."""
+        return RunManifest(
+            run_id=run_id,
+            host=host,
+            model=model,
+            workload=self.flags.workload,
+            arrival=self.flags.arrival,
+            burstiness=self.flags.burstiness,
+            seed=self.flags.seed,
+            target_qps=self.target_qps,
+            time_scale=self.flags.time_scale,
+            stages=self.stages,
+            drain_s=self.flags.drain_s,
+            started_at=started_at,
+            workers=workers,
+            limits={k: float(v) for k, v in vars(self.flags.limits).items()},
+            goodput_slo=self.goodput_slo,
+        )
+
+    def planned(self) -> int:
+        """Planned request arrivals (rate modes) or session starts (trace mode)."""
+        if isinstance(self.arrivals, ArrivalSchedule):
+            return expected_arrivals(self.stages)
+        return len(trace_session_starts(self.arrivals, self.workload.sessions))
+
+    def offsets(self) -> np.ndarray:
+        """Every planned request's time, seconds from the start (trace mode: as recorded)."""
+        if isinstance(self.arrivals, ArrivalSchedule):
+            return np.fromiter(self.arrivals.times(), dtype=float)
+        return np.asarray(trace_request_times(self.arrivals, self.workload.sessions), dtype=float)
+
+    def initial_users(self) -> int:
+        """Little's law with a guessed request time; the shape grows it when users run short. A user
+        holds one request in the rate modes, and a whole session (think times too) in trace mode."""
+        peak = max(s.qps for s in self.stages)
+        busy_s = ASSUMED_REQUEST_S
+        if isinstance(self.arrivals, TraceClock):
+            peak /= self.workload.mean_turns
+            busy_s = mean_session_span_s(self.workload)
+        return min(self.flags.max_users, math.ceil(peak * busy_s * 1.5) + 4)
+
+
+def mean_session_span_s(workload: Workload) -> float:
+    """A session's length on average: its think times plus a guessed time per request."""
+    sessions = workload.sessions
+    think = sum(t.think_time_s for s in sessions for t in s.turns) / len(sessions)
+    return think + workload.mean_turns * ASSUMED_REQUEST_S
+
+
+def default_warmup_s(workload: Workload) -> float:
+    """Long enough for sessions to reach every depth before anything is judged: one mean session
+    (0 for single-turn workloads, which have no depth to build)."""
+    return 0.0 if workload.mean_turns == 1 else float(math.ceil(mean_session_span_s(workload)))

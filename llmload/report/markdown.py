@@ -1,0 +1,146 @@
+"""report.md: the run's summary as Markdown (read in a terminal, a pull request, a ticket)."""
+
+from __future__ import annotations
+
+from llmload.models import ServerSummary, Summary
+from llmload.report.format import fmt, percent, turn_depths
+from llmload.stats.sketch import METHOD as ITL_METHOD
+
+
+def _gpu_lines(server: ServerSummary | None) -> list[str]:
+    """The GPU table of report.md; nothing for a run that read no GPU."""
+    if server is None or not server.gpus:
+        return []
+    lines = [
+        "",
+        "## GPU",
+        "",
+        "| GPU | memory used max | MiB used max | MiB total | utilisation mean % | utilisation max % |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for g in server.gpus:
+        lines.append(
+            f"| {g.gpu} | {percent(g.memory_usage_max)} | {fmt(g.memory_used_max_mib, 0)} "
+            f"| {fmt(g.memory_total_mib, 0)} | {fmt(g.utilization_mean_percent, 0)} "
+            f"| {fmt(g.utilization_max_percent, 0)} |"
+        )
+    return [*lines, "", "Over the whole run, warm-up included, sampled with the server's metrics."]
+
+
+def _goodput_markdown(summary: Summary) -> list[str]:
+    """The goodput section: the SLO rule, the run's figure and each stage's (none without an SLO)."""
+    slo, overall = summary.run.goodput_slo, summary.throughput.goodput
+    if slo is None or overall is None:
+        return []
+    lines = [
+        "",
+        "## Goodput",
+        "",
+        f"Requests meeting every SLO ({slo.describe()}): {overall.requests_per_s:.2f} req/s, "
+        f"{overall.output_tokens_per_s:,.0f} output tok/s, {percent(overall.slo_attainment, 1)} of the answered"
+        " requests. Failed requests count against it; cancelled ones are left out.",
+        "",
+        "| stage | achieved req/s | goodput req/s | goodput output tok/s | SLO met |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for s in summary.stages:
+        if s.goodput is not None:
+            name = f"{s.name} (not judged)" if s.warmup else s.name
+            lines.append(
+                f"| {name} | {s.achieved_qps:.2f} | {s.goodput.requests_per_s:.2f} "
+                f"| {s.goodput.output_tokens_per_s:,.0f} | {percent(s.goodput.slo_attainment, 1)} |"
+            )
+    return lines
+
+
+def render_markdown(summary: Summary) -> str:
+    run, req, lat = summary.run, summary.requests, summary.latency_ms
+    lines = [
+        f"# llmload run `{run.run_id}`",
+        "",
+        f"Target `{run.host}` (model `{run.model or '?'}`), workload `{run.workload}`, {run.arrival} arrivals, "
+        f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
+        f"{run.finished_at - run.started_at:.0f} s.",
+        "",
+    ]
+    if summary.verdict is not None:
+        verdict = "PASS" if summary.verdict.passed else "FAIL"
+        lines += [f"**Verdict: {verdict}**", "", *[f"- {r}" for r in summary.verdict.reasons], ""]
+    lines += [
+        "## Requests",
+        "",
+        "| scheduled | sent | ok | failed | cancelled | not sent | OOM family | warm-up (not judged) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.cancelled} | {req.not_sent} "
+        f"| {summary.failures.oom_family} | {req.warmup} |",
+        "",
+        "Cancelled requests were cut by the operator or the drain timeout: not failures, not in the error rate."
+        " Warm-up requests are counted apart and left out of every figure but the stage table.",
+        "",
+        "## Latency (ms, successful requests, from send)",
+        "",
+        "| metric | p50 | p90 | p95 | p99 | p99.9 | mean | max | n |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, p in (
+        ("TTFT", lat.ttft),
+        ("ITL", lat.itl),
+        ("TPOT", lat.tpot),
+        ("E2E", lat.e2e),
+        ("schedule delay", lat.schedule_delay),
+        ("TTFT from schedule", lat.ttft_from_schedule),
+        ("E2E from schedule", lat.e2e_from_schedule),
+    ):
+        cells = " | ".join(fmt(v) for v in (p.p50, p.p90, p.p95, p.p99, p.p999, p.mean, p.max))
+        lines.append(f"| {name} | {cells} | {p.count} |")
+    lines += ["", f"ITL: every gap of every successful request, pooled; {ITL_METHOD}."]
+    tp, tok = summary.throughput, summary.tokens
+    lines += [
+        "",
+        f"Throughput: {tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:,.0f} output tok/s, "
+        f"{tp.total_tokens_per_s:,.0f} total tok/s. Prompt tokens p50/p95/p99/max: "
+        f"{fmt(tok.prompt.p50, 0)}/{fmt(tok.prompt.p95, 0)}/{fmt(tok.prompt.p99, 0)}/{fmt(tok.prompt.max, 0)}; "
+        f"output: {fmt(tok.output.p50, 0)}/{fmt(tok.output.p95, 0)}/{fmt(tok.output.p99, 0)}/"
+        f"{fmt(tok.output.max, 0)}.",
+        *_gpu_lines(summary.server),
+        "",
+        "## Stages",
+        "",
+        "| stage | target req/s | offered | achieved | scheduled | ok | failed | cancelled | not sent | delay p99 ms "
+        "| TTFT p50 | TTFT p99 | E2E p99 | prompt tok p50 | prompt tok p99 | turns 1/2/3/4+ % | shortfall |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for s in summary.stages:
+        name = f"{s.name} (not judged)" if s.warmup else s.name
+        lines.append(
+            f"| {name} | {s.target_qps:.2f} | {s.offered_qps:.2f} | {s.achieved_qps:.2f} | {s.scheduled} | {s.ok} "
+            f"| {s.failed} | {s.cancelled} | {s.not_sent} | {fmt(s.schedule_delay_p99_ms)} | {fmt(s.ttft_p50_ms)} "
+            f"| {fmt(s.ttft_p99_ms)} | {fmt(s.e2e_p99_ms)} | {fmt(s.prompt_tokens_p50, 0)} "
+            f"| {fmt(s.prompt_tokens_p99, 0)} | {turn_depths(s.turn_mix)} | {'**yes**' if s.shortfall else 'no'} |"
+        )
+    if any(s.warmup for s in summary.stages):
+        lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
+    lines += _goodput_markdown(summary)
+    lines += [
+        "",
+        "## By turn (history growth)",
+        "",
+        "| turn | requests | prompt tokens p50 | prompt tokens p99 | TTFT p50 ms | TTFT p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in summary.turns:
+        lines.append(
+            f"| {t.turn} | {t.requests} | {fmt(t.prompt_tokens_p50, 0)} | {fmt(t.prompt_tokens_p99, 0)} "
+            f"| {fmt(t.ttft_p50_ms)} | {fmt(t.ttft_p99_ms)} |"
+        )
+    lines += ["", "## Failures", ""]
+    if summary.failures.by_category:
+        lines += ["| category | count | example |", "|---|---:|---|"]
+        for category, count in sorted(summary.failures.by_category.items(), key=lambda kv: -kv[1]):
+            example = summary.failures.examples.get(category, "").replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {category} | {count} | {example[:160]} |")
+    else:
+        lines.append("None.")
+    if run.warnings:
+        lines += ["", "## Warnings", "", *[f"- {w}" for w in run.warnings]]
+    return "\n".join(lines) + "\n"

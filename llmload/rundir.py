@@ -1,0 +1,80 @@
+"""The run directory: its file names, writing its plan, and the one way to read a run back.
+
+A run directory is what a run leaves and everything after it reads (report, verdict, compare,
+search): run.json (the plan, `RunManifest`), requests.jsonl (the crash-safe record log) and its
+columnar copy requests.parquet, server.jsonl (the server's metrics), and what the end of the run
+writes from those: verdict.json, summary.json, report.md, report.html.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from llmload.errors import InputError
+from llmload.models import RunManifest, Verdict
+from llmload.observe import ServerSamples, read_server
+from llmload.records import RunRecords
+
+MANIFEST_FILE = "run.json"
+RECORDS_FILE = "requests.jsonl"
+PARQUET_FILE = "requests.parquet"
+SERVER_FILE = "server.jsonl"
+VERDICT_FILE = "verdict.json"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+HTML_FILE = "report.html"
+
+
+def write_model(path: Path, model: BaseModel, *, indent: bool = False) -> None:
+    """A model as JSON (run.json, verdict.json, summary.json)."""
+    option = orjson.OPT_INDENT_2 if indent else 0
+    path.write_bytes(orjson.dumps(model.model_dump(mode="json"), option=option))
+
+
+def read_manifest(run_dir: Path) -> RunManifest:
+    """run.json, or an InputError that says what is wrong with the directory."""
+    path = run_dir / MANIFEST_FILE
+    if not path.is_file():
+        raise InputError(f"{run_dir} is not a run directory (no {MANIFEST_FILE})")
+    try:
+        return RunManifest.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise InputError(f"{run_dir}: {exc}") from None
+
+
+def read_verdict(run_dir: Path) -> Verdict | None:
+    path = run_dir / VERDICT_FILE
+    return Verdict.model_validate_json(path.read_bytes()) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run as every reader after it sees it: the plan, the records (columns in memory,
+    ITL gaps streamed from requests.parquet) and the server's samples."""
+
+    path: Path
+    manifest: RunManifest
+    records: RunRecords
+    server: ServerSamples
+
+    @property
+    def finished_at(self) -> float:
+        """When the run ended: as the run wrote it, else its last record's end (a killed run)."""
+        return self.manifest.finished_at or float(self.records.frame.finished_at.max())
+
+
+def load(run_dir: Path) -> Run:
+    """The run in `run_dir` (requests.parquet written from requests.jsonl when it is not fresh), or
+    an InputError that says what is missing or broken."""
+    manifest = read_manifest(run_dir)
+    if not (run_dir / RECORDS_FILE).is_file():
+        raise InputError(f"{run_dir} has no {RECORDS_FILE}")
+    try:
+        records = RunRecords.load(run_dir / RECORDS_FILE, run_dir / PARQUET_FILE)
+    except ValueError as exc:
+        raise InputError(f"{run_dir}: {exc}") from None
+    return Run(run_dir, manifest, records, read_server(run_dir / SERVER_FILE))

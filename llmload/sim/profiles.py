@@ -1,6 +1,6 @@
 """Engine profiles: a model on a server, sized by llmload.capacity and timed by a step-cost model.
 
-A profile names a model config (one of llmload/capacity_models, or a config.json path) and the
+A profile names a model config (one of llmload/capacity/models, or a config.json path) and the
 serving hardware; its KV pool comes from `plan_capacity` exactly as vLLM sizes it, so the
 simulator runs out of blocks where the real server would. The step timing is a linear model
 fitted to measurements (`vllm-cpu-tiny`, see benchmarks/sim_calibrate.py) or derived from the
@@ -14,18 +14,15 @@ from typing import NoReturn
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
-from llmload.capacity import (
+from llmload.capacity.kv import GIB, KVCacheDtype, ModelDtype
+from llmload.capacity.model import known_models, load_bundled_model, load_config_file
+from llmload.capacity.plan import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_OVERHEAD_GIB,
-    GIB,
-    CapacityInputError,
     CapacityInputs,
     CapacityReport,
-    KVCacheDtype,
-    ModelDtype,
     plan_capacity,
 )
-from llmload.capacity_cli import known_models, load_bundled_model, load_config_file
 from llmload.errors import InputError
 from llmload.models import Strict
 from llmload.sim.config import EngineOverrides
@@ -59,7 +56,7 @@ class EngineProfile(Strict):
     name: str
     description: str
     calibration: str = Field(description="where the timing numbers come from")
-    model: str = Field(description="a bundled llmload/capacity_models name, or a config.json path")
+    model: str = Field(description="a bundled llmload/capacity/models name, or a config.json path")
     dtype: ModelDtype = "auto"
     kv_cache_dtype: KVCacheDtype = "auto"
     tensor_parallel_size: PositiveInt = 1
@@ -245,7 +242,7 @@ def resolve_profile(
     try:
         profile = load_profile(name).with_overrides(overrides, max_model_len)
         plan = profile.plan()
-    except (CapacityInputError, ValidationError) as exc:
+    except (InputError, ValidationError) as exc:
         _refuse(f"llmload sim: error: --profile {name}: {exc}", 2)
     refusal = startup_refusal(plan)
     if refusal is not None:

@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from llmload.capacity import CapacityReport
+from llmload.capacity.plan import CapacityReport
 from llmload.sim import wire
 from llmload.sim.config import SimConfig
 from llmload.sim.engine import Engine, EngineRequest

@@ -1,0 +1,109 @@
+"""Text rendering: the tables ``llmload capacity`` prints for a plan and for an explained log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from llmload.capacity.kv import GIB, RequestFit
+from llmload.capacity.plan import CapacityReport
+from llmload.capacity.vllm_log import LogExplanation
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _section(title: str, rows: Iterable[tuple[str, str]]) -> list[str]:
+    rows = list(rows)
+    width = max(len(label) for label, _ in rows)
+    return ["", title, *(f"  {label.ljust(width)}  {value}" for label, value in rows)]
+
+
+def _fit_row(label: str, fit: RequestFit) -> tuple[str, str]:
+    refused = "" if fit.fits else "  (too long: vLLM refuses to start)"
+    per_gpu = format_bytes(fit.kv_bytes_per_gpu)
+    return label, f"{fit.tokens:,} tokens = {fit.blocks:,} blocks ({per_gpu}/GPU) → {fit.max_concurrency:.2f}x{refused}"
+
+
+def render_capacity(report: CapacityReport) -> str:
+    """The human-readable table printed by ``llmload capacity``."""
+    lay, mem, cache = report.layout, report.memory, report.cache
+    tp = lay.tensor_parallel_size
+    if lay.head_size_v:
+        formula = f"2 × {lay.layers} layers × {lay.kv_heads_per_gpu} KV heads × {lay.head_size} × {lay.dtype_bytes} B"
+    else:
+        formula = f"{lay.layers} layers × {lay.head_size} (kv_lora_rank + qk_rope_head_dim) × {lay.dtype_bytes} B"
+    naive = lay.naive_bytes_per_token
+    per_token = [
+        ("per GPU", f"{format_bytes(lay.bytes_per_token)} ({lay.bytes_per_token:,} B) = {formula}"),
+        (
+            "naive 2×layers×hidden",
+            f"{format_bytes(naive)}, {naive / lay.bytes_per_token_model:.1f}× the model's real KV",
+        ),
+    ]
+    if tp > 1:
+        per_token.insert(1, (f"all {tp} GPUs", format_bytes(lay.bytes_per_token_all_gpus)))
+    budget = []
+    if mem.requested_gib is not None:
+        estimated = f" (estimated, {(mem.parameters or 0) / 1e9:.2f} B params)" if mem.weights_estimated else ""
+        budget += [
+            ("GPU × utilization", f"{mem.gpu_memory_gib:g} GiB × {mem.gpu_memory_utilization:g}"),
+            ("= vLLM's budget", format_bytes(mem.requested_gib * GIB)),
+            ("− weights", format_bytes((mem.weights_gib or 0) * GIB) + estimated),
+            ("− activations/overhead", format_bytes((mem.overhead_gib or 0) * GIB)),
+        ]
+    budget.append(("= KV cache" + (" (given)" if mem.kv_cache_explicit else ""), format_bytes(cache.bytes_per_gpu)))
+    if tp > 1:
+        budget.append((f"KV cache, all {tp} GPUs", format_bytes(cache.bytes_per_gpu * tp)))
+    cache_rows = [
+        ("blocks", f"{cache.num_blocks:,} × {lay.block_size} tokens = {cache.tokens:,} tokens"),
+        ("longest sequence", f"{cache.longest_servable_len:,} tokens (one block is kept as vLLM's null block)"),
+    ]
+    if report.starts:
+        cache_rows.append(("vLLM will log", f"KV cache size: {report.vllm_log_kv_cache_tokens:,} tokens"))
+    fits = [_fit_row("at max_model_len", report.at_max_model_len)]
+    if report.at_request_tokens is not None:
+        fits.append(_fit_row("at request tokens", report.at_request_tokens))
+    recommended = [("one sequence fits", f"{report.recommended_max_model_len:,}")]
+    if report.max_model_len_for_min_concurrency is not None:
+        recommended.append(
+            (f"≥ {report.min_concurrency:g}x concurrency", f"{report.max_model_len_for_min_concurrency:,}")
+        )
+    out = [
+        f"llmload capacity: {report.model.name} ({lay.attention}), TP {tp}, KV {lay.dtype}, block {lay.block_size}",
+        *_section("KV cache per token", per_token),
+        *_section("Memory per GPU", budget),
+        *_section("KV cache per GPU", cache_rows),
+        *_section("Concurrency (requests held in KV at once)", fits),
+        *_section("Recommended max_model_len", recommended),
+    ]
+    if report.warnings:
+        out += ["", "Notes", *(f"  - {w}" for w in report.warnings)]
+    if report.advice:
+        out += ["", "What to change", *(f"  - {a}" for a in report.advice)]
+    return "\n".join(out)
+
+
+def render_log_explanation(explanation: LogExplanation) -> str:
+    out = [f"llmload capacity: vLLM log {explanation.source}", ""]
+    if explanation.settings:
+        out.append("Settings: " + ", ".join(f"{k}={v}" for k, v in explanation.settings.items()))
+        out.append("")
+    previous = 0
+    for f in explanation.findings:
+        if f.line_no != previous:  # one log line can hold two findings (size and concurrency)
+            out.append(f"line {f.line_no}: {f.text[:200]}")
+        out.append(f"  → {f.meaning}")
+        previous = f.line_no
+    if explanation.implied_bytes_per_token is not None:
+        out += [
+            "",
+            f"Implied KV per token (per GPU or CPU worker): {explanation.implied_bytes_per_token:,.0f} B "
+            f"({explanation.implied_bytes_per_token_basis})",
+        ]
+    if explanation.advice:
+        out += ["", "What to change", *(f"  - {a}" for a in explanation.advice)]
+    return "\n".join(out)

@@ -1,0 +1,99 @@
+"""llmload's flags on Locust's command line, and the plan they make (llmload.plan)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+from locust import events
+
+from llmload.client import Limits
+from llmload.gates.verdict import add_criteria_arguments
+from llmload.plan import PlanFlags
+from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
+from llmload.schedule import ARRIVAL_PROCESSES, parse_duration
+
+DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
+
+
+@events.init_command_line_parser.add_listener
+def add_arguments(parser: Any) -> None:
+    group = parser.add_argument_group("llmload", "open-loop replay of an LLM workload")
+    group.add_argument("--workload", default=DEFAULT_WORKLOAD, help="workload YAML file (v1)")
+    group.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
+    group.add_argument("--stages", default="25,50,100,150", help="stage rates as %% of --target-qps")
+    group.add_argument("--stage-duration", type=float, default=60.0, help="seconds per stage")
+    group.add_argument("--hold-duration", type=float, default=None, help="seconds of the last stage")
+    group.add_argument(
+        "--arrival", choices=ARRIVAL_PROCESSES, default="poisson", help="trace: the sessions' recorded times"
+    )
+    group.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: <1 burstier, 1 = Poisson")
+    group.add_argument("--time-scale", type=float, default=1.0, help="trace replay speed (2 = twice as fast)")
+    group.add_argument(
+        "--warmup",
+        type=functools.partial(parse_duration, allow_zero=True),
+        default=None,
+        help="unjudged lead-in at the first stage's rate, e.g. 30s (default: a mean session's length for"
+        " multi-turn workloads, 0 for single-turn)",
+    )
+    group.add_argument("--seed", type=int, default=0, help="seed of the arrival process")
+    group.add_argument("--model", default=None, help="served model name (default: the workload's, else /v1/models)")
+    parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
+        "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True, help="bearer token (never recorded)"
+    )
+    group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
+    group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
+    group.add_argument("--reports-dir", default="reports", help="where run directories are written")
+    group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
+    group.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
+    group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
+    group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
+    group.add_argument("--timeout-total", type=float, default=Limits.total_s)
+    group.add_argument(
+        "--verdict", action="store_true", help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL"
+    )
+    add_criteria_arguments(group)
+    group.add_argument(
+        "--goodput-slo", action="append", default=[], metavar="SPEC",
+        help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
+    )  # fmt: skip
+    group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    group.add_argument(
+        "--gpu-metrics",
+        metavar="URL",
+        default=None,
+        env_var="LLMLOAD_GPU_METRICS",
+        help="an NVIDIA DCGM exporter's /metrics: GPU memory and utilisation into server.jsonl (default: nvidia-smi"
+        " when the target runs on this machine, else none)",
+    )
+    group.add_argument(
+        "--prometheus-port", type=int, default=None, help="serve live llmload metrics for Prometheus on this port"
+    )
+
+
+def plan_flags(options: argparse.Namespace) -> PlanFlags:
+    """The plan's part of the flags, typed."""
+    return PlanFlags(
+        workload=str(options.workload),
+        target_qps=options.target_qps,
+        stages=options.stages,
+        stage_duration_s=options.stage_duration,
+        hold_duration_s=options.hold_duration,
+        arrival=options.arrival,
+        burstiness=options.burstiness,
+        time_scale=options.time_scale,
+        warmup_s=options.warmup,
+        seed=options.seed,
+        drain_s=options.drain_timeout,
+        history_turns=options.history_turns,
+        max_users=options.max_users,
+        limits=Limits(
+            connect_s=options.timeout_connect,
+            first_token_s=options.timeout_first_token,
+            between_tokens_s=options.timeout_between_tokens,
+            total_s=options.timeout_total,
+        ),
+        goodput_slo=tuple(options.goodput_slo),
+    )

@@ -1,0 +1,58 @@
+"""Distributed runs: each worker ships its records and its state to the master once a second
+(Locust's custom messages); the master sums the fleet's state for the shape."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from llmload.models import RequestRecord
+from llmload.replay import Dispatcher
+
+RECORDS_MESSAGE = "llmload_records"
+
+
+@dataclass
+class WorkerState:
+    """Users, requests in flight, arrivals waiting for a user, plan done; the most CPU seen."""
+
+    users: int = 0
+    busy: int = 0
+    backlog: int = 0
+    done: bool = False
+    cpu_max: float = 0.0
+
+
+def local_state(dispatcher: Dispatcher, users: int) -> WorkerState:
+    return WorkerState(users, dispatcher.busy, dispatcher.backlog(time.perf_counter()), dispatcher.done)
+
+
+def fleet(states: list[WorkerState]) -> WorkerState:
+    """Every worker's state summed (done when all are)."""
+    return WorkerState(
+        sum(s.users for s in states),
+        sum(s.busy for s in states),
+        sum(s.backlog for s in states),
+        bool(states) and all(s.done for s in states),
+    )
+
+
+def worker_message(records: list[RequestRecord], state: WorkerState, cpu_max: float) -> dict[str, Any]:
+    """What a worker sends each second."""
+    return {
+        "records": [r.model_dump() for r in records],
+        "users": state.users,
+        "busy": state.busy,
+        "backlog": state.backlog,
+        "done": state.done,
+        "cpu": cpu_max,
+    }
+
+
+def receive(workers: dict[str, WorkerState], node_id: str, data: dict[str, Any]) -> list[RequestRecord]:
+    """The master's side: the worker's state noted, its records returned to be written."""
+    state = workers.setdefault(node_id, WorkerState())
+    state.users, state.busy, state.backlog, state.done = data["users"], data["busy"], data["backlog"], data["done"]
+    state.cpu_max = max(state.cpu_max, data["cpu"])
+    return [RequestRecord.model_validate(row) for row in data["records"]]

@@ -1,0 +1,354 @@
+"""This process's part of a run, wired to Locust's events.
+
+In a local run one process does everything. In a distributed run the master writes the run
+directory (llmload.recorder) and decides the user count; each worker replays its share of the
+arrivals (llmload.replay) and streams its records to the master (messaging).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+import openai
+import orjson
+from flask import Response, request
+from locust import events
+from locust.env import Environment
+from locust.runners import LocalRunner, MasterRunner, WorkerRunner
+from locust.web import WebUI
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.metrics_core import Metric
+
+from llmload.errors import InputError
+from llmload.gates.verdict import SoakCriteria, criteria_from_args
+from llmload.live import LLM_TAB, LLM_TABLE
+from llmload.locust import messaging
+from llmload.locust.flags import plan_flags
+from llmload.locust.messaging import WorkerState
+from llmload.models import RequestRecord
+from llmload.observe import gpu_reader
+from llmload.plan import RunPlan
+from llmload.recorder import RunRecorder
+from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher
+from llmload.rundir import REPORT_FILE
+from llmload.schedule import ArrivalSchedule, RunClock
+from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
+from llmload.workload import Workload
+
+log = logging.getLogger("llmload")
+
+FLUSH_INTERVAL_S = 1.0
+LIVE_TICK_S = 2.0  # live gauges and the LLM tab
+CONSOLE_EVERY_S = 10.0  # a headless run's live line
+START_LEAD_S = 1.0  # time for users to spawn, and for the master's spawn messages to reach every worker
+
+
+@dataclass
+class ProcessRun:
+    """This process's part of one run (a local run, the master, or one worker)."""
+
+    plan: RunPlan
+    clock: RunClock
+    run_id: str
+    model: str
+    worker: int
+    api_key: str | None
+    dispatcher: Dispatcher | None = None  # processes that run users
+    recorder: RunRecorder | None = None  # the process that writes the run directory
+    outbox: list[RequestRecord] = field(default_factory=list)
+    workers: dict[str, WorkerState] = field(default_factory=dict)
+    cpu_max: float = 0.0
+    steal: StealMeter = field(default_factory=StealMeter)
+    greenlets: list[gevent.Greenlet] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def plan_end(self) -> float:
+        return self.clock.start_wall + self.plan.end_s
+
+    def fleet(self, users: int) -> WorkerState:
+        """Users, busy and backlog summed over every process running users."""
+        if self.dispatcher is not None:
+            return messaging.local_state(self.dispatcher, users)
+        return messaging.fleet(list(self.workers.values()))
+
+
+@dataclass
+class ProcessState:
+    plan: RunPlan | None = None  # checked at init on master/local: bad flags fail before the run
+    criteria: SoakCriteria | None = None  # with --verdict
+    run: ProcessRun | None = None  # set at each test start
+
+
+STATE = ProcessState()
+
+
+def _fail_config(message: str) -> None:
+    sys.stderr.write(f"llmload: {message}\n")
+    sys.exit(2)
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    options = environment.parsed_options
+    if options is None or isinstance(environment.runner, WorkerRunner):
+        return
+    try:
+        STATE.plan = RunPlan.build(plan_flags(options))
+        STATE.criteria = criteria_from_args(options) if options.verdict else None
+        criteria = STATE.criteria
+        if criteria is not None and criteria.min_goodput_ratio is not None and STATE.plan.goodput_slo is None:
+            raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
+    except InputError as exc:
+        _fail_config(str(exc))
+    if not environment.host:
+        environment.host = _start_embedded_target()
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(messaging.RECORDS_MESSAGE, _on_worker_records)
+    if options.prometheus_port is not None:
+        try:
+            start_http_server(options.prometheus_port, addr="0.0.0.0", registry=_LiveRegistry())
+        except OSError as exc:
+            _fail_config(f"--prometheus-port {options.prometheus_port}: {exc.strerror}")
+    if environment.web_ui is not None:
+        _extend_web_ui(environment.web_ui)
+    # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
+    # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+class _LiveRegistry(CollectorRegistry):
+    """The current run's live metrics (empty between runs): the endpoint outlives a run of the web UI."""
+
+    def collect(self) -> Iterator[Metric]:
+        run = STATE.run
+        if run is not None and run.recorder is not None:
+            yield from run.recorder.live.registry.collect()
+
+
+def _extend_web_ui(web_ui: WebUI) -> None:
+    """An LLM tab in Locust's web UI: its table rows ride along with the UI's stats polling."""
+    web_ui.template_args["extended_tabs"] = [LLM_TAB]
+    web_ui.template_args["extended_tables"] = [LLM_TABLE]
+    assert web_ui.app is not None
+
+    @web_ui.app.after_request
+    def _with_llm_rows(response: Response) -> Response:
+        run = STATE.run
+        if request.path == "/stats/requests" and response.is_json and run is not None and run.recorder is not None:
+            data = response.get_json()
+            data["extended_stats"] = [{"key": LLM_TAB["key"], "data": run.recorder.live.tab_rows()}]
+            response.set_data(orjson.dumps(data))
+        return response
+
+
+def _start_embedded_target() -> str:
+    """No --host: serve the run from the embedded simulator, and say so loudly."""
+    sim = SimProcess(*EMBEDDED_TARGET_ARGS)
+    try:
+        sim.start()
+    except RuntimeError as exc:
+        _fail_config(f"no --host given and the embedded target did not start: {exc}")
+    atexit.register(sim.stop)
+    log.warning("llmload: no --host given: started the embedded target (llmload sim, pid %d) at %s", sim.pid, sim.url)
+    return sim.url
+
+
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _resolve_model(host: str, options: argparse.Namespace, workload: Workload) -> str:
+    """The served model: --model, else the workload's, else the first one /v1/models lists."""
+    if options.model or workload.spec.model:
+        return str(options.model or workload.spec.model)
+    client = openai.OpenAI(base_url=host.rstrip("/") + "/v1", api_key=options.api_key or "EMPTY", max_retries=0)
+    try:
+        models = client.models.list().data
+    except openai.OpenAIError as exc:
+        raise InputError(f"cannot list models at {host}/v1/models ({type(exc).__name__}); give --model") from None
+    if not models:
+        raise InputError(f"{host}/v1/models lists no model; give --model")
+    return models[0].id
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    runner, options = environment.runner, environment.parsed_options
+    assert runner is not None and options is not None and environment.host
+    worker = isinstance(runner, WorkerRunner)
+    try:
+        plan = STATE.plan if not worker else None
+        plan = plan or RunPlan.build(plan_flags(options))
+        if worker:  # the master's choices, sent with the spawn message
+            model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.run_id
+        else:
+            model = _resolve_model(environment.host, options, plan.workload)
+            start_wall = time.time() + START_LEAD_S
+            run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
+            options.run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
+    except InputError as exc:
+        log.error("llmload: %s", exc)
+        environment.process_exit_code = 2
+        gevent.spawn(runner.quit)
+        return
+    clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
+    run = ProcessRun(plan, clock, run_id, model, 0, options.api_key or None)
+    if isinstance(runner, MasterRunner):
+        indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
+        options.llmload_worker_indexes = indexes
+        run.workers = {client_id: WorkerState() for client_id in indexes}
+    if not isinstance(runner, MasterRunner):
+        index = options.llmload_worker_indexes[runner.client_id] if worker else 0
+        count = len(options.llmload_worker_indexes) if worker else 1
+        run.worker = index
+        share = {"run_id": run_id, "worker_index": index, "worker_count": count, "drain_s": plan.flags.drain_s}
+        if isinstance(plan.arrivals, ArrivalSchedule):
+            run.dispatcher = RequestDispatcher(plan.arrivals, plan.workload.sessions, clock, **share)
+        else:
+            run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, clock, **share)
+        run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
+    if not worker:
+        manifest = plan.manifest(
+            run_id=run_id, host=environment.host, model=model, started_at=start_wall, workers=max(1, len(run.workers))
+        )
+        gpu = gpu_reader(options.gpu_metrics, environment.host)
+        if gpu is not None:
+            log.info("llmload: GPU memory and utilisation from %s", gpu.url)
+        run_dir = Path(options.reports_dir) / run_id
+        run.recorder = RunRecorder(
+            run_dir, plan, manifest, metrics_interval_s=options.metrics_interval, api_key=run.api_key, gpu=gpu
+        )
+        run.greenlets.append(gevent.spawn(_live_loop, environment, run))
+        what = "request arrivals" if isinstance(plan.arrivals, ArrivalSchedule) else "trace sessions"
+        warmup = plan.stages[0].duration_s if plan.stages[0].warmup else 0.0
+        log.info(
+            "llmload: run %s -> %s (%d planned %s; %g s unjudged warm-up)",
+            run_id, run_dir, plan.planned(), what, warmup,
+        )  # fmt: skip
+    STATE.run = run
+
+
+def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> None:
+    """Every record: to the run directory (or the master), and to Locust's live statistics."""
+    if run.recorder is not None:
+        run.recorder.add([record])
+    else:
+        run.outbox.append(record)
+    if record.status in ("not_sent", "cancelled"):  # neither a response nor a failure of the target
+        return
+    exception = None
+    if record.status == "failed":
+        status = f" HTTP {record.http_status}" if record.http_status else ""
+        exception = RuntimeError(f"{record.error_category}{status}")
+    # one Locust event per request, so its RPS and failure ratio are the run's; TTFT, ITL and TPOT
+    # are in the LLM tab, the console line and the Prometheus endpoint
+    environment.events.request.fire(
+        request_type="LLM",
+        name="chat",
+        response_time=record.e2e_ms or 0.0,
+        response_length=record.output_tokens or 0,
+        exception=exception,
+    )
+
+
+def _flush_loop(environment: Environment, run: ProcessRun) -> None:
+    """Once a second: expire arrivals the plan no longer holds, ship records, note our CPU."""
+    runner = environment.runner
+    assert run.dispatcher is not None and runner is not None
+    while True:
+        gevent.sleep(FLUSH_INTERVAL_S)
+        _expire(environment, run, time.perf_counter())
+        run.cpu_max = max(run.cpu_max, runner.current_cpu_usage)
+        if isinstance(runner, WorkerRunner):
+            _send_records(runner, run)
+
+
+def _expire(environment: Environment, run: ProcessRun, now: float, *, stopping: bool = False) -> None:
+    """Arrivals the run will never send become not_sent: after the plan's end, or at a stop."""
+    assert run.dispatcher is not None
+    if now < run.dispatcher.plan_end and not stopping:
+        return
+    for arrival in run.dispatcher.expire(now):
+        session_id = arrival.session.session.id if arrival.session is not None else ""
+        sink(environment, run, run.dispatcher.record(session_id, 0, arrival.at, None))
+
+
+def _send_records(runner: WorkerRunner, run: ProcessRun) -> None:
+    assert run.dispatcher is not None
+    batch, run.outbox = run.outbox, []
+    state = messaging.local_state(run.dispatcher, runner.user_count)
+    runner.send_message(messaging.RECORDS_MESSAGE, messaging.worker_message(batch, state, run.cpu_max))
+
+
+def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
+    run = STATE.run
+    if run is None or run.recorder is None or run.finished:
+        return
+    run.recorder.add(messaging.receive(run.workers, msg.node_id, msg.data))
+
+
+def _live_loop(environment: Environment, run: ProcessRun) -> None:
+    """Live gauges, the LLM tab's server state, and in a headless run a line on the console."""
+    assert run.recorder is not None and environment.runner is not None
+    live = run.recorder.live
+    headless = bool(environment.parsed_options and environment.parsed_options.headless)
+    last_line = time.monotonic()
+    while True:
+        gevent.sleep(LIVE_TICK_S)
+        fleet = run.fleet(environment.runner.user_count)
+        live.server = run.recorder.observer.latest()
+        live.refresh(users=fleet.users, busy=fleet.busy)
+        if headless and time.monotonic() - last_line >= CONSOLE_EVERY_S:
+            last_line = time.monotonic()
+            log.info("llmload: %s", live.console_line())
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Environment, **_: Any) -> None:
+    run = STATE.run
+    if run is None or run.finished:
+        return
+    runner = environment.runner
+    assert runner is not None
+    if run.dispatcher is not None:
+        _expire(environment, run, time.perf_counter(), stopping=True)
+        run.cpu_max = max(run.cpu_max, runner.current_cpu_usage)
+    run.finished = True
+    gevent.killall(run.greenlets)
+    if isinstance(runner, WorkerRunner):
+        _send_records(runner, run)
+        return
+    assert run.recorder is not None
+    cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])
+    summary = run.recorder.finish(cpu_max_percent=cpu, steal_percent=run.steal.percent, criteria=STATE.criteria)
+    if STATE.criteria is not None and summary.verdict is not None:
+        environment.process_exit_code = 0 if summary.verdict.passed else 1
+        log.info("llmload: verdict %s", "PASS" if summary.verdict.passed else "FAIL")
+        for reason in summary.verdict.reasons:
+            log.info("llmload:   %s", reason)
+    r = summary.requests
+    log.info(
+        "llmload: %d scheduled = %d ok + %d failed + %d cancelled + %d not sent (+ %d in the warm-up); report: %s",
+        r.scheduled, r.ok, r.failed, r.cancelled, r.not_sent, r.warmup, run.recorder.run_dir / REPORT_FILE,
+    )  # fmt: skip
+    for warning in summary.run.warnings:
+        log.warning("llmload: %s", warning)
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    """Ctrl-C or SIGTERM: stop the users first, so their records are flushed into the report."""
+    runner = environment.runner
+    if STATE.run is not None and not STATE.run.finished and isinstance(runner, (LocalRunner, MasterRunner)):
+        runner.stop()

@@ -1,0 +1,63 @@
+"""The load shape: enough users for the open-loop plan, and the end of the run once every record is in."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from locust import LoadTestShape
+from locust.runners import STATE_SPAWNING, MasterRunner
+
+from llmload.locust.messaging import WorkerState
+from llmload.locust.process import STATE
+
+log = logging.getLogger("llmload")
+
+
+class StagedRamp(LoadTestShape):
+    """Keeps enough users for the open-loop plan and ends the run when every record is in.
+
+    Users are request slots (session slots in trace mode), not the load: the rate comes from the
+    arrival plan. The shape grows the user count when arrivals wait for a free user, up to
+    --max-users; past that the shortfall shows as schedule delay and achieved < target.
+    """
+
+    SPAWN_RATE_PER_PROCESS = 100.0  # the most Locust starts per process without warning of trouble
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._users = 0
+
+    @property
+    def spawn_rate(self) -> float:
+        """Users started per second across the fleet: Locust shares it out among the workers."""
+        workers = self.runner.worker_count if isinstance(self.runner, MasterRunner) else 1
+        return self.SPAWN_RATE_PER_PROCESS * max(1, workers)
+
+    def tick(self) -> tuple[int, float] | None:
+        plan, run = STATE.plan, STATE.run
+        if plan is None:
+            return None
+        if run is None or run.recorder is None:
+            self._users = self._users or plan.initial_users()
+            return self._users, self.spawn_rate
+        now = time.time()
+        plan_end = run.plan_end
+        fleet = run.fleet(self.runner.user_count) if self.runner else WorkerState()
+        if now >= plan_end and fleet.done:
+            return None
+        if now >= plan_end + plan.flags.drain_s + 10:
+            log.warning("llmload: workers did not report done within the drain time; stopping")
+            return None
+        spawning = self.runner is not None and self.runner.state == STATE_SPAWNING
+        idle = fleet.users - fleet.busy
+        if not spawning and now < plan_end and (fleet.backlog > 0 or idle < max(2, 0.1 * self._users)):
+            grown = min(plan.flags.max_users, math.ceil(self._users * 1.5) + fleet.backlog)
+            if grown > self._users:
+                log.info(
+                    "llmload: %d of %d users busy, %d arrivals waiting: %d users",
+                    fleet.busy, fleet.users, fleet.backlog, grown,
+                )  # fmt: skip
+                self._users = grown
+        return self._users, self.spawn_rate

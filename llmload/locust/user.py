@@ -1,0 +1,43 @@
+"""The Locust user: a request slot that claims the next planned arrival and plays it (llmload.replay)."""
+
+from __future__ import annotations
+
+import gevent
+from locust import User, task
+
+from llmload.client import ChatClient
+from llmload.locust.process import FLUSH_INTERVAL_S, STATE, sink
+from llmload.replay import TurnSender
+from llmload.workload.tokens import get_tokenizer
+
+
+class ChatUser(User):
+    """One request slot: claims the next planned arrival and plays it (one request, or in trace
+    mode one session with its think times)."""
+
+    def on_start(self) -> None:
+        run = STATE.run
+        assert run is not None and run.dispatcher is not None, "test_start did not set up the run"
+        plan = run.plan
+        host = self.host or self.environment.host
+        self._client = ChatClient(host, api_key=run.api_key, limits=plan.flags.limits)
+        self._sender = TurnSender(
+            self._client,
+            run.dispatcher,
+            lambda record: sink(self.environment, run, record),
+            model=run.model,
+            tokenizer=get_tokenizer(plan.workload.spec.tokenizer),
+            history_turns=plan.history_turns,
+        )
+        self._dispatcher = run.dispatcher
+
+    @task
+    def replay_next_session(self) -> None:
+        arrival = self._dispatcher.claim()
+        if arrival is None:
+            gevent.sleep(FLUSH_INTERVAL_S)  # plan over: idle until the shape ends the run
+            return
+        self._sender.play(arrival)
+
+    def on_stop(self) -> None:
+        self._client.close()

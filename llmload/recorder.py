@@ -1,0 +1,67 @@
+"""The process that writes the run directory while the run goes: run.json at the start, every
+record (a failure with the server's state when it happened), the server's samples and the live
+statistics; at the end the finished plan and the report (llmload.conclude). Callable without
+Locust: the Locust glue hands it records and tells it when the run stops."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from llmload import rundir
+from llmload.conclude import conclude
+from llmload.gates.verdict import SoakCriteria
+from llmload.live import LiveStats
+from llmload.models import RequestRecord, RunManifest, Summary
+from llmload.observe import GpuReader, Observer
+from llmload.plan import RunPlan
+from llmload.records import RecordWriter, with_server_state
+
+log = logging.getLogger("llmload")
+
+
+class RunRecorder:
+    def __init__(
+        self,
+        run_dir: Path,
+        plan: RunPlan,
+        manifest: RunManifest,
+        *,
+        metrics_interval_s: float,
+        api_key: str | None,
+        gpu: GpuReader | None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.manifest = manifest
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.write_model(run_dir / rundir.MANIFEST_FILE, manifest)
+        self.writer = RecordWriter(run_dir / rundir.RECORDS_FILE)
+        self.observer = Observer(manifest.host, run_dir / rundir.SERVER_FILE, metrics_interval_s, api_key, gpu).start()
+        self.live = LiveStats(plan.stages, plan.offsets(), manifest.started_at)
+
+    def add(self, records: Iterable[RequestRecord]) -> None:
+        """Records into requests.jsonl and the live statistics."""
+        rows = []
+        for record in records:
+            at = record.finished_at or record.scheduled_at
+            sample = self.observer.state_at(at) if record.status == "failed" else None
+            rows.append(with_server_state(record, sample).model_dump())
+        self.writer.write(rows)
+        for row in rows:
+            self.live.add(row)
+
+    def finish(self, *, cpu_max_percent: float, steal_percent: float, criteria: SoakCriteria | None) -> Summary:
+        """Stop observing, close the log, complete run.json, and write the report (and the verdict)."""
+        self.observer.stop()
+        self.writer.close()
+        self.manifest = self.manifest.model_copy(
+            update={
+                "finished_at": time.time(),
+                "load_generator_cpu_max_percent": cpu_max_percent,
+                "cpu_steal_percent": round(steal_percent, 2),
+            }
+        )
+        rundir.write_model(self.run_dir / rundir.MANIFEST_FILE, self.manifest)
+        return conclude(self.run_dir, criteria)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from llmload.workload import Workload, WorkloadError, ingest, load_workload
+from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.cli import add_arguments
-from llmload.workload.ingest import detect_format, read_log
+from llmload.workload.formats import detect_format, read_log, sharegpt
 from llmload.workload.tokens import get_tokenizer
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -171,7 +171,7 @@ def test_sharegpt_conversations_become_sessions(tmp_path: Path) -> None:
 
 def test_sharegpt_array_is_streamed_across_read_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     whole = [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt.json")[1]]
-    monkeypatch.setattr(ingest, "_CHUNK_CHARS", 7)
+    monkeypatch.setattr(sharegpt, "_CHUNK_CHARS", 7)
     assert [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt.json")[1]] == whole
     assert [w for w, _, _ in whole] == [f"{LOGS / 'sharegpt.json'}:{n}" for n in (2, 2, 23, 40, 40, 69)]
 

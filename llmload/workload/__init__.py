@@ -1,5 +1,5 @@
 """Workloads: the file format (v1), loading, synthesis (`synth`), building from request logs
-(`ingest`, `build`), statistics (`stats`) and the `workload build|stats` commands (`cli`).
+(`formats`, `build`), statistics (`stats`) and the `workload build|stats` commands (`cli`).
 
 Only the file API is imported here, so that loading a workload stays light."""
 

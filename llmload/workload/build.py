@@ -1,6 +1,6 @@
 """Workloads from request logs: sessions, token counts, synthesized or redacted text, streaming write.
 
-The pipeline is one pass: `ingest` yields requests in log order; `_Sessions` groups them into
+The pipeline is one pass: `formats` yields requests in log order; `_Sessions` groups them into
 multi-turn sessions; sessions that can no longer grow are finished in batches (token counts with
 `count_batch`, text synthesis) and written in start order to the sessions JSONL; a 48-byte row
 per request is kept for the statistics. `source_table` runs the same pass without writing.
@@ -37,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
 from llmload.models import WorkloadSource, WorkloadSpec
 from llmload.workload.files import WorkloadError
-from llmload.workload.ingest import FORMATS, MOONCAKE_BLOCK_TOKENS, Issue, LogRequest, detect_format, read_log
+from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, read_log
+from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
@@ -429,8 +430,8 @@ class _Finisher:
 
 def _format(sources: Sequence[Path], given: str | None) -> str:
     if given is not None:
-        if given not in FORMATS:
-            raise WorkloadError(f"unknown format {given!r}: one of {', '.join(FORMATS)}")
+        if given not in FORMAT_NAMES:
+            raise WorkloadError(f"unknown format {given!r}: one of {', '.join(FORMAT_NAMES)}")
         return given
     found = {path: detect_format(path) for path in sources}
     if len(set(found.values())) > 1:

@@ -12,7 +12,7 @@ from typing import Any
 
 from llmload.workload.build import BuildError, BuildOptions, build_workload, source_table
 from llmload.workload.files import WorkloadError, load_workload
-from llmload.workload.ingest import FORMATS
+from llmload.workload.formats import FORMAT_NAMES
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.tokens import TokenizerError
 
@@ -20,7 +20,7 @@ _WORKLOAD_SUFFIXES = (".yaml", ".yml")
 
 
 def _source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS, help="the log format (default: detected from the first line)")
+    parser.add_argument("--format", choices=FORMAT_NAMES, help="the log format (default: detected from the first line)")
     parser.add_argument(
         "--tokenizer",
         default="cl100k_base",

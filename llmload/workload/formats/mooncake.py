@@ -1,0 +1,58 @@
+"""`mooncake`: Mooncake-style JSONL traces, lengths and prefix blocks only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from llmload.workload.formats.common import (
+    Head,
+    LogFormat,
+    LogRequest,
+    Parsed,
+    _Bad,
+    _int,
+    _json_lines,
+    _records,
+)
+
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+def _mooncake_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]:
+    """A Mooncake trace line; `hash_ids` name the prompt's 512-token blocks (shared = same prefix).
+
+    Example::
+
+        {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, ..., 59]}
+    """
+    stamp = record.get("timestamp")
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        raise _Bad(f"bad timestamp: {stamp!r} is not a number of milliseconds")
+    length = _int(record.get("input_length"), "input_length", minimum=1)
+    hash_ids = record.get("hash_ids") or []
+    if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
+        raise _Bad("bad hash_ids: not a list of integers")
+    if hash_ids and len(hash_ids) != -(-length // MOONCAKE_BLOCK_TOKENS):
+        raise _Bad(f"bad hash_ids: {len(hash_ids)} blocks for input_length {length} (512 tokens per block)")
+    yield LogRequest(
+        where=where,
+        timestamp=stamp / 1000,
+        prompt_tokens=length,
+        output_tokens=_int(record.get("output_length"), "output_length"),
+        hash_ids=hash_ids or None,
+    )
+
+
+def parse_mooncake(path: Path) -> Iterator[Parsed]:
+    """Mooncake-style JSONL traces (timestamp in ms, input_length, output_length, hash_ids)."""
+    return _records(_json_lines(path), _mooncake_record)
+
+
+def _sniff(head: Head) -> bool:
+    """A first JSON object with Mooncake's `hash_ids` or `input_length`."""
+    return head.record is not None and ("hash_ids" in head.record or "input_length" in head.record)
+
+
+FORMAT = LogFormat(name="mooncake", sniff=_sniff, parse=parse_mooncake)

@@ -6,7 +6,7 @@ plan's record in the run directory is run.json (`RunManifest`), written from it 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from llmload.errors import InputError
 from llmload.models import GoodputSLO, RunManifest, Stage
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
+    ArrivalProcess,
     ArrivalSchedule,
     TraceClock,
     build_stages,
@@ -39,7 +40,7 @@ class PlanFlags:
     stages: str = "25,50,100,150"
     stage_duration_s: float = 60.0
     hold_duration_s: float | None = None
-    arrival: str = "poisson"
+    arrival: ArrivalProcess = "poisson"
     burstiness: float = 1.0
     time_scale: float = 1.0
     warmup_s: float | None = None
@@ -47,7 +48,7 @@ class PlanFlags:
     drain_s: float = 30.0
     history_turns: int | None = None
     max_users: int = 2000
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     goodput_slo: tuple[str, ...] = ()
 
 
@@ -66,6 +67,7 @@ class RunPlan:
     def build(cls, flags: PlanFlags) -> RunPlan:
         workload = load_workload(flags.workload)
         trace = flags.arrival == "trace"
+        target: float | None
         if trace:
             if any(s.offset_s is None for s in workload.sessions):
                 raise InputError(

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import llmload.capacity.model as capacity_model
-from llmload import capacity_cli
 from llmload.capacity.kv import GIB, capacity_for_request_tokens, kv_cache_pool, kv_layout, logged_kv_cache_tokens
 from llmload.capacity.model import ModelSpec, estimate_parameters, load_bundled_model, model_spec_from_config
 from llmload.capacity.plan import CapacityInputs, CapacityReport, plan_capacity
 from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.cli import capacity as capacity_cli
 from llmload.errors import InputError
 
 LOGS = Path(__file__).parent / "data" / "vllm-logs"

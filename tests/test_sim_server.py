@@ -25,6 +25,7 @@ import openai
 import pytest
 import tiktoken
 
+from llmload.errors import InputError
 from llmload.sim import SimProcess
 from llmload.sim.config import FAULT_KINDS
 from llmload.sim.protocol import MAX_CHARS_PER_TOKEN
@@ -419,5 +420,5 @@ def test_token_constants() -> None:
 
 
 def test_sim_process_reports_a_failed_start_with_stderr() -> None:
-    with pytest.raises(RuntimeError, match=r"exited with code 2 before listening(?s:.*)unknown fault kind"):
+    with pytest.raises(InputError, match=r"exited with code 2 before listening(?s:.*)unknown fault kind"):
         SimProcess("--fault", "explode:0.5").start()

@@ -169,9 +169,7 @@ def test_server_signals_drift_and_a_missing_server_file_is_skipped(tmp_path: Pat
 def test_preemption_rate_growing_is_drift_and_counter_resets_are_not(tmp_path: Path) -> None:
     # a counter whose rate rises from 0 to 2/s over the hold (cumulative: t^2 / 120)
     growing = {**HEALTHY_SERVER, "preemptions_total": lambda t: np.floor(t**2 / HOLD_S)}
-    assert (
-        _status(judge(write_run(tmp_path / "g", server=growing), SoakCriteria()), "preemption-rate drift") == "fail"
-    )
+    assert _status(judge(write_run(tmp_path / "g", server=growing), SoakCriteria()), "preemption-rate drift") == "fail"
     # a steady 1/s whose counter restarts from 0 once (a server restart) mid-hold
     reset = {**HEALTHY_SERVER, "preemptions_total": lambda t: np.where(t < 60, t, t - 60)}
     assert _status(judge(write_run(tmp_path / "r", server=reset), SoakCriteria()), "preemption-rate drift") == "pass"

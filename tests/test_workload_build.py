@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from llmload.cli.workload import add_arguments
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.build import BuildError, BuildOptions, build_workload
-from llmload.workload.cli import add_arguments
 from llmload.workload.formats import detect_format, read_log, sharegpt
 from llmload.workload.tokens import get_tokenizer
 

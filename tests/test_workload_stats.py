@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from llmload.cli.workload import add_arguments
 from llmload.models import Message, Session, Turn, WorkloadSpec
 from llmload.workload import load_workload, save_workload
 from llmload.workload.build import BuildOptions, build_workload, source_table
-from llmload.workload.cli import add_arguments
 from llmload.workload.stats import TABLE_COLUMNS, render_stats, request_table, workload_stats
 from llmload.workload.tokens import get_tokenizer
 

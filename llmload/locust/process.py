@@ -157,7 +157,7 @@ def _start_embedded_target() -> str:
     sim = SimProcess(*EMBEDDED_TARGET_ARGS)
     try:
         sim.start()
-    except RuntimeError as exc:
+    except InputError as exc:
         _fail_config(f"no --host given and the embedded target did not start: {exc}")
     atexit.register(sim.stop)
     log.warning("llmload: no --host given: started the embedded target (llmload sim, pid %d) at %s", sim.pid, sim.url)
@@ -209,8 +209,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         options.llmload_worker_indexes = indexes
         run.workers = {client_id: WorkerState() for client_id in indexes}
     if not isinstance(runner, MasterRunner):
-        index = options.llmload_worker_indexes[runner.client_id] if worker else 0
-        count = len(options.llmload_worker_indexes) if worker else 1
+        index = options.llmload_worker_indexes[runner.client_id] if isinstance(runner, WorkerRunner) else 0
+        count = len(options.llmload_worker_indexes) if isinstance(runner, WorkerRunner) else 1
         run.worker = index
         share = {"run_id": run_id, "worker_index": index, "worker_count": count, "drain_s": plan.flags.drain_s}
         if isinstance(plan.arrivals, ArrivalSchedule):

@@ -1,7 +1,7 @@
-"""`python -m llmload.sim ARGS`: what SimProcess starts."""
+"""`python -m llmload.sim ARGS`: `llmload sim ARGS`, what SimProcess starts."""
 
 import sys
 
-from llmload.sim.cli import main
+from llmload.cli import main
 
-sys.exit(main())
+sys.exit(main(["sim", *sys.argv[1:]]))

@@ -20,6 +20,8 @@ from typing import IO, Any, NoReturn
 
 import orjson
 
+from llmload.errors import InputError
+
 _LISTENING = re.compile(rb"^llmload sim listening on (http://\S+)$")
 # the embedded target (no --host): answers like a small model on a fast GPU, prefill 20k tok/s, 8 ms per token
 EMBEDDED_TARGET_ARGS = ("--ttft-ms", "25", "--itl-ms", "8", "--prefill-tokens-per-s", "20000")
@@ -103,7 +105,7 @@ class SimProcess:
         assert self._stderr is not None
         self._stderr.seek(0)
         stderr = self._stderr.read().decode(errors="replace").strip()
-        raise RuntimeError(f"llmload sim ({' '.join(self.args[1:])}) {what}; stderr:\n{stderr}")
+        raise InputError(f"llmload sim ({' '.join(self.args[1:])}) {what}; stderr:\n{stderr}")
 
     def stop(self) -> None:
         proc = self._proc

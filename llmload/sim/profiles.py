@@ -10,7 +10,6 @@ GPU's memory bandwidth and FLOPs (the GPU profiles; docs/simulator.md shows the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
 
@@ -206,16 +205,8 @@ PROFILES: dict[str, EngineProfile] = {
 }
 
 
-class StartupError(Exception):
-    """The simulator refuses to start: `message` for stderr, `code` for the exit status."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _refuse(message: str, code: int) -> NoReturn:
-    raise StartupError(message, code)
+class StartupRefusal(Exception):
+    """The settings are valid but vLLM would refuse to start with them (exit code 1, its ValueError text)."""
 
 
 def load_profile(name: str) -> EngineProfile:
@@ -224,11 +215,11 @@ def load_profile(name: str) -> EngineProfile:
         return PROFILES[name]
     path = Path(name)
     if not path.is_file():
-        _refuse(f"llmload sim: error: --profile {name!r}: not a file, nor one of {', '.join(PROFILES)}", 2)
+        raise InputError(f"--profile {name!r}: not a file, nor one of {', '.join(PROFILES)}")
     try:
         return load_yaml_model(path, EngineProfile)
     except InputError as exc:
-        _refuse(f"llmload sim: error: --profile {exc}", 2)
+        raise InputError(f"--profile {exc}") from None
 
 
 def resolve_profile(
@@ -236,15 +227,15 @@ def resolve_profile(
 ) -> tuple[EngineProfile, CapacityReport]:
     """The profile with the command line's overrides, and its KV pool.
 
-    Refuses like vLLM (code 1, its ValueError text) when the pool cannot hold one sequence of
-    max_model_len, and with code 2 when the profile or model config is unusable.
+    Refuses like vLLM (StartupRefusal, its ValueError text) when the pool cannot hold one sequence
+    of max_model_len; InputError when the profile or model config is unusable.
     """
     try:
         profile = load_profile(name).with_overrides(overrides, max_model_len)
         plan = profile.plan()
     except (InputError, ValidationError) as exc:
-        _refuse(f"llmload sim: error: --profile {name}: {exc}", 2)
+        raise InputError(f"--profile {name}: {exc}") from None
     refusal = startup_refusal(plan)
     if refusal is not None:
-        _refuse(f"ValueError: {refusal}", 1)
+        raise StartupRefusal(f"ValueError: {refusal}")
     return profile, plan

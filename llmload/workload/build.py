@@ -72,6 +72,10 @@ class BuildError(WorkloadError):
         super().__init__(f"{total:,} bad line(s) in the sources; nothing written (--skip-bad skips them)")
         self.issues = issues
         self.by_kind = by_kind
+        for issue in issues:  # printed before the message: each bad line as file:line
+            self.add_note(f"{issue.where}: {issue.reason}")
+        if total > len(issues):
+            self.add_note(f"... and {total - len(issues):,} more")
 
 
 @dataclass

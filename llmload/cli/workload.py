@@ -1,4 +1,4 @@
-"""`llmload workload build` and `llmload workload stats`: workloads from request logs, and their statistics."""
+"""`llmload workload synth|build|stats`: workloads synthesized or built from request logs, and their statistics."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import argparse
 import sys
 from collections import Counter
 from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
 from typing import Any
 
-from llmload.workload.build import BuildError, BuildOptions, build_workload, source_table
-from llmload.workload.files import WorkloadError, load_workload
+from llmload.workload.build import BuildOptions, build_workload, source_table
+from llmload.workload.files import load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
-from llmload.workload.tokens import TokenizerError
+from llmload.workload.synth import synthesize_chat_workload
 
+HELP = "build, synthesize and inspect workload files"
 _WORKLOAD_SUFFIXES = (".yaml", ".yml")
 
 
@@ -42,7 +42,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
     return parse
 
 
-def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `build` and `stats` to the `workload` command's subparsers."""
     build = subparsers.add_parser(
         "build",
@@ -69,7 +69,7 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         help="bound on sessions held open (memory); the least recently active closes first",
     )
     build.add_argument("--seed", type=int, default=0, help="seed of synthesized text")
-    build.set_defaults(handler=_failing_with_2(_build))
+    build.set_defaults(workload_run=_build)
 
     stats = subparsers.add_parser(
         "stats",
@@ -84,7 +84,7 @@ def add_arguments(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     stats.add_argument(
         "--max-tokens", type=_positive(int), default=None, help="max_tokens to assume (default: P99 of the source's)"
     )
-    stats.set_defaults(handler=_failing_with_2(_stats))
+    stats.set_defaults(workload_run=_stats)
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> BuildOptions:
@@ -95,26 +95,6 @@ def _report_counts(verb: str, counts: Counter[str]) -> None:
     if counts:
         detail = ", ".join(f"{kind}: {n:,}" for kind, n in counts.most_common())
         print(f"{verb} {sum(counts.values()):,} line(s): {detail}", file=sys.stderr)
-
-
-def _failing_with_2(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Bad input (files, lines, tokenizer) is exit code 2 with the reason on stderr, never a traceback."""
-
-    @wraps(command)
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except (WorkloadError, TokenizerError) as exc:
-            if isinstance(exc, BuildError):
-                for issue in exc.issues:
-                    print(f"{issue.where}: {issue.reason}", file=sys.stderr)
-                hidden = sum(exc.by_kind.values()) - len(exc.issues)
-                if hidden > 0:
-                    print(f"... and {hidden:,} more", file=sys.stderr)
-            print(f"llmload: {exc}", file=sys.stderr)
-            return 2
-
-    return handler
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -154,3 +134,37 @@ def _stats(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"plot: {plot_stats(table, stats, Path(args.plot))}", file=sys.stderr)
     return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    spec, sessions = synthesize_chat_workload(
+        out.name.removesuffix(".yaml").removesuffix(".yml"),
+        sessions=args.sessions,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        think_time_median_s=args.think_time,
+    )
+    if args.target_qps:
+        spec = spec.model_copy(update={"target_qps": args.target_qps})
+    save_workload(spec, sessions, out)
+    requests = sum(len(s.turns) for s in sessions)
+    print(f"wrote {out} ({len(sessions)} sessions, {requests} requests) and {out.parent / spec.sessions}")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="workload_command", required=True)
+    synth = commands.add_parser("synth", help="a synthetic multi-turn chat workload")
+    synth.add_argument("-o", "--output", required=True, help="workload YAML to write (sessions JSONL beside it)")
+    synth.add_argument("--sessions", type=int, default=200)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--max-turns", type=int, default=8)
+    synth.add_argument("--think-time", type=float, default=4.0, help="median seconds between turns")
+    synth.add_argument("--target-qps", type=float, default=None)
+    synth.set_defaults(workload_run=_synth)
+    _add_build_and_stats(commands)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args.workload_run(args))

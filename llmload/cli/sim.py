@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from llmload.errors import InputError
 from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
-from llmload.sim.profiles import PROFILES, StartupError, resolve_profile
+from llmload.sim.profiles import PROFILES, StartupRefusal, resolve_profile
 
 
 def _parsed(parse: Any) -> Any:
@@ -30,6 +31,9 @@ def _parsed(parse: Any) -> Any:
 
 def _default(field: str) -> object:
     return SimConfig.model_fields[field].default
+
+
+HELP = "the embedded OpenAI-compatible target (vLLM-like on the wire)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,43 +163,30 @@ def _fault_plan(args: argparse.Namespace) -> FaultPlan:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM (0) or an injected engine death (1); 2 for an invalid configuration,
-    1 for a KV cache that cannot hold one max_model_len sequence (vLLM's ValueError)."""
+    """Serve until SIGINT/SIGTERM (0) or an injected engine death (1); 1 for a KV cache that cannot
+    hold one max_model_len sequence (vLLM's ValueError); InputError for an invalid configuration."""
     try:
         faults = _fault_plan(args)
     except OSError as e:
-        print(f"llmload sim: error: --faults: {e}", file=sys.stderr)
-        return 2
+        raise InputError(f"--faults: {e}") from None
     except yaml.YAMLError as e:
-        print(f"llmload sim: error: --faults {args.faults}: not YAML: {e}", file=sys.stderr)
-        return 2
+        raise InputError(f"--faults {args.faults}: not YAML: {e}") from None
     except ValidationError as e:
         where = f"--faults {args.faults}: " if args.faults is not None else "--"
-        print(f"llmload sim: error: {'; '.join(_describe(err, where) for err in e.errors())}", file=sys.stderr)
-        return 2
+        raise InputError("; ".join(_describe(err, where) for err in e.errors())) from None
     values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}
     try:
         overrides = EngineOverrides(**{k: v for k, v in vars(args).items() if k in EngineOverrides.model_fields})
         config = SimConfig(**values, engine=overrides, faults=faults)
     except ValidationError as e:
-        print(f"llmload sim: error: {'; '.join(map(_describe, e.errors()))}", file=sys.stderr)
-        return 2
+        raise InputError("; ".join(map(_describe, e.errors()))) from None
     engine_plan = None
     if config.profile is not None:
         try:
             engine_plan = resolve_profile(config.profile, config.engine, args.max_model_len)
-        except StartupError as e:
+        except StartupRefusal as e:
             print(str(e), file=sys.stderr)
-            return e.code
+            return 1
     from llmload.sim.server import serve
 
     return serve(config, engine_plan)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="llmload sim",
-        description="An OpenAI-compatible server that behaves like vLLM, on the wire and under load.",
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import orjson
 
+from llmload.errors import InputError
 from llmload.rundir import REPORT_FILE, SUMMARY_FILE
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
@@ -16,10 +18,21 @@ LOCUSTFILE = Path("loadtests/chat.py")
 WORKLOAD = Path("workloads/chat-multiturn.yaml")
 
 
+HELP = "a short real load test against the embedded target"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of ramp (4 stages)")
+    parser.add_argument("--reports-dir", default="reports")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_demo(duration_s=args.duration, reports_dir=args.reports_dir)
+
+
 def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
     if not LOCUSTFILE.is_file() or not WORKLOAD.is_file():
-        print(f"llmload demo: run it from the repository root (needs {LOCUSTFILE} and {WORKLOAD})", file=sys.stderr)
-        return 2
+        raise InputError(f"run it from the repository root (needs {LOCUSTFILE} and {WORKLOAD})")
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
     with SimProcess(*EMBEDDED_TARGET_ARGS) as sim:
         print(

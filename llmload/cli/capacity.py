@@ -21,6 +21,8 @@ from llmload.capacity.render import render_capacity, render_log_explanation
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
 
+HELP = "KV-cache capacity of a model on a server, or explain a vLLM startup log"
+
 
 def _number(
     kind: Callable[[str], float], *, allow_zero: bool = False, at_most: float | None = None
@@ -141,12 +143,7 @@ def run(args: argparse.Namespace) -> int:
             return 1 if explanation.failed else 0
         model = load_config_file(args.config) if args.config else load_bundled_model(args.model_config)
         report = plan_capacity(model, _inputs(args))
-    except InputError as exc:
-        print(f"llmload capacity: {exc}", file=sys.stderr)
-        return 2
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        print(f"llmload capacity: {problems}", file=sys.stderr)
-        return 2
+        raise InputError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
     print(report.model_dump_json(indent=2) if args.json else render_capacity(report))
     return 0 if report.starts else 1

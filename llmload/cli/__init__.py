@@ -1,0 +1,42 @@
+"""`llmload` command line: one module per command, each with HELP, `add_arguments(parser)` and
+`run(args)` (PASSTHROUGH commands also get the flags they do not know, for Locust). Every user
+error is an InputError, and becomes exit code 2 here and nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from llmload.errors import InputError
+
+COMMANDS = ("workload", "sim", "capacity", "compare", "report", "soak", "search", "demo")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only `only`'s: a command imports just what it needs (the simulator
+    starts in a fraction of a second, without pandas or matplotlib)."""
+    parser = argparse.ArgumentParser(prog="llmload", description="Load tests and release gates for LLM servers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS if only is None else (only,):
+        module = importlib.import_module(f"llmload.cli.{name}")
+        command = commands.add_parser(name, help=module.HELP, description=module.__doc__)
+        module.add_arguments(command)
+        command.set_defaults(run=module.run, passthrough=getattr(module, "PASSTHROUGH", False))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not args.passthrough:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return int(args.run(args, extra) if args.passthrough else args.run(args))
+    except InputError as exc:
+        for note in getattr(exc, "__notes__", ()):
+            print(note, file=sys.stderr)
+        print(f"llmload {args.command}: {exc}", file=sys.stderr)
+        return 2

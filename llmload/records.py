@@ -33,6 +33,8 @@ FRAME_COLUMNS = (
     "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
     "tpot_ms", "prompt_tokens", "output_tokens", "usage_from_server", "error_category", "error_message",
 )  # fmt: skip
+# a failure as the report tells it: when, what, and the server's state the run recorded with it
+FAILURE_COLUMNS = ("error_category", "server_health", "server_kv_cache_usage", "server_waiting")
 _BLOCK_BYTES = 16 << 20  # JSONL read per batch: ~10k records, one Parquet row group
 _PARALLEL_BYTES = 256 << 20  # a smaller log is parsed in a few seconds: not worth starting processes
 _GAP_BATCH_ROWS = 16_384  # records whose gaps are read at once: ~3M gaps, ~40 MB with their buckets
@@ -266,6 +268,11 @@ class RunRecords:
     def load(cls, jsonl: Path, parquet: Path) -> RunRecords:
         parquet = parquet_records(jsonl, parquet)
         return cls(parquet, read_frame(parquet))
+
+    def failures(self) -> pd.DataFrame:
+        """FAILURE_COLUMNS of the failed records only (a run may hold millions of the others)."""
+        table = pq.read_table(self.parquet, columns=list(FAILURE_COLUMNS), filters=[("status", "==", "failed")])
+        return table.to_pandas()
 
     def itl(self, selected: np.ndarray, groups: np.ndarray, count: int) -> Histograms:
         """Histograms of the gaps of the selected records, each in its record's group (a time window,

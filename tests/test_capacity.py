@@ -6,7 +6,6 @@ model, 1 KiB/token) and GPU lines quoted from vLLM reports (Qwen3-8B, 144 KiB/to
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from llmload.capacity.kv import GIB, capacity_for_request_tokens, kv_cache_pool,
 from llmload.capacity.model import ModelSpec, estimate_parameters, load_bundled_model, model_spec_from_config
 from llmload.capacity.plan import CapacityInputs, CapacityReport, plan_capacity
 from llmload.capacity.vllm_log import explain_vllm_log
-from llmload.cli import capacity as capacity_cli
+from llmload.cli import main
 from llmload.errors import InputError
 
 LOGS = Path(__file__).parent / "data" / "vllm-logs"
@@ -34,9 +33,7 @@ def vllm_gib(n_bytes: int) -> str:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    capacity_cli.add_arguments(parser)
-    rc = capacity_cli.run(parser.parse_args(argv))
+    rc = main(["capacity", *argv])
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 

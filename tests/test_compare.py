@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmload import compare
+from llmload.cli import main
+from llmload.gates import compare
 from llmload.rundir import RECORDS_FILE
 from llmload.sim.process import SimProcess
 from tests.locust_runs import run_locust, small_workload
@@ -42,9 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _compare(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser()
-    compare.add_arguments(parser)
-    code = compare.run(parser.parse_args([str(a) for a in argv]))
+    code = main(["compare", *(str(a) for a in argv)])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -11,9 +11,10 @@ import numpy as np
 import orjson
 import pytest
 
-from llmload import compare, rundir
+from llmload import rundir
 from llmload.conclude import conclude, judge
 from llmload.errors import InputError
+from llmload.gates import compare
 from llmload.gates.verdict import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
 from llmload.records import RecordWriter

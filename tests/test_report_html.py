@@ -13,9 +13,9 @@ import pytest
 from llmload.conclude import conclude
 from llmload.models import RequestRecord, RunManifest, Stage, Verdict
 from llmload.observe import DCGM_FIELDS, GpuSample, ServerSample
-from llmload.records import RecordWriter
-from llmload.report.html import CHARTS, render_html
-from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE, SUMMARY_FILE
+from llmload.records import RecordWriter, with_server_state
+from llmload.report.html import CHARTS
+from llmload.rundir import HTML_FILE, MANIFEST_FILE, RECORDS_FILE, SERVER_FILE, SUMMARY_FILE, VERDICT_FILE
 from llmload.sim.process import SimProcess
 from tests.browser import CHROMIUM, inspect_page
 from tests.locust_runs import run_locust, small_workload
@@ -42,25 +42,7 @@ def synthetic_run(run_dir: Path, requests: int, *, failed_every: int = 20, serve
     (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(manifest.model_dump(mode="json")))
     rng = np.random.default_rng(0)
     span = manifest.stages[-1].end_s
-    writer = RecordWriter(run_dir / RECORDS_FILE)
-    for i in range(requests):
-        at = STARTED + span * i / max(1, requests)
-        stage = manifest.stages[int((at - STARTED) // 30)].name
-        base = {"run_id": run_dir.name, "worker": 0, "stage": stage, "session_id": f"s{i // 3}", "turn": i % 3,
-                "scheduled_at": at, "sent_at": at + 0.001, "schedule_delay_ms": 1.0}  # fmt: skip
-        if failed_every and i % failed_every == 0:
-            category = ("oom", "http_5xx", "rate_limited")[i // failed_every % 3]
-            record = RequestRecord(**base, finished_at=at + 0.05, status="failed", error_category=category,
-                                   http_status=500, error_message=HOSTILE)  # fmt: skip
-        else:
-            itl = rng.gamma(4, 2.5, 100).tolist()
-            ttft = float(rng.gamma(3, 30))
-            record = RequestRecord(**base, first_token_at=at + ttft / 1000, finished_at=at + (ttft + sum(itl)) / 1000,
-                                   ttft_ms=ttft, e2e_ms=ttft + sum(itl), tpot_ms=float(np.mean(itl)), itl_ms=itl,
-                                   prompt_tokens=int(rng.integers(50, 2000)) * (1 + i % 3), output_tokens=101,
-                                   usage_from_server=True, status="ok")  # fmt: skip
-        writer.write([record])
-    writer.close()
+    samples: list[ServerSample] = []
     if server:
 
         def gpu(index: int, used_mib: float, busy: float) -> GpuSample:
@@ -77,8 +59,35 @@ def synthetic_run(run_dir: Path, requests: int, *, failed_every: int = 20, serve
         (run_dir / SERVER_FILE).write_bytes(
             b"".join(orjson.dumps(s.model_dump(), option=orjson.OPT_APPEND_NEWLINE) for s in samples)
         )
+    writer = RecordWriter(run_dir / RECORDS_FILE)
+    for i in range(requests):
+        at = STARTED + span * i / max(1, requests)
+        stage = manifest.stages[int((at - STARTED) // 30)].name
+        base = {"run_id": run_dir.name, "worker": 0, "stage": stage, "session_id": f"s{i // 3}", "turn": i % 3,
+                "scheduled_at": at, "sent_at": at + 0.001, "schedule_delay_ms": 1.0}  # fmt: skip
+        if failed_every and i % failed_every == 0:
+            category = ("oom", "http_5xx", "rate_limited")[i // failed_every % 3]
+            record = RequestRecord(**base, finished_at=at + 0.05, status="failed", error_category=category,
+                                   http_status=500, error_message=HOSTILE)  # fmt: skip
+            # as the recorder writes a failure: with the last server sample before it
+            record = with_server_state(record, samples[int(at + 0.05 - STARTED)] if samples else None)
+        else:
+            itl = rng.gamma(4, 2.5, 100).tolist()
+            ttft = float(rng.gamma(3, 30))
+            record = RequestRecord(**base, first_token_at=at + ttft / 1000, finished_at=at + (ttft + sum(itl)) / 1000,
+                                   ttft_ms=ttft, e2e_ms=ttft + sum(itl), tpot_ms=float(np.mean(itl)), itl_ms=itl,
+                                   prompt_tokens=int(rng.integers(50, 2000)) * (1 + i % 3), output_tokens=101,
+                                   usage_from_server=True, status="ok")  # fmt: skip
+        writer.write([record])
+    writer.close()
     conclude(run_dir)
     return run_dir
+
+
+def render_html(run_dir: Path) -> Path:
+    """report.html as the end of a run writes it (with the summary, from the records)."""
+    conclude(run_dir)
+    return run_dir / HTML_FILE
 
 
 def _images(html: str) -> list[str]:
@@ -97,9 +106,8 @@ def test_synthetic_run_has_every_chart_escaped_text_and_no_external_resource(tmp
 
 def test_verdict_is_on_top(tmp_path: Path) -> None:
     run_dir = synthetic_run(tmp_path / "verdict", 60, server=False)
-    summary = orjson.loads((run_dir / SUMMARY_FILE).read_bytes())
-    summary["verdict"] = Verdict(passed=False, reasons=["p99 TTFT 812 ms > 500 ms", "2 OOM failures"]).model_dump()
-    (run_dir / SUMMARY_FILE).write_bytes(orjson.dumps(summary))
+    verdict = Verdict(passed=False, reasons=["p99 TTFT 812 ms > 500 ms", "2 OOM failures"])
+    (run_dir / VERDICT_FILE).write_bytes(orjson.dumps(verdict.model_dump()))
     html = render_html(run_dir).read_text()
     assert html.index("FAIL") < html.index("<h2>")
     assert "p99 TTFT 812 ms &gt; 500 ms" in html
@@ -153,8 +161,7 @@ def test_real_run_report_opens_in_chromium_without_errors(tmp_path: Path) -> Non
     assert run.returncode in (0, 1) and (run.run_dir / SUMMARY_FILE).exists(), run.output[-3000:]
     summary = run.summary
     assert summary["failures"]["by_category"].get("http_5xx", 0) > 0
-    summary["verdict"] = {"passed": True, "reasons": ["no OOM-family failures"]}
-    (run.run_dir / SUMMARY_FILE).write_bytes(orjson.dumps(summary))
+    (run.run_dir / VERDICT_FILE).write_bytes(orjson.dumps({"passed": True, "reasons": ["no OOM-family failures"]}))
     path = render_html(run.run_dir)
     server_charted = "Server: KV cache and queue" in path.read_text() and "No server metrics" not in path.read_text()
 

@@ -6,7 +6,6 @@ is a real server's log. Every built workload is read back with the strict loader
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmload.cli.workload import add_arguments
+from llmload.cli import main
 from llmload.workload import Workload, WorkloadError, load_workload
 from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.formats import detect_format, read_log, sharegpt
@@ -39,10 +38,7 @@ def contents(workload: Workload) -> list[list[list[str]]]:
 
 
 def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="llmload workload")
-    add_arguments(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    return int(args.handler(args))
+    return main(["workload", *argv])
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ from a log and from the workload built from it, rendered, plotted and printed as
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmload.cli.workload import add_arguments
+from llmload.cli import main
 from llmload.models import Message, Session, Turn, WorkloadSpec
 from llmload.workload import load_workload, save_workload
 from llmload.workload.build import BuildOptions, build_workload, source_table
@@ -25,10 +24,7 @@ QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 
 
 def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="llmload workload")
-    add_arguments(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    return int(args.handler(args))
+    return main(["workload", *argv])
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,7 @@ class Page:
     manifest: RunManifest
     summary: Summary
     records: pd.DataFrame  # without ITL gaps: `itl` has them counted per window
+    failures: pd.DataFrame  # the failed records' category and server state (records.FAILURE_COLUMNS)
     server: pd.DataFrame
     gpus: pd.DataFrame  # one row per GPU per sample; empty when the run read no GPU
     span_s: float  # plan and drain: the x range of every time chart
@@ -337,15 +338,10 @@ CHARTS: Sequence[tuple[str, Callable[[Page], Figure | str | None]]] = (  # None:
 
 
 def _failure_rows(run: Page) -> list[dict[str, object]]:
-    """Per category: count, an example, and the server's state when they happened (if observed)."""
-    failed = run.records[run.records.status == "failed"].copy()
+    """Per category: count, an example, and the server's state the run recorded with each failure
+    (when it observed the server): the fullest KV cache, the longest queue, /health not 200."""
     examples = run.summary.failures.examples
-    failed["at"] = failed.finished_at.fillna(failed.sent_at).fillna(failed.scheduled_at)
-    if not run.server.empty and not failed.empty:
-        failed = pd.merge_asof(
-            failed.sort_values("at"), run.server[["t", "health", "kv_cache_usage", "waiting"]],
-            left_on="at", right_on="t", direction="backward",
-        )  # fmt: skip
+    failed = run.failures
     rows = []
     for category, count in sorted(run.summary.failures.by_category.items(), key=lambda kv: -kv[1]):
         row: dict[str, object] = {
@@ -354,12 +350,12 @@ def _failure_rows(run: Page) -> list[dict[str, object]]:
             "oom": category in OOM_FAMILY,
             "example": examples.get(category, "")[:300],
         }
-        if "t" in failed:
+        if not run.server.empty:
             group = failed[failed.error_category == category]
-            kv = series_max(group.kv_cache_usage)
+            kv = series_max(group.server_kv_cache_usage)
             row["kv"] = "–" if kv is None else f"{kv * 100:.0f}%"
-            row["waiting"] = fmt(series_max(group.waiting), 0)
-            row["unhealthy"] = int((group.t.notna() & (group.health != 200)).sum())  # NaN health: no answer
+            row["waiting"] = fmt(series_max(group.server_waiting), 0)
+            row["unhealthy"] = int((group.server_health != 200).sum())  # null: /health did not answer
         rows.append(row)
     return rows
 
@@ -480,7 +476,8 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
     window_s = _window_s(span)
     if itl.window_s != window_s:  # counted for other windows (a caller that did not use chart_window_s)
         itl = RunItl.count(finished.records, manifest, window_s)
-    run = Page(manifest, summary, records, finished.server.frame, finished.server.gpus, span, window_s, itl)
+    failures = finished.records.failures()
+    run = Page(manifest, summary, records, failures, finished.server.frame, finished.server.gpus, span, window_s, itl)
     charts = []
     with matplotlib.rc_context(RC):
         for title, draw in CHARTS:

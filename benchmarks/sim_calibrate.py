@@ -24,7 +24,7 @@ import gevent
 import numpy as np
 
 from llmload.client import ChatClient, Limits, StreamResult, chat_body
-from llmload.sim.metrics import scrape
+from llmload.observe import scrape
 from tests.vllm_harness import SERVED_MODEL_NAME, VllmServer, build_tiny_model
 
 SENTENCE = "the model server queue "

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from llmload.observe import scrape
 from llmload.records import read_records
-from llmload.sim.metrics import scrape
 from llmload.sim.process import SimProcess
 from llmload.workload import save_workload
 from llmload.workload.synth import synthesize_chat_workload

@@ -20,8 +20,8 @@ import psutil
 
 from benchmarks import client_on_core_0
 from benchmarks.load_generator import drive
+from llmload.observe import scrape
 from llmload.replay import StealMeter
-from llmload.sim.metrics import scrape
 from llmload.sim.process import SimProcess
 
 TOKENS = 256

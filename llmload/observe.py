@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import shutil
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,6 +94,23 @@ def _samples(text: str, wanted: frozenset[str]) -> Iterator[Sample]:
     """The samples of a Prometheus text exposition whose names are wanted (prometheus_client's parser)."""
     for family in text_string_to_metric_families(text):
         yield from (sample for sample in family.samples if sample.name in wanted)
+
+
+def metric_totals(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text exposition, summed over its labels (histogram buckets left
+    out): what tests and benchmarks read of a target (`vllm:num_preemptions_total`, `..._sum`)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if "le" not in sample.labels:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """metric_totals of `url`/metrics (vLLM or the simulator), fetched at once."""
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
+        return metric_totals(response.read().decode())
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -3,8 +3,9 @@
     locust -f loadtests/chat.py --headless --host http://127.0.0.1:8000 \
         --workload workloads/chat-multiturn.yaml --target-qps 4 --stage-duration 30
 
-All logic lives in llmload.locust, whose `add_arguments` lists llmload's flags (Locust 2.47 prints
-`--help` before it loads a locustfile, so its help does not show them; README.md does).
+All logic lives in llmload: the Locust glue is llmload.locust, whose flags.py lists llmload's
+flags (Locust 2.47 prints `--help` before it loads a locustfile, so its help does not show them;
+README.md does).
 """
 
 from llmload.locust import ChatUser, StagedRamp

@@ -26,10 +26,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.client import ChatClient, Limits, StreamResult, chat_body
+from llmload.observe import scrape
 from llmload.sim import SimProcess
 from llmload.sim.config import FaultSpec
 from llmload.sim.faults import FaultPicker
-from llmload.sim.metrics import scrape
 from llmload.sim.profiles import PROFILES
 
 MODEL = "llmload-sim"

@@ -26,9 +26,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
+from llmload.format import fmt, percent
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe import GPU_SOURCES, series_max
-from llmload.report.format import fmt, percent, turn_depths
+from llmload.report.markdown import turn_depths
 from llmload.report.summary import RunItl
 from llmload.rundir import HTML_FILE
 from llmload.rundir import Run as FinishedRun
@@ -353,7 +354,7 @@ def _failure_rows(run: Page) -> list[dict[str, object]]:
         if not run.server.empty:
             group = failed[failed.error_category == category]
             kv = series_max(group.server_kv_cache_usage)
-            row["kv"] = "–" if kv is None else f"{kv * 100:.0f}%"
+            row["kv"] = percent(kv)
             row["waiting"] = fmt(series_max(group.server_waiting), 0)
             row["unhealthy"] = int((group.server_health != 200).sum())  # null: /health did not answer
         rows.append(row)

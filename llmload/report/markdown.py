@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from llmload.format import fmt, percent
 from llmload.models import ServerSummary, Summary
-from llmload.report.format import fmt, percent, turn_depths
 from llmload.stats.sketch import METHOD as ITL_METHOD
+
+
+def turn_depths(mix: dict[str, float]) -> str:
+    """Turn mix as "turn 1 / 2 / 3 / 4 and deeper" percentages."""
+    if not mix:
+        return "–"
+
+    def share(key: str) -> float:
+        return mix.get(key, 0.0)
+
+    deep = sum(v for k, v in mix.items() if k not in ("1", "2", "3"))
+    return "/".join(f"{100 * v:.0f}" for v in (share("1"), share("2"), share("3"), deep))
 
 
 def _gpu_lines(server: ServerSummary | None) -> list[str]:

@@ -8,13 +8,11 @@ metric families only when /metrics is scraped, and prometheus_client writes the 
 from __future__ import annotations
 
 import bisect
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 # vllm/v1/metrics/buckets.py
 REQUEST_LATENCY_BUCKETS = (
@@ -129,19 +127,3 @@ class EngineMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
-    """GET `url`/metrics of vLLM or the simulator: each sample name summed over its labels.
-
-    Enough for what load tests read (`vllm:num_preemptions_total`, `vllm:kv_cache_usage_perc`,
-    `..._seconds_sum` and `..._count`); labels are dropped.
-    """
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as response:
-        text = response.read().decode()
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if "le" not in sample.labels:
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals

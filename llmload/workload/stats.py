@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from llmload.format import fmt
 from llmload.models import Percentiles, Session
 from llmload.stats.percentiles import percentiles
 from llmload.workload.files import Workload
@@ -176,10 +177,6 @@ def request_table(workload: Workload) -> pd.DataFrame:
 # --------------------------------------------------------------------------- rendering
 
 
-def _cell(value: float | None, digits: int = 0) -> str:
-    return "–" if value is None else f"{value:,.{digits}f}"
-
-
 def render_stats(stats: WorkloadStats) -> str:
     """The statistics as Markdown tables, for a terminal or a report."""
     lines = [
@@ -195,7 +192,7 @@ def render_stats(stats: WorkloadStats) -> str:
         ("turns per session", stats.turns_per_session, 1),
         ("inter-arrival s", stats.inter_arrival_s, 3),
     ):
-        cells = " | ".join(_cell(v, digits) for v in (p.p50, p.p90, p.p95, p.p99, p.max, p.mean))
+        cells = " | ".join(fmt(v, digits) for v in (p.p50, p.p90, p.p95, p.p99, p.max, p.mean))
         lines.append(f"| {name} | {cells} | {p.count:,} |")
     lines += ["", "| turn | requests | prompt tokens p50 | prompt tokens p99 |", "|---:|---:|---:|---:|"]
     for row in stats.prompt_tokens_by_turn[:_TURN_ROWS_SHOWN]:
@@ -214,7 +211,7 @@ def render_stats(stats: WorkloadStats) -> str:
         origin = "given" if stats.max_tokens_configured else "P99 of max_tokens, or of output where unset"
         lines.append(
             f"Recommended max_model_len: {stats.recommended_max_model_len:,} = P99 prompt "
-            f"{_cell(stats.prompt_tokens.p99)} + max_tokens {stats.max_tokens:,} ({origin}), "
+            f"{fmt(stats.prompt_tokens.p99, 0)} + max_tokens {stats.max_tokens:,} ({origin}), "
             f"rounded up to a multiple of {MAX_MODEL_LEN_MULTIPLE}."
         )
     return "\n".join(lines) + "\n"

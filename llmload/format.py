@@ -1,0 +1,12 @@
+"""How every table prints numbers: one dash for a missing value, the same digits everywhere."""
+
+from __future__ import annotations
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def percent(fraction: float | None, digits: int = 0) -> str:
+    """A 0..1 share as a percent."""
+    return "–" if fraction is None else f"{100 * fraction:.{digits}f}%"

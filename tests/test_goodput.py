@@ -17,9 +17,9 @@ from llmload.errors import InputError
 from llmload.gates import compare
 from llmload.gates.verdict import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
-from llmload.records import RecordWriter
+from llmload.records import RecordWriter, RunRecords
 from llmload.report.goodput import good_requests, parse_goodput_slo
-from llmload.rundir import MANIFEST_FILE, RECORDS_FILE
+from llmload.rundir import MANIFEST_FILE, PARQUET_FILE, RECORDS_FILE
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
 from tests.locust_runs import run_locust, small_workload
@@ -106,7 +106,7 @@ def test_an_itl_percentile_slo_judges_each_requests_own_gaps(tmp_path: Path) -> 
         for i, gaps in enumerate(gap_lists)
     )  # fmt: skip
     writer.close()
-    random = rundir.load(run_dir).records
+    random = RunRecords.load(run_dir / RECORDS_FILE, run_dir / PARQUET_FILE)
     selected = np.ones(len(gap_lists), dtype=bool)
     selected[7] = False
     for percentile in (50.0, 99.0, None):
@@ -160,7 +160,7 @@ def test_min_goodput_ratio_judges_the_hold(tmp_path: Path) -> None:
 def test_compare_counts_both_runs_against_one_goodput_rule(tmp_path: Path) -> None:
     base = write_known_run(tmp_path / "base")
     current = shutil.copytree(base, tmp_path / "current")
-    slo, notes = compare.common_goodput_slo(compare.read_manifest(base), compare.read_manifest(current))
+    slo, notes = compare.common_goodput_slo(rundir.read_manifest(base), rundir.read_manifest(current))
     assert slo == SLO and notes == []
     comparison = compare.compare_runs(compare.load_run(base, slo), compare.load_run(current, slo), compare.Thresholds())
     rows = {r.metric: r for r in comparison.rows}

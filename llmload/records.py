@@ -4,6 +4,7 @@ run goes, and converted to requests.parquet, the columnar copy every reader uses
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 import typing
@@ -187,13 +188,15 @@ def _parse(lines: list[bytes], number: int, path: Path) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(rows, schema=_PARSE_SCHEMA).cast(SCHEMA)
 
 
-def _workers(size: int) -> int:
-    """Processes that parse a big log (parsing is ~90% of the conversion), one per core; none inside
-    Locust, whose gevent-patched threads do not mix with a process pool's."""
+def _gevent_patched() -> bool:
+    """Inside Locust: gevent-patched threads do not mix with a process pool's."""
     monkey = sys.modules.get("gevent.monkey")
-    if size < _PARALLEL_BYTES or (monkey is not None and monkey.is_module_patched("threading")):
-        return 0
-    return min(len(os.sched_getaffinity(0)), 4)
+    return monkey is not None and bool(monkey.is_module_patched("threading"))
+
+
+def _workers(size: int) -> int:
+    """Processes that parse a big log (parsing is ~90% of the conversion), one per core."""
+    return 0 if size < _PARALLEL_BYTES else min(len(os.sched_getaffinity(0)), 4)
 
 
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
@@ -214,9 +217,25 @@ def _batches(path: Path) -> Iterator[pa.RecordBatch]:
 
 def parquet_records(jsonl: Path, parquet: Path) -> Path:
     """`parquet`, (re)written from the record log `jsonl` when missing or older than it: the JSONL
-    stays the crash-safe log, the Parquet is what every reader uses."""
+    stays the crash-safe log, the Parquet is what every reader uses. A big log met inside Locust is
+    converted by a child process, which can use every core (Locust's own process cannot)."""
     if parquet.is_file() and parquet.stat().st_mtime_ns >= jsonl.stat().st_mtime_ns:
         return parquet
+    if _gevent_patched() and jsonl.stat().st_size >= _PARALLEL_BYTES:
+        code = "import sys, pathlib, llmload.records as r; r.write_parquet(*map(pathlib.Path, sys.argv[1:]))"
+        child = subprocess.run(
+            [sys.executable, "-c", code, jsonl, parquet], capture_output=True, text=True, check=False
+        )
+        if child.returncode:
+            last = (child.stderr.strip().splitlines() or ["the conversion failed"])[-1]
+            raise ValueError(last.removeprefix("ValueError: "))
+        return parquet
+    write_parquet(jsonl, parquet)
+    return parquet
+
+
+def write_parquet(jsonl: Path, parquet: Path) -> None:
+    """Convert the record log, through a partial file: a reader never meets half a Parquet."""
     partial = parquet.with_name(f".{parquet.name}.partial")
     strings = [f.name for f in SCHEMA if f.type == pa.string()]
     # gaps byte-stream-split: half the decoding time of dictionaries, for 40% more bytes
@@ -227,7 +246,6 @@ def parquet_records(jsonl: Path, parquet: Path) -> Path:
         for batch in _batches(jsonl):
             writer.write_batch(batch)
     partial.replace(parquet)
-    return parquet
 
 
 def read_frame(parquet: Path) -> pd.DataFrame:

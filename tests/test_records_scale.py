@@ -4,19 +4,22 @@ stays honest. Timing goals are in `make bench` (benchmarks/records_scale.py), no
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
 import orjson
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from benchmarks.records_scale import synthetic_run
-from llmload import rundir
+from llmload import records, rundir
 from llmload.conclude import conclude
 from llmload.gates import compare
-from llmload.records import read_records
+from llmload.records import parquet_records, read_records, write_parquet
 from llmload.report.html import MAX_SERVER_POINTS, _peaks
 from llmload.report.summary import summarize, summarize_run
 from llmload.rundir import PARQUET_FILE, RECORDS_FILE, read_manifest
@@ -100,6 +103,33 @@ def test_a_broken_line_inside_the_log_is_named(tmp_path: Path) -> None:
     (run_dir / RECORDS_FILE).write_bytes(b"".join([*lines[:2], b"not json\n", *lines[2:]]))
     with pytest.raises(ValueError, match=r"requests.jsonl:3: not a JSON record"):
         rundir.load(run_dir)
+
+
+def test_inside_locust_a_big_log_is_converted_by_a_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Locust's process is gevent-patched (no process pool): the child converts with every core, and
+    gives the same table, and the same error for a broken line, as a conversion in the process."""
+    run_dir = synthetic_run(tmp_path / "run", 300, gaps=5)
+    jsonl = run_dir / RECORDS_FILE
+    write_parquet(jsonl, tmp_path / "here.parquet")
+    monkeypatch.setattr(records, "_gevent_patched", lambda: True)
+    monkeypatch.setattr(records, "_PARALLEL_BYTES", 0)
+    children: list[list[str]] = []
+    run = subprocess.run
+
+    def spying(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        children.append(args)
+        return run(args, **kwargs)
+
+    monkeypatch.setattr(records.subprocess, "run", spying)
+    child = parquet_records(jsonl, tmp_path / "child.parquet")
+    assert len(children) == 1
+    assert pq.read_table(child).equals(pq.read_table(tmp_path / "here.parquet"))
+    lines = jsonl.read_bytes().splitlines(keepends=True)
+    jsonl.write_bytes(b"".join([*lines[:2], b"not json\n", *lines[2:]]))
+    with pytest.raises(ValueError, match=r"requests.jsonl:3: not a JSON record"):
+        parquet_records(jsonl, tmp_path / "broken.parquet")
 
 
 def test_block_resampled_percentiles_are_those_of_the_values_drawn_within_the_stated_error() -> None:

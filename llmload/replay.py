@@ -86,6 +86,17 @@ def _session_copy(sessions: Sequence[Session], index: int) -> Session:
     return session
 
 
+@dataclass(frozen=True)
+class WorkerShare:
+    """This process's share of a run: worker `index` of `count` takes the run's arrivals index,
+    index + count, ...; in-flight requests get `drain_s` after the plan's end."""
+
+    run_id: str
+    index: int = 0
+    count: int = 1
+    drain_s: float = 30.0
+
+
 class Dispatcher:
     """This process's planned arrivals, handed out in order to whichever user is free."""
 
@@ -94,21 +105,17 @@ class Dispatcher:
         stages: Sequence[Stage],
         offsets: np.ndarray,
         clock: RunClock,
-        *,
-        run_id: str,
-        worker_index: int = 0,
-        worker_count: int = 1,
-        drain_s: float = 30.0,
+        share: WorkerShare,
     ) -> None:
         self.clock = clock
-        self.run_id = run_id
+        self.run_id = share.run_id
         self.stages = list(stages)
-        self._index = worker_index
-        self._count = worker_count
+        self._index = share.index
+        self._count = share.count
         self._times = clock.start_perf + offsets
         self._next = 0
         self.plan_end = clock.start_perf + self.stages[-1].end_s
-        self.deadline = self.plan_end + drain_s
+        self.deadline = self.plan_end + share.drain_s
         self.busy = 0
 
     @property
@@ -161,17 +168,10 @@ class RequestDispatcher(Dispatcher):
         schedule: ArrivalSchedule,
         sessions: Sequence[Session],
         clock: RunClock,
-        *,
-        run_id: str,
-        worker_index: int = 0,
-        worker_count: int = 1,
-        drain_s: float = 30.0,
+        share: WorkerShare,
     ) -> None:
-        offsets = np.fromiter(schedule.share(worker_index, worker_count), dtype=float)
-        super().__init__(
-            schedule.stages, offsets, clock, run_id=run_id, worker_index=worker_index, worker_count=worker_count,
-            drain_s=drain_s,
-        )  # fmt: skip
+        offsets = np.fromiter(schedule.share(share.index, share.count), dtype=float)
+        super().__init__(schedule.stages, offsets, clock, share)
         self._sessions = sessions
         self._opened = 0
         self._ready: list[tuple[float, int, LiveSession]] = []  # heap by ready_at, then order
@@ -208,24 +208,17 @@ class TraceDispatcher(Dispatcher):
         trace: TraceClock,
         sessions: Sequence[Session],
         clock: RunClock,
-        *,
-        run_id: str,
-        worker_index: int = 0,
-        worker_count: int = 1,
-        drain_s: float = 30.0,
+        share: WorkerShare,
     ) -> None:
         self.trace = trace
         self._sessions = sessions
         self._plan = [
             (start, index)
             for start, index in trace_session_starts(trace, sessions)
-            if index % worker_count == worker_index
+            if index % share.count == share.index
         ]  # (trace time, global session index) of this worker's sessions, in order
         offsets = np.array([trace.run_time(t) for t, _ in self._plan], dtype=float)
-        super().__init__(
-            trace.stages, offsets, clock, run_id=run_id, worker_index=worker_index, worker_count=worker_count,
-            drain_s=drain_s,
-        )  # fmt: skip
+        super().__init__(trace.stages, offsets, clock, share)
 
     def _arrival(self, j: int) -> Arrival:
         start, index = self._plan[j]

@@ -10,7 +10,7 @@ import pytest
 
 from llmload.client import ChatClient
 from llmload.models import Message, RequestRecord, Session, Turn
-from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender
+from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender, WorkerShare
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
 from llmload.workload.tokens import get_tokenizer
 from tests.wire_server import canned_server, chat_stream
@@ -34,7 +34,7 @@ def _session(turns: int, *, think_s: float = 0.0, name: str = "s", offset_s: flo
 
 def _dispatcher(sessions: list[Session], qps: float, seconds: float, **kw: Any) -> RequestDispatcher:
     schedule = ArrivalSchedule(build_stages(qps, (100,), seconds), "constant")
-    return RequestDispatcher(schedule, sessions, RunClock.now(), run_id="t", **kw)
+    return RequestDispatcher(schedule, sessions, RunClock.now(), WorkerShare("t", **kw))
 
 
 def _play_all(dispatcher: Dispatcher, url: str, users: int = 1, **kw: Any) -> list[RequestRecord]:
@@ -105,7 +105,7 @@ def test_worker_shares_open_disjoint_sessions() -> None:
     clock = RunClock.now()
     opened = []
     for worker in (0, 1):
-        d = RequestDispatcher(schedule, sessions, clock, run_id="t", worker_index=worker, worker_count=2)
+        d = RequestDispatcher(schedule, sessions, clock, WorkerShare("t", index=worker, count=2))
         opened.append([d.session_for(0.0).session.id for _ in range(d.planned)])
     assert opened[0] == ["s0", "s2", "s1~1", "s0~2", "s2~2", "s1~3", "s0~4", "s2~4", "s1~5", "s0~6"]
     assert not set(opened[0]) & set(opened[1])
@@ -153,7 +153,7 @@ def test_trace_replay_sends_at_the_recorded_times(time_scale: float) -> None:
     )
     stages = build_stages(1.0, (100,), 0.8 / time_scale)  # one pass: the trace repeats at 0.6 + 0.2 s
     with canned_server(_reply) as (url, _):
-        dispatcher = TraceDispatcher(TraceClock(stages, time_scale), sessions, RunClock.now(), run_id="t")
+        dispatcher = TraceDispatcher(TraceClock(stages, time_scale), sessions, RunClock.now(), WorkerShare("t"))
         records = _play_all(dispatcher, url, users=4)
     start = dispatcher.clock.start_wall
     sent = sorted((r.session_id, r.turn, (r.sent_at or 0) - start) for r in records)
@@ -173,7 +173,9 @@ def test_a_trace_turn_due_before_its_reply_waits_as_schedule_delay() -> None:
         update={"turns": [*session.turns, Turn(messages=[Message(role="user", content="again")], at_s=0.1)]}
     )
     with canned_server(slow) as (url, _):
-        dispatcher = TraceDispatcher(TraceClock(build_stages(1.0, (100,), 1.0)), [session], RunClock.now(), run_id="t")
+        dispatcher = TraceDispatcher(
+            TraceClock(build_stages(1.0, (100,), 1.0)), [session], RunClock.now(), WorkerShare("t")
+        )
         records = _play_all(dispatcher, url)
     assert [r.turn for r in records] == [0, 1]
     assert records[1].schedule_delay_ms == pytest.approx(200, abs=60)  # due at 0.1 s, reply at ~0.3 s
@@ -182,6 +184,6 @@ def test_a_trace_turn_due_before_its_reply_waits_as_schedule_delay() -> None:
 def test_a_trace_repeats_with_unique_ids_when_the_plan_is_longer() -> None:
     sessions = [_session(1, name=f"s{k}", offset_s=float(k)) for k in range(2)]  # period 2 s
     trace = TraceClock(build_stages(1.0, (100,), 5.0))
-    dispatcher = TraceDispatcher(trace, sessions, RunClock.now(), run_id="t")
+    dispatcher = TraceDispatcher(trace, sessions, RunClock.now(), WorkerShare("t"))
     arrivals = list(iter(dispatcher.claim, None))
     assert [a.session.session.id for a in arrivals if a.session] == ["s0", "s1", "s0~1", "s1~1", "s0~2"]

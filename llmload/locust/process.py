@@ -39,7 +39,7 @@ from llmload.models import RequestRecord
 from llmload.observe import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
-from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher
+from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
 from llmload.rundir import REPORT_FILE
 from llmload.schedule import ArrivalSchedule, RunClock
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
@@ -212,11 +212,11 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         index = options.llmload_worker_indexes[runner.client_id] if isinstance(runner, WorkerRunner) else 0
         count = len(options.llmload_worker_indexes) if isinstance(runner, WorkerRunner) else 1
         run.worker = index
-        share = {"run_id": run_id, "worker_index": index, "worker_count": count, "drain_s": plan.flags.drain_s}
+        share = WorkerShare(run_id, index, count, plan.flags.drain_s)
         if isinstance(plan.arrivals, ArrivalSchedule):
-            run.dispatcher = RequestDispatcher(plan.arrivals, plan.workload.sessions, clock, **share)
+            run.dispatcher = RequestDispatcher(plan.arrivals, plan.workload.sessions, clock, share)
         else:
-            run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, clock, **share)
+            run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, clock, share)
         run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
     if not worker:
         manifest = plan.manifest(

@@ -78,7 +78,7 @@ def test_the_parquet_gives_the_summary_of_the_jsonl_and_loads_in_pandas_and_duck
     for gaps in from_jsonl.itl_ms[(from_jsonl.status == "ok").to_numpy()]:
         histogram.add(np.asarray(gaps, dtype=np.float32))
     expected = summarize(from_jsonl.drop(columns="itl_ms"), manifest, itl=histogram.percentiles())
-    assert summarize_run(rundir.load(big_run))[0] == expected
+    assert summarize_run(rundir.load(big_run))[0].model_copy(update={"server": None}) == expected
 
     parquet = big_run / PARQUET_FILE
     frame = pd.read_parquet(parquet, columns=["status", "itl_ms"])

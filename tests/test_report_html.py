@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -142,13 +141,10 @@ def test_all_failed_run_without_summary_json(tmp_path: Path) -> None:
     assert len(_images(html)) == 4  # stage rates, server, GPU, failures
 
 
-def test_twenty_thousand_records_render_fast(tmp_path: Path) -> None:
+def test_twenty_thousand_records_render_every_chart(tmp_path: Path) -> None:
+    """How fast a report is written is `make bench`'s (benchmarks/records_scale.py, 1M and 10M records)."""
     run_dir = synthetic_run(tmp_path / "big", 20_000)
-    started = time.perf_counter()
-    path = render_html(run_dir)
-    elapsed = time.perf_counter() - started
-    assert len(_images(path.read_text())) == len(CHARTS)
-    assert elapsed < 6, f"{elapsed:.1f} s"  # ~1.5 s alone here; the margin is for a shared 2-core machine
+    assert len(_images(render_html(run_dir).read_text())) == len(CHARTS)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install -y chromium)")

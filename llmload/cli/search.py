@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmload.errors import InputError
-from llmload.gates.search import PAGE_FILE, Interrupted, Searcher, bounds_from, search, write_criteria
+from llmload.gates.search import PAGE_FILE, Interrupted, ProbeFlags, Searcher, bounds_from, search, write_criteria
 from llmload.gates.verdict import add_criteria_arguments, criteria_from_args
 from llmload.models import SearchResult
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
@@ -58,7 +58,10 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
     if criteria.min_goodput_ratio is not None and goodput_slo is None:
         raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
-    bounds = bounds_from(args)
+    bounds = bounds_from(
+        args.workload, max_qps=args.max_qps, start_qps=args.start_qps, min_qps=args.min_qps,
+        resolution=args.resolution, repeats=args.repeats,
+    )  # fmt: skip
     search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")
     directory = Path(args.reports_dir) / search_id
     directory.mkdir(parents=True, exist_ok=True)
@@ -73,7 +76,12 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
             probe_s=args.probe_duration, repeats=bounds.repeats, started_at=time.time(), goodput_slo=goodput_slo,
             required_qps=args.require_qps,
         )  # fmt: skip
-        searcher = Searcher(args, passthrough, directory, result)
+        flags = ProbeFlags(
+            locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
+            warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,
+            confirm=args.confirm, goodput_slo=tuple(args.goodput_slo),
+        )  # fmt: skip
+        searcher = Searcher(flags, passthrough, directory, result)
         try:
             result.outcome = search(searcher, bounds)
         except Interrupted:

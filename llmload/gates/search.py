@@ -12,7 +12,6 @@ with the checks that failed above it.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import subprocess
 import sys
@@ -100,11 +99,25 @@ class Interrupted(Exception):
     """Ctrl-C during a probe: the probe was stopped and wrote its report."""
 
 
+@dataclass(frozen=True)
+class ProbeFlags:
+    """How each probe runs: an ordinary Locust run of one held stage after a warm-up."""
+
+    locustfile: str
+    workload: str
+    hold_s: float
+    warmup_s: float
+    drain_s: float
+    confirm_s: float
+    confirm: bool = False  # after the search, soak confirm_s at the rate found
+    goodput_slo: tuple[str, ...] = ()
+
+
 @dataclass
 class Searcher:
     """Runs probes as Locust subprocesses and keeps search.json and search.html up to date."""
 
-    args: argparse.Namespace
+    flags: ProbeFlags
     passthrough: Sequence[str]
     directory: Path
     result: SearchResult
@@ -112,15 +125,16 @@ class Searcher:
     def probe(self, qps: float, *, confirm: bool = False) -> Probe:
         number = len(self.result.probes) + 1
         run_id = f"{'confirm' if confirm else 'probe'}-{number:02d}-{qps:g}qps"
-        hold = self.args.confirm_duration if confirm else self.args.probe_duration
+        flags = self.flags
+        hold = flags.confirm_s if confirm else flags.hold_s
         criteria = self.directory / ("criteria-confirm.yaml" if confirm else "criteria.yaml")
         command = [
-            sys.executable, "-m", "locust", "-f", self.args.locustfile, "--headless", "--only-summary",
-            "--host", self.result.host, "--workload", self.args.workload, "--target-qps", f"{qps:g}",
-            "--stages", "100", "--stage-duration", f"{hold:g}", "--warmup", f"{self.args.probe_warmup:g}",
-            "--drain-timeout", f"{self.args.probe_drain:g}", "--run-id", run_id,
+            sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
+            "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
+            "--stages", "100", "--stage-duration", f"{hold:g}", "--warmup", f"{flags.warmup_s:g}",
+            "--drain-timeout", f"{flags.drain_s:g}", "--run-id", run_id,
             "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
-            *(f"--goodput-slo={spec}" for spec in self.args.goodput_slo), *self.passthrough,
+            *(f"--goodput-slo={spec}" for spec in flags.goodput_slo), *self.passthrough,
         ]  # fmt: skip
         print(f"llmload search: probe {number} at {qps:g} req/s ({hold:g} s hold) ...", end="", flush=True)
         log = self.directory / f"{run_id}.log"
@@ -132,7 +146,7 @@ class Searcher:
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGINT)
                 try:
-                    proc.wait(self.args.probe_drain + STOP_GRACE_S)
+                    proc.wait(flags.drain_s + STOP_GRACE_S)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
@@ -193,17 +207,19 @@ def _reason(probe: Probe) -> str:
     return probe.failed_checks[0].removeprefix("FAIL ") + (f" (and {more} more check(s))" if more else "")
 
 
-def bounds_from(args: argparse.Namespace) -> Bounds:
+def bounds_from(
+    workload: str, *, max_qps: float, start_qps: float | None, min_qps: float | None, resolution: float, repeats: int
+) -> Bounds:
     """The search's range from the flags and the workload; InputError for nonsense."""
-    if args.max_qps <= 0:
-        raise InputError(f"--max-qps must be > 0, got {args.max_qps:g}")
-    if args.repeats < 1 or not 0 < args.resolution < 1:
+    if max_qps <= 0:
+        raise InputError(f"--max-qps must be > 0, got {max_qps:g}")
+    if repeats < 1 or not 0 < resolution < 1:
         raise InputError("--repeats must be ≥ 1 and --resolution within (0, 1)")
-    min_qps = args.min_qps if args.min_qps is not None else args.max_qps / 256
-    start = args.start_qps or load_workload(args.workload).spec.target_qps or args.max_qps / 8
-    if not 0 < min_qps <= start <= args.max_qps:
-        raise InputError(f"need 0 < --min-qps ({min_qps:g}) ≤ --start-qps ({start:g}) ≤ --max-qps ({args.max_qps:g})")
-    return Bounds(_round(start), min_qps, args.max_qps, 2.0, args.resolution, args.repeats)
+    lowest = min_qps if min_qps is not None else max_qps / 256
+    start = start_qps or load_workload(workload).spec.target_qps or max_qps / 8
+    if not 0 < lowest <= start <= max_qps:
+        raise InputError(f"need 0 < --min-qps ({lowest:g}) ≤ --start-qps ({start:g}) ≤ --max-qps ({max_qps:g})")
+    return Bounds(_round(start), lowest, max_qps, 2.0, resolution, repeats)
 
 
 def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float) -> None:
@@ -231,6 +247,6 @@ def search(searcher: Searcher, bounds: Bounds) -> SearchOutcome:
             print("llmload search: the probe did not finish (see its .log); stopping")
             return "aborted"
     lo, _ = boundary(searcher.result.probes)
-    if searcher.args.confirm and lo is not None:
+    if searcher.flags.confirm and lo is not None:
         searcher.result.confirmed = bool(searcher.probe(lo, confirm=True).passed)
     return outcome

@@ -21,19 +21,21 @@ def conclude(run_dir: Path, criteria: SoakCriteria | None = None) -> Summary:
     run = rundir.load(run_dir)
     summary, itl = summarize_run(run, chart_window_s(run))
     if criteria is not None:
-        try:
-            verdict: Verdict | None = evaluate(run, summary, criteria).verdict
-        except InputError as exc:  # stopped before any request: nothing to judge, and the report still written
-            verdict = Verdict(passed=False, reasons=[f"FAIL run: {exc}"])
-        assert verdict is not None
-        rundir.write_model(run_dir / rundir.VERDICT_FILE, verdict)
+        summary.verdict = _verdict(run, summary, criteria)
+        rundir.write_model(run_dir / rundir.VERDICT_FILE, summary.verdict)
     else:
-        verdict = rundir.read_verdict(run_dir)
-    summary.verdict = verdict
+        summary.verdict = rundir.read_verdict(run_dir)
     rundir.write_model(run_dir / rundir.SUMMARY_FILE, summary, indent=True)
     (run_dir / rundir.REPORT_FILE).write_text(render_markdown(summary))
     render_html(run, summary, itl)
     return summary
+
+
+def _verdict(run: rundir.Run, summary: Summary, criteria: SoakCriteria) -> Verdict:
+    try:
+        return evaluate(run, summary, criteria).verdict
+    except InputError as exc:  # stopped before any request: nothing to judge, and the report still written
+        return Verdict(passed=False, reasons=[f"FAIL run: {exc}"])
 
 
 def judge(run_dir: Path, criteria: SoakCriteria) -> SoakResult:

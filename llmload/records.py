@@ -34,7 +34,7 @@ FRAME_COLUMNS = (
     "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
     "tpot_ms", "prompt_tokens", "output_tokens", "usage_from_server", "error_category", "error_message",
 )  # fmt: skip
-# a failure as the report tells it: when, what, and the server's state the run recorded with it
+# a failure as the report tells it: its category and the server's state the run recorded with it
 FAILURE_COLUMNS = ("error_category", "server_health", "server_kv_cache_usage", "server_waiting")
 _BLOCK_BYTES = 16 << 20  # JSONL read per batch: ~10k records, one Parquet row group
 _PARALLEL_BYTES = 256 << 20  # a smaller log is parsed in a few seconds: not worth starting processes

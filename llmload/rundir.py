@@ -35,6 +35,14 @@ def write_model(path: Path, model: BaseModel, *, indent: bool = False) -> None:
     path.write_bytes(orjson.dumps(model.model_dump(mode="json"), option=option))
 
 
+def claim(run_dir: Path) -> None:
+    """Refuse a directory that already holds a run: two runs' records in one log would make a
+    report of neither, and overwriting would lose the first."""
+    held = [name for name in (MANIFEST_FILE, RECORDS_FILE) if (run_dir / name).exists()]
+    if held:
+        raise InputError(f"{run_dir} already holds a run ({', '.join(held)}): give another --run-id or move it away")
+
+
 def read_manifest(run_dir: Path) -> RunManifest:
     """run.json, or an InputError that says what is wrong with the directory."""
     path = run_dir / MANIFEST_FILE

@@ -139,3 +139,48 @@ def test_web_ui_llm_tab_and_prometheus_agree_with_the_run(tmp_path: Path) -> Non
     assert metrics["llmload_output_tokens_total{}"] == records.output_tokens.sum()
     assert metrics["llmload_target_qps{}"] == 8.0
     assert "llmload: stage" not in output  # the console line is for headless runs
+
+
+def _ui_state(ui: str) -> str:
+    with urllib.request.urlopen(f"{ui}/stats/requests", timeout=5) as response:
+        return str(json.load(response)["state"])
+
+
+def test_each_start_from_the_web_ui_is_a_run_of_its_own(tmp_path: Path) -> None:
+    """Start, let the plan finish, start again (the UI's "new test"): two complete run directories,
+    not a second start that stops at once or appends to the first run's records."""
+    web_port = free_port()
+    reports = tmp_path / "reports"
+    plan = ("--target-qps", "4", "--stages", "100", "--stage-duration", "3", "--warmup", "0")
+    command = locust_command(None, small_workload(tmp_path, max_turns=1), reports, "unused", *plan)
+    at = command.index("--run-id")
+    command = [c for c in command[:at] + command[at + 2 :] if c not in ("--headless", "--only-summary")]
+    command += ["--web-host", "127.0.0.1", "--web-port", str(web_port)]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ui = f"http://127.0.0.1:{web_port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                _ui_state(ui)
+                break
+            except OSError:
+                time.sleep(0.3)
+        for start in (1, 2):
+            request = urllib.request.Request(f"{ui}/swarm", data=b"user_count=1&spawn_rate=1")
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert json.load(response)["success"]
+            deadline = time.time() + 60
+            while len(list(reports.glob("*/summary.json"))) < start and time.time() < deadline:
+                time.sleep(0.3)
+            time.sleep(1.1)  # the run directory is named to the second
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    runs = sorted(reports.iterdir())
+    assert len(runs) == 2, output[-3000:]
+    for run_dir in runs:
+        summary = orjson.loads((run_dir / "summary.json").read_bytes())
+        records = read_records(run_dir / "requests.jsonl")
+        assert summary["requests"]["ok"] == summary["requests"]["scheduled"] == len(records) == 12
+        assert (records.run_id == run_dir.name).all()

@@ -315,6 +315,19 @@ def test_bad_flags_exit_2_with_a_message(tmp_path: Path, flags: tuple[str, ...],
     assert message in run.output
 
 
+def test_a_run_id_in_use_is_refused_and_the_earlier_run_kept(tmp_path: Path) -> None:
+    workload, reports = small_workload(tmp_path, max_turns=1), tmp_path / "reports"
+    with SimProcess("--ttft-ms", "5", "--itl-ms", "1") as sim:
+        first = run_locust(sim.url, workload, reports, "same", "--target-qps", "4", "--stage-duration", "1")
+        assert first.returncode == 0, first.output[-3000:]
+        kept = {p.name: p.read_bytes() for p in first.run_dir.iterdir()}
+        again = run_locust(sim.url, workload, reports, "same", "--target-qps", "4", "--stage-duration", "1")
+    assert again.returncode == 2
+    assert "already holds a run (run.json, requests.jsonl): give another --run-id" in again.output
+    # nothing of the first run was touched: not its records, not its report
+    assert {p.name: p.read_bytes() for p in first.run_dir.iterdir()} == kept
+
+
 def test_misspelt_workload_key_exits_2_naming_it(tmp_path: Path) -> None:
     workload = small_workload(tmp_path)
     workload.write_text(workload.read_text() + "histroy_turns: 2\n")

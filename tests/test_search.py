@@ -182,3 +182,12 @@ def test_bad_input_exits_2_before_any_probe(tmp_path: Path, flags: tuple[str, ..
     code, output, _ = _search(tmp_path / "reports", "--max-qps", "4", *flags, timeout=60)
     assert code == 2 and message in output, output[-2000:]
     assert not (tmp_path / "reports" / "s").exists()
+
+
+def test_a_search_directory_in_use_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    earlier = tmp_path / "reports" / "s" / "search.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{"earlier": true}')
+    code, output, result = _search(tmp_path / "reports", "--max-qps", "4", timeout=60)
+    assert code == 2 and "already holds a search: give another --search-id" in output, output[-2000:]
+    assert result == {"earlier": True} and sorted(p.name for p in earlier.parent.iterdir()) == ["search.json"]

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     )  # fmt: skip
     search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")
     directory = Path(args.reports_dir) / search_id
+    if directory.is_dir() and any(directory.iterdir()):
+        raise InputError(f"{directory} already holds a search: give another --search-id or move it away")
     directory.mkdir(parents=True, exist_ok=True)
     write_criteria(directory, criteria, args.probe_duration)
     with contextlib.ExitStack() as stack:

@@ -29,6 +29,7 @@ from locust.web import WebUI
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import Metric
 
+from llmload import rundir
 from llmload.errors import InputError
 from llmload.gates.verdict import SoakCriteria, criteria_from_args
 from llmload.live import LLM_TAB, LLM_TABLE
@@ -40,7 +41,6 @@ from llmload.observe import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
-from llmload.rundir import REPORT_FILE
 from llmload.schedule import ArrivalSchedule, RunClock
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 from llmload.workload import Workload
@@ -191,12 +191,14 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         plan = STATE.plan if not worker else None
         plan = plan or RunPlan.build(plan_flags(options))
         if worker:  # the master's choices, sent with the spawn message
-            model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.run_id
+            model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
         else:
             model = _resolve_model(environment.host, options, plan.workload)
             start_wall = time.time() + START_LEAD_S
+            # --run-id itself stays as given: a second start from the web UI names its own run
             run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
-            options.run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
+            options.llmload_run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
+            rundir.claim(Path(options.reports_dir) / run_id)
     except InputError as exc:
         log.error("llmload: %s", exc)
         environment.process_exit_code = 2
@@ -340,7 +342,7 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     r = summary.requests
     log.info(
         "llmload: %d scheduled = %d ok + %d failed + %d cancelled + %d not sent (+ %d in the warm-up); report: %s",
-        r.scheduled, r.ok, r.failed, r.cancelled, r.not_sent, r.warmup, run.recorder.run_dir / REPORT_FILE,
+        r.scheduled, r.ok, r.failed, r.cancelled, r.not_sent, r.warmup, run.recorder.run_dir / rundir.REPORT_FILE,
     )  # fmt: skip
     for warning in summary.run.warnings:
         log.warning("llmload: %s", warning)

@@ -29,6 +29,11 @@ class StagedRamp(LoadTestShape):
         super().__init__()
         self._users = 0
 
+    def reset_time(self) -> None:
+        """Called at each start (a second one from the web UI too): size the users afresh."""
+        super().reset_time()
+        self._users = 0
+
     @property
     def spawn_rate(self) -> float:
         """Users started per second across the fleet: Locust shares it out among the workers."""
@@ -39,7 +44,7 @@ class StagedRamp(LoadTestShape):
         plan, run = STATE.plan, STATE.run
         if plan is None:
             return None
-        if run is None or run.recorder is None:
+        if run is None or run.recorder is None or run.finished:  # before this start's test_start
             self._users = self._users or plan.initial_users()
             return self._users, self.spawn_rate
         now = time.time()

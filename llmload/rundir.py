@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import RunManifest, Verdict
 from llmload.observe import ServerSamples, read_server
 from llmload.records import RunRecords
@@ -51,7 +51,7 @@ def read_manifest(run_dir: Path) -> RunManifest:
     try:
         return RunManifest.model_validate_json(path.read_bytes())
     except ValidationError as exc:
-        raise InputError(f"{run_dir}: {exc}") from None
+        raise InputError(f"{path}: {validation_message(exc)}") from None
 
 
 def read_verdict(run_dir: Path) -> Verdict | None:

@@ -9,19 +9,9 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-def validation_message(exc: ValidationError) -> str:
-    """`key.path: reason; ...`, with pydantic's "Extra inputs are not permitted" said as "unknown key"."""
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        reason = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        parts.append(f"{where}: {reason}")
-    return "; ".join(parts)
 
 
 def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = InputError) -> ModelT:

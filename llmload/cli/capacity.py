@@ -19,7 +19,7 @@ from llmload.capacity.model import known_models, load_bundled_model, load_config
 from llmload.capacity.plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB, CapacityInputs, plan_capacity
 from llmload.capacity.render import render_capacity, render_log_explanation
 from llmload.capacity.vllm_log import explain_vllm_log
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 
 HELP = "KV-cache capacity of a model on a server, or explain a vLLM startup log"
 
@@ -144,6 +144,6 @@ def run(args: argparse.Namespace) -> int:
         model = load_config_file(args.config) if args.config else load_bundled_model(args.model_config)
         report = plan_capacity(model, _inputs(args))
     except ValidationError as exc:
-        raise InputError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+        raise InputError(validation_message(exc)) from None
     print(report.model_dump_json(indent=2) if args.json else render_capacity(report))
     return 0 if report.starts else 1

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
 from llmload.sim.profiles import PROFILES, StartupRefusal, resolve_profile
 
@@ -22,7 +22,7 @@ def _parsed(parse: Any) -> Any:
         try:
             return parse(text)
         except ValidationError as e:
-            raise argparse.ArgumentTypeError("; ".join(_describe(err, "") for err in e.errors())) from None
+            raise argparse.ArgumentTypeError(validation_message(e)) from None
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -133,18 +133,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _FLAG_OF = {"at_kv_usage": "die-at-kv-usage", "after_requests": "die-after-requests", "faults": "fault"}
 
 
-def _describe(error: Any, prefix: str = "--") -> str:
-    """A validation error in the command line's (or the fault file's) terms."""
-    message = str(error["msg"]).removeprefix("Value error, ")
-    loc = [str(part) for part in error["loc"]]
-    if not loc:
-        return message
-    if prefix == "--":
-        field = next((p for p in reversed(loc) if not p.isdigit()), loc[-1])
-        return f"--{_FLAG_OF.get(field, field.replace('_', '-'))}: {message}"
-    return f"{prefix}{'.'.join(loc)}: {message}"
-
-
 def _fault_plan(args: argparse.Namespace) -> FaultPlan:
     """The fault file, with the flags' faults added and their settings overriding it."""
     data: dict[str, Any] = {}
@@ -172,14 +160,15 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as e:
         raise InputError(f"--faults {args.faults}: not YAML: {e}") from None
     except ValidationError as e:
-        where = f"--faults {args.faults}: " if args.faults is not None else "--"
-        raise InputError("; ".join(_describe(err, where) for err in e.errors())) from None
+        if args.faults is not None:  # the file alone was refused: name its keys
+            raise InputError(f"--faults {args.faults}: {validation_message(e)}") from None
+        raise InputError(validation_message(e, flags=_FLAG_OF)) from None
     values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}
     try:
         overrides = EngineOverrides(**{k: v for k, v in vars(args).items() if k in EngineOverrides.model_fields})
         config = SimConfig(**values, engine=overrides, faults=faults)
     except ValidationError as e:
-        raise InputError("; ".join(map(_describe, e.errors()))) from None
+        raise InputError(validation_message(e, flags=_FLAG_OF)) from None
     engine_plan = None
     if config.profile is not None:
         try:

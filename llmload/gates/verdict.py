@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import OOM_FAMILY, RunManifest, Stage, StageSummary, Strict, Summary, Verdict
 from llmload.rundir import SERVER_FILE, Run
 from llmload.stats import windows
@@ -370,4 +370,4 @@ def criteria_from_args(args: argparse.Namespace) -> SoakCriteria:
     try:
         return SoakCriteria.model_validate(data)
     except ValidationError as exc:  # the file was valid: a flag is not
-        raise InputError("; ".join(f"--{e['loc'][0]}: {e['msg']}".replace("_", "-") for e in exc.errors())) from None
+        raise InputError(validation_message(exc, flags={})) from None

@@ -14,10 +14,9 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import GoodputSLO, ItlStatistic
 from llmload.records import RunRecords
-from llmload.yamlfile import validation_message
 
 # metric in the --goodput-slo syntax -> (GoodputSLO field, the records' column)
 METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}

@@ -22,7 +22,7 @@ from llmload.capacity.plan import (
     CapacityReport,
     plan_capacity,
 )
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import Strict
 from llmload.sim.config import EngineOverrides
 from llmload.yamlfile import load_yaml_model
@@ -233,8 +233,10 @@ def resolve_profile(
     try:
         profile = load_profile(name).with_overrides(overrides, max_model_len)
         plan = profile.plan()
-    except (InputError, ValidationError) as exc:
+    except InputError as exc:
         raise InputError(f"--profile {name}: {exc}") from None
+    except ValidationError as exc:
+        raise InputError(f"--profile {name}: {validation_message(exc)}") from None
     refusal = startup_refusal(plan)
     if refusal is not None:
         raise StartupRefusal(f"ValueError: {refusal}")

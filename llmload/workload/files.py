@@ -10,9 +10,9 @@ import orjson
 import yaml
 from pydantic import ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import Session, WorkloadSpec
-from llmload.yamlfile import load_yaml_model, validation_message
+from llmload.yamlfile import load_yaml_model
 
 
 class WorkloadError(InputError):

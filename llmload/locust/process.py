@@ -13,27 +13,21 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gevent
 import openai
-import orjson
-from flask import Response, request
 from locust import events
 from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
-from locust.web import WebUI
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.metrics_core import Metric
 
 from llmload import rundir
 from llmload.errors import InputError
 from llmload.gates.verdict import SoakCriteria, criteria_from_args
-from llmload.live import LLM_TAB, LLM_TABLE
-from llmload.locust import messaging
+from llmload.live import LiveStats
+from llmload.locust import messaging, views
 from llmload.locust.flags import plan_flags
 from llmload.locust.messaging import WorkerState
 from llmload.models import RequestRecord
@@ -117,39 +111,19 @@ def _on_init(environment: Environment, **_: Any) -> None:
         environment.runner.register_message(messaging.RECORDS_MESSAGE, _on_worker_records)
     if options.prometheus_port is not None:
         try:
-            start_http_server(options.prometheus_port, addr="0.0.0.0", registry=_LiveRegistry())
+            views.serve_prometheus(options.prometheus_port, _current_live)
         except OSError as exc:
             _fail_config(f"--prometheus-port {options.prometheus_port}: {exc.strerror}")
     if environment.web_ui is not None:
-        _extend_web_ui(environment.web_ui)
+        views.add_llm_tab(environment.web_ui, _current_live)
     # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
     # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
 
 
-class _LiveRegistry(CollectorRegistry):
-    """The current run's live metrics (empty between runs): the endpoint outlives a run of the web UI."""
-
-    def collect(self) -> Iterator[Metric]:
-        run = STATE.run
-        if run is not None and run.recorder is not None:
-            yield from run.recorder.live.registry.collect()
-
-
-def _extend_web_ui(web_ui: WebUI) -> None:
-    """An LLM tab in Locust's web UI: its table rows ride along with the UI's stats polling."""
-    web_ui.template_args["extended_tabs"] = [LLM_TAB]
-    web_ui.template_args["extended_tables"] = [LLM_TABLE]
-    assert web_ui.app is not None
-
-    @web_ui.app.after_request
-    def _with_llm_rows(response: Response) -> Response:
-        run = STATE.run
-        if request.path == "/stats/requests" and response.is_json and run is not None and run.recorder is not None:
-            data = response.get_json()
-            data["extended_stats"] = [{"key": LLM_TAB["key"], "data": run.recorder.live.tab_rows()}]
-            response.set_data(orjson.dumps(data))
-        return response
+def _current_live() -> LiveStats | None:
+    run = STATE.run
+    return run.recorder.live if run is not None and run.recorder is not None else None
 
 
 def _start_embedded_target() -> str:

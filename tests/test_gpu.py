@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-import gevent
 import orjson
 import pytest
 
@@ -40,6 +39,7 @@ from llmload.observe import (
     server_summary,
 )
 from tests.locust_runs import REPO, free_port, run_locust, small_workload
+from tests.test_observe import observe_for
 from tests.wire_server import serve, text_pages
 
 FIXTURE = Path(__file__).parent / "data" / "dcgm" / "metrics.txt"
@@ -147,21 +147,12 @@ def test_gpu_source_is_the_url_else_nvidia_smi_beside_a_loopback_target(
         broken.read(5)
 
 
-def _observe(observer: Observer, seconds: float) -> list[dict[str, object]]:
-    observer.start()
-    try:
-        gevent.sleep(seconds)
-    finally:
-        observer.stop()
-    return [orjson.loads(line) for line in observer.out_path.read_bytes().splitlines()]
-
-
 def test_observer_samples_gpus_beside_the_server_and_a_dead_exporter_breaks_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     no_server = f"http://127.0.0.1:{free_port()}"
     with dcgm_exporter(lambda s: {"0": min(TOTAL_MIB * 0.97, 64608 + 20000 * s)}) as url:
-        samples = _observe(Observer(no_server, tmp_path / "gpu.jsonl", 0.2, gpu=DcgmReader(url)), 1.5)
+        samples = observe_for(Observer(no_server, tmp_path / "gpu.jsonl", 0.2, gpu=DcgmReader(url)), 1.5)
     assert len(samples) >= 4
     for sample in samples:  # the GPU is read whether or not the target answers
         assert sample["health"] is None
@@ -179,7 +170,7 @@ def test_observer_samples_gpus_beside_the_server_and_a_dead_exporter_breaks_noth
 
     caplog.set_level(logging.WARNING)
     dead = DcgmReader(f"http://127.0.0.1:{free_port()}/metrics")
-    samples = _observe(Observer(no_server, tmp_path / "dead.jsonl", 0.2, gpu=dead), 1.0)
+    samples = observe_for(Observer(no_server, tmp_path / "dead.jsonl", 0.2, gpu=dead), 1.0)
     assert samples and all(s["gpus"] == [] and set(DCGM_FIELDS) <= set(s["missing"]) for s in samples)
     assert sum("no GPU metrics: the DCGM exporter at" in r.message for r in caplog.records) == 1
     summary = server_summary(read_server(tmp_path / "dead.jsonl"))

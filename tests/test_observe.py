@@ -73,7 +73,7 @@ def test_parse_metrics_sums_label_sets_and_takes_the_fullest_kv_cache() -> None:
     assert parse_metrics(OLD_VLLM_TEXT) == {"kv_cache_usage": 0.5, "running": 2.0}
 
 
-def _observe(observer: Observer, seconds: float) -> list[dict[str, object]]:
+def observe_for(observer: Observer, seconds: float) -> list[dict[str, object]]:
     observer.start()
     try:
         gevent.sleep(seconds)
@@ -99,7 +99,7 @@ def test_server_without_metrics_is_healthy_with_every_metric_missing(
 ) -> None:
     url, _ = loopback
     with caplog.at_level(logging.WARNING, logger="llmload.observe"):
-        samples = _observe(Observer(url + "/v1", tmp_path / "server.jsonl", interval_s=0.2), 1.0)
+        samples = observe_for(Observer(url + "/v1", tmp_path / "server.jsonl", interval_s=0.2), 1.0)
     assert len(samples) >= 3
     for sample in samples:
         assert sample["health"] == 200 and sample["missing"] == ALL_NAMES and sample["kv_cache_usage"] is None
@@ -113,7 +113,7 @@ def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
     url, state = loopback
     state["metrics"] = OLD_VLLM_TEXT
     with caplog.at_level(logging.WARNING, logger="llmload.observe"):
-        samples = _observe(Observer(url, tmp_path / "server.jsonl", interval_s=0.2), 0.7)
+        samples = observe_for(Observer(url, tmp_path / "server.jsonl", interval_s=0.2), 0.7)
     assert samples and all(s["kv_cache_usage"] == 0.5 and s["running"] == 2.0 for s in samples)
     assert samples[0]["missing"] == [n for n in ALL_NAMES if n not in ("vllm:kv_cache_usage_perc", CORE[1])]
     lacks = [r.message for r in caplog.records if "lacks" in r.message]
@@ -125,7 +125,7 @@ def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
 
 def test_dead_port_gives_null_health_and_stops_cleanly(tmp_path: Path) -> None:
     observer = Observer(f"http://127.0.0.1:{free_port()}", tmp_path / "server.jsonl", interval_s=0.2)
-    samples = _observe(observer, 1.0)
+    samples = observe_for(observer, 1.0)
     assert len(samples) >= 3
     assert all(s["health"] is None and s["missing"] == ALL_NAMES for s in samples)
     assert observer.latest() is not None and observer.latest() == ServerSample.model_validate(samples[-1])

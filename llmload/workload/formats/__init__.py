@@ -20,7 +20,7 @@ import orjson
 
 from llmload.workload.formats import azure_trace, mooncake, openai_jsonl, sharegpt, vllm_log
 from llmload.workload.formats.common import (
-    _DETECT_BYTES,
+    DETECT_BYTES,
     FormatError,
     Head,
     Issue,
@@ -59,7 +59,7 @@ def detect_format(path: Path) -> str:
     request may be megabytes), and, for vLLM logs, its first 64 KiB."""
     try:
         with path.open("rb") as handle:
-            head = handle.read(_DETECT_BYTES)
+            head = handle.read(DETECT_BYTES)
             handle.seek(0)
             first_line = next((line for line in handle if line.strip()), b"")
     except OSError as exc:

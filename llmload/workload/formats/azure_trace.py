@@ -6,7 +6,7 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmload.workload.formats.common import Head, Issue, LogFormat, LogRequest, Parsed, _int, _timestamp
+from llmload.workload.formats.common import Head, Issue, LogFormat, LogRequest, Parsed, integer, log_timestamp
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -33,11 +33,11 @@ def parse_azure_trace(path: Path) -> Iterator[Parsed]:
                 stamp, context, generated = row[:3]
                 yield LogRequest(
                     where=where,
-                    timestamp=_timestamp(stamp.strip()),
-                    prompt_tokens=_int(int(context), "ContextTokens", minimum=1),
-                    output_tokens=_int(int(generated), "GeneratedTokens"),
+                    timestamp=log_timestamp(stamp.strip()),
+                    prompt_tokens=integer(int(context), "ContextTokens", minimum=1),
+                    output_tokens=integer(int(generated), "GeneratedTokens"),
                 )
-            except ValueError as exc:  # includes _Bad, short rows and non-integer fields
+            except ValueError as exc:  # includes BadLine, short rows and non-integer fields
                 yield Issue(where, f"bad row: {exc}")
 
 

@@ -15,7 +15,7 @@ from llmload.models import Message
 from llmload.workload.files import WorkloadError
 
 _ROLES = frozenset(get_args(Message.model_fields["role"].annotation))
-_DETECT_BYTES = 1 << 16
+DETECT_BYTES = 1 << 16
 
 
 @dataclass(slots=True)
@@ -61,7 +61,7 @@ Parsed = LogRequest | Issue
 Parser = Callable[[Path], Iterator[Parsed]]
 
 
-class _Bad(ValueError):
+class BadLine(ValueError):
     """Raised inside a parser for one unusable line; becomes an `Issue`."""
 
 
@@ -97,33 +97,33 @@ class LogFormat:
 # --------------------------------------------------------------------------- shared helpers
 
 
-def _int(value: object, what: str, *, minimum: int = 0) -> int:
+def integer(value: object, what: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _Bad(f"not an integer: {what} is {value!r}")
+        raise BadLine(f"not an integer: {what} is {value!r}")
     if value < minimum:
-        raise _Bad(f"out of range: {what} is {value}, below {minimum}")
+        raise BadLine(f"out of range: {what} is {value}, below {minimum}")
     return value
 
 
-def _optional_int(value: object, what: str, *, minimum: int = 0) -> int | None:
-    return None if value is None else _int(value, what, minimum=minimum)
+def optional_integer(value: object, what: str, *, minimum: int = 0) -> int | None:
+    return None if value is None else integer(value, what, minimum=minimum)
 
 
-def _timestamp(value: object) -> float | None:
+def log_timestamp(value: object) -> float | None:
     """Unix seconds, unix milliseconds (> 1e11) or an ISO 8601 string (naive = UTC)."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise _Bad(f"bad timestamp: {value!r}")
+        raise BadLine(f"bad timestamp: {value!r}")
     if isinstance(value, int | float):
         return value / 1000 if value > 1e11 else float(value)
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value)
         except ValueError:
-            raise _Bad(f"bad timestamp: {value!r} is not ISO 8601") from None
+            raise BadLine(f"bad timestamp: {value!r} is not ISO 8601") from None
         return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-    raise _Bad(f"bad timestamp: {value!r}")
+    raise BadLine(f"bad timestamp: {value!r}")
 
 
 def _content(value: object, where: str) -> str:
@@ -137,23 +137,23 @@ def _content(value: object, where: str) -> str:
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):
-                raise _Bad(f"unsupported content: {where} has a {kind or part!r} part (text only)")
+                raise BadLine(f"unsupported content: {where} has a {kind or part!r} part (text only)")
             texts.append(part["text"])
         return "".join(texts)
-    raise _Bad(f"unsupported content: {where} is a {type(value).__name__}")
+    raise BadLine(f"unsupported content: {where} is a {type(value).__name__}")
 
 
-def _messages(value: object) -> list[dict[str, str]]:
+def chat_messages(value: object) -> list[dict[str, str]]:
     """OpenAI chat messages reduced to role and text content (the replay sends nothing else)."""
     if not isinstance(value, list) or not value:
-        raise _Bad("no messages: messages is not a non-empty list")
+        raise BadLine("no messages: messages is not a non-empty list")
     out = []
     for index, message in enumerate(value):
         if not isinstance(message, dict):
-            raise _Bad(f"bad message: messages[{index}] is not an object")
+            raise BadLine(f"bad message: messages[{index}] is not an object")
         role = message.get("role")
         if role not in _ROLES:
-            raise _Bad(f"unsupported role: messages[{index}] has role {role!r}")
+            raise BadLine(f"unsupported role: messages[{index}] has role {role!r}")
         content = message.get("content")
         if type(content) is str and len(message) == 2:
             out.append(message)  # already {role, content}: keep the decoded dict
@@ -162,7 +162,7 @@ def _messages(value: object) -> list[dict[str, str]]:
     return out
 
 
-def _json_lines(path: Path) -> Iterator[tuple[str, Any] | Issue]:
+def json_lines(path: Path) -> Iterator[tuple[str, Any] | Issue]:
     """(where, value) for each non-blank line of a JSONL file, or an Issue for invalid JSON."""
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -175,10 +175,10 @@ def _json_lines(path: Path) -> Iterator[tuple[str, Any] | Issue]:
                 yield Issue(where, f"not valid JSON: {exc}")
 
 
-def _records(
+def parse_records(
     items: Iterator[tuple[str, Any] | Issue], parse: Callable[[str, dict[str, Any]], Iterator[LogRequest]]
 ) -> Iterator[Parsed]:
-    """Run a per-record parser over decoded JSON values, turning its `_Bad` into Issues."""
+    """Run a per-record parser over decoded JSON values, turning its `BadLine` into Issues."""
     for item in items:
         if isinstance(item, Issue):
             yield item
@@ -186,7 +186,7 @@ def _records(
         where, value = item
         try:
             if not isinstance(value, dict):
-                raise _Bad(f"not a JSON object: a {type(value).__name__}")
+                raise BadLine(f"not a JSON object: a {type(value).__name__}")
             yield from parse(where, value)
-        except _Bad as exc:
+        except BadLine as exc:
             yield Issue(where, str(exc))

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from llmload.workload.formats.common import (
+    BadLine,
     Head,
     LogFormat,
     LogRequest,
     Parsed,
-    _Bad,
-    _int,
-    _json_lines,
-    _records,
+    integer,
+    json_lines,
+    parse_records,
 )
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -29,25 +29,25 @@ def _mooncake_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]
     """
     stamp = record.get("timestamp")
     if isinstance(stamp, bool) or not isinstance(stamp, int | float):
-        raise _Bad(f"bad timestamp: {stamp!r} is not a number of milliseconds")
-    length = _int(record.get("input_length"), "input_length", minimum=1)
+        raise BadLine(f"bad timestamp: {stamp!r} is not a number of milliseconds")
+    length = integer(record.get("input_length"), "input_length", minimum=1)
     hash_ids = record.get("hash_ids") or []
     if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
-        raise _Bad("bad hash_ids: not a list of integers")
+        raise BadLine("bad hash_ids: not a list of integers")
     if hash_ids and len(hash_ids) != -(-length // MOONCAKE_BLOCK_TOKENS):
-        raise _Bad(f"bad hash_ids: {len(hash_ids)} blocks for input_length {length} (512 tokens per block)")
+        raise BadLine(f"bad hash_ids: {len(hash_ids)} blocks for input_length {length} (512 tokens per block)")
     yield LogRequest(
         where=where,
         timestamp=stamp / 1000,
         prompt_tokens=length,
-        output_tokens=_int(record.get("output_length"), "output_length"),
+        output_tokens=integer(record.get("output_length"), "output_length"),
         hash_ids=hash_ids or None,
     )
 
 
 def parse_mooncake(path: Path) -> Iterator[Parsed]:
     """Mooncake-style JSONL traces (timestamp in ms, input_length, output_length, hash_ids)."""
-    return _records(_json_lines(path), _mooncake_record)
+    return parse_records(json_lines(path), _mooncake_record)
 
 
 def _sniff(head: Head) -> bool:

@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from llmload.workload.formats.common import (
-    _DETECT_BYTES,
+    DETECT_BYTES,
+    BadLine,
     Head,
     Issue,
     LogFormat,
     LogRequest,
     Parsed,
-    _Bad,
-    _json_lines,
-    _records,
+    json_lines,
+    parse_records,
 )
 
 _SHAREGPT_ROLES = {
@@ -47,16 +47,16 @@ def _sharegpt_conversation(where: str, record: dict[str, Any]) -> Iterator[LogRe
     """
     turns = record.get("conversations")
     if not isinstance(turns, list) or not turns:
-        raise _Bad("bad conversation: conversations is not a non-empty list")
+        raise BadLine("bad conversation: conversations is not a non-empty list")
     messages: list[dict[str, str]] = []
     requests: list[LogRequest] = []
     session = where  # ShareGPT ids are not always unique; the record's place is
     for index, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-            raise _Bad(f"bad conversation: conversations[{index}] is not a {{from, value}} object with text")
+            raise BadLine(f"bad conversation: conversations[{index}] is not a {{from, value}} object with text")
         role = _SHAREGPT_ROLES.get(str(turn.get("from")))
         if role is None:
-            raise _Bad(f"unsupported speaker: conversations[{index}] is from {turn.get('from')!r}")
+            raise BadLine(f"unsupported speaker: conversations[{index}] is from {turn.get('from')!r}")
         asks = role == "assistant" and any(m["role"] == "user" for m in messages)
         if asks and messages[-1]["role"] != "assistant":
             requests.append(LogRequest(where, messages=list(messages), reply=turn["value"], session=session))
@@ -64,7 +64,7 @@ def _sharegpt_conversation(where: str, record: dict[str, Any]) -> Iterator[LogRe
     if messages[-1]["role"] != "assistant" and any(m["role"] == "user" for m in messages):
         requests.append(LogRequest(where, messages=messages, session=session))  # unanswered last message
     if not requests:
-        raise _Bad("no human message: nothing to replay")
+        raise BadLine("no human message: nothing to replay")
     requests[-1].last = True
     yield from requests
 
@@ -123,8 +123,8 @@ def _json_array_items(path: Path) -> Iterator[tuple[str, Any] | Issue]:
 def parse_sharegpt(path: Path) -> Iterator[Parsed]:
     """ShareGPT conversations: a JSON array (streamed element by element) or JSONL."""
     with path.open("rb") as handle:
-        array = handle.read(_DETECT_BYTES).lstrip().startswith(b"[")
-    return _records(_json_array_items(path) if array else _json_lines(path), _sharegpt_conversation)
+        array = handle.read(DETECT_BYTES).lstrip().startswith(b"[")
+    return parse_records(_json_array_items(path) if array else json_lines(path), _sharegpt_conversation)
 
 
 def _sniff(head: Head) -> bool:

@@ -13,14 +13,14 @@ from typing import Any
 import orjson
 
 from llmload.workload.formats.common import (
+    BadLine,
     Head,
     Issue,
     LogFormat,
     LogRequest,
     Parsed,
-    _Bad,
-    _messages,
-    _timestamp,
+    chat_messages,
+    log_timestamp,
 )
 
 _PY_STR = r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|None)"""
@@ -61,7 +61,7 @@ class _VllmClock:
     def read(self, line: str) -> float | None:
         full = _STAMP_FULL.search(line)
         if full:
-            return _timestamp(full.group(1).replace(",", "."))
+            return log_timestamp(full.group(1).replace(",", "."))
         short = _STAMP_SHORT.search(line)
         if not short:
             return None
@@ -125,7 +125,7 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
                         yield Issue(where, f"not a generation request (no sampling params): {request_id}", False)
                         continue
                     if request_id not in prompts:
-                        raise _Bad(
+                        raise BadLine(
                             f"no prompt logged: request {request_id} (vLLM ≥ 0.10 logs prompts at DEBUG level: "
                             "run it with VLLM_LOGGING_LEVEL=DEBUG and --enable-log-requests)"
                         )
@@ -136,16 +136,16 @@ def parse_vllm_log(path: Path) -> Iterator[Parsed]:
                     stamp = clock.read(line[: received.start()])
                     yield from _vllm_request(where, stamp, prompt=prompt, n_ids=n_ids, params=params, body=body_text)
                 elif "Received request" in line:
-                    raise _Bad("unreadable vLLM request line: cut short, or a format this parser does not know")
-            except (_Bad, SyntaxError, ValueError) as exc:
-                yield Issue(where, str(exc) if isinstance(exc, _Bad) else f"unreadable vLLM request line: {exc}")
+                    raise BadLine("unreadable vLLM request line: cut short, or a format this parser does not know")
+            except (BadLine, SyntaxError, ValueError) as exc:
+                yield Issue(where, str(exc) if isinstance(exc, BadLine) else f"unreadable vLLM request line: {exc}")
 
 
 def _vllm_request(
     where: str, stamp: float | None, *, prompt: str | None, n_ids: int | None, params: str, body: str | None
 ) -> Iterator[Parsed]:
     if prompt is None and n_ids is None:
-        raise _Bad("no prompt logged: neither a prompt nor prompt_token_ids")
+        raise BadLine("no prompt logged: neither a prompt nor prompt_token_ids")
     # Token ids without text (a client sent ids): a length-only request, synthesized like a trace.
     messages = None if prompt is None else [{"role": "user", "content": prompt}]
     if body is not None:
@@ -155,7 +155,7 @@ def _vllm_request(
             parsed = None
             yield Issue(where, "templated prompt used: JSON body cut short (--max-log-len)", False)
         if isinstance(parsed, dict) and "messages" in parsed:
-            messages = _messages(parsed["messages"])
+            messages = chat_messages(parsed["messages"])
     max_tokens, forced = _sampling(params)
     yield LogRequest(
         where=where,

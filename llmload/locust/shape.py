@@ -29,11 +29,6 @@ class StagedRamp(LoadTestShape):
         super().__init__()
         self._users = 0
 
-    def reset_time(self) -> None:
-        """Called at each start (a second one from the web UI too): size the users afresh."""
-        super().reset_time()
-        self._users = 0
-
     @property
     def spawn_rate(self) -> float:
         """Users started per second across the fleet: Locust shares it out among the workers."""
@@ -45,7 +40,7 @@ class StagedRamp(LoadTestShape):
         if plan is None:
             return None
         if run is None or run.recorder is None or run.finished:  # before this start's test_start
-            self._users = self._users or plan.initial_users()
+            self._users = plan.initial_users()
             return self._users, self.spawn_rate
         now = time.time()
         plan_end = run.plan_end

@@ -61,3 +61,17 @@ def test_bad_duration_is_refused(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "not a duration" in proc.stderr
+
+
+def test_a_run_id_in_use_is_refused_before_locust_starts(tmp_path: Path) -> None:
+    """The used directory's verdict must not be printed as if it were this run's."""
+    used = tmp_path / "reports" / "used"
+    used.mkdir(parents=True)
+    (used / "run.json").write_text("{}")
+    (used / "summary.json").write_text('{"verdict": {"passed": true, "reasons": []}}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmload.cli", "soak", "--reports-dir", str(tmp_path / "reports"), "--run-id", "used"],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "already holds a run (run.json): give another --run-id" in proc.stderr
+    assert "PASS" not in proc.stdout and sorted(p.name for p in used.iterdir()) == ["run.json", "summary.json"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
+from llmload import rundir
 from llmload.errors import InputError
-from llmload.rundir import REPORT_FILE, SUMMARY_FILE
 
 SOAK_STAGES = "25,50,100,150"
 
@@ -35,6 +35,8 @@ def run_soak(
     """Locust's exit code (0 PASS, 1 FAIL, 2 bad input), after printing the verdict and the report's path."""
     if not Path(locustfile).is_file():
         raise InputError(f"no locustfile at {locustfile} (run from the repository root)")
+    run_dir = Path(reports_dir) / run_id
+    rundir.claim(run_dir)  # before Locust: a used directory's old verdict must not be read as this run's
     command = [
         sys.executable, "-m", "locust", "-f", locustfile, "--headless", "--only-summary",
         "--workload", workload, "--stages", SOAK_STAGES,
@@ -46,11 +48,11 @@ def run_soak(
     if target_qps is not None:
         command += ["--target-qps", f"{target_qps:g}"]
     code = subprocess.run([*command, *passthrough], check=False).returncode
-    summary_path = Path(reports_dir) / run_id / SUMMARY_FILE
+    summary_path = run_dir / rundir.SUMMARY_FILE
     if summary_path.is_file():
         verdict = orjson.loads(summary_path.read_bytes()).get("verdict") or {}
         print(f"\nllmload soak: {'PASS' if verdict.get('passed') else 'FAIL'}")
         for reason in verdict.get("reasons", []):
             print(f"  - {reason}")
-        print(f"report: {summary_path.parent / REPORT_FILE}")
+        print(f"report: {run_dir / rundir.REPORT_FILE}")
     return code

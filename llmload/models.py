@@ -70,6 +70,37 @@ class WorkloadSpec(Strict):
     stats: dict[str, object] | None = None
 
 
+# --------------------------------------------------------------------------- the server's configuration
+
+ConfigValue = str | int | float | bool | list[str] | None
+
+
+class ServeConfig(Strict):
+    """What a `vllm serve` config file and command line set (llmload/serve_config): None is vLLM's
+    default. Keys vLLM accepts that llmload does not model are kept in `not_modelled`."""
+
+    model: str | None = None
+    served_model_name: str | None = Field(default=None, description="the first name when several are given")
+    max_model_len: int | None = Field(default=None, description="-1: vLLM fits the longest the KV cache holds")
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    kv_cache_memory_bytes: PositiveInt | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    max_num_queued_reqs: PositiveInt | None = None
+    block_size: PositiveInt | None = None
+    kv_cache_dtype: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    tensor_parallel_size: PositiveInt | None = None
+    pipeline_parallel_size: PositiveInt | None = None
+    enable_prefix_caching: bool | None = None
+    cpu_offload_gb: NonNegativeFloat | None = None
+    not_modelled: dict[str, ConfigValue] = Field(default_factory=dict, description="accepted by vLLM, unused here")
+    origins: dict[str, str] = Field(
+        default_factory=dict, description="where each key was set: FILE:LINE or the command line"
+    )
+
+
 # --------------------------------------------------------------------------- goodput SLOs
 
 ItlStatistic = Literal["p50", "p90", "p95", "p99", "max"]

@@ -211,7 +211,7 @@ def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "144.00 KiB" in out and "32,752" in out
     rc, out, _ = cli(capsys, "--model-config", "qwen3-8b", "--kv-cache-gib", "4.5", "--json")
     assert rc == 1  # 40,960 does not fit: vLLM would refuse to start
-    report = CapacityReport.model_validate_json(out)
+    report = CapacityReport.model_validate(json.loads(out)["capacity"])
     assert (report.layout.bytes_per_token, report.recommended_max_model_len) == (147_456, 32_752)
 
 

@@ -185,6 +185,28 @@ def test_sim_command_is_the_tested_one() -> None:
     assert profile in sim_help(), f"--profile {profile} is not one of the sim's engine profiles"
 
 
+def test_vllm_and_the_sim_read_the_same_vllm_config() -> None:
+    """One `vllm serve --config` file sizes the real server and its stand-in; it must be one vLLM
+    0.32 accepts and whose KV cache holds its max-model-len on the sim's GPU."""
+    vllm, sim = service("vllm"), service("sim")
+    mount = "${VLLM_CONFIG:-./deploy/vllm/config.yaml}:/etc/vllm/config.yaml:ro"
+    assert mount in vllm["volumes"] and mount in sim["volumes"]
+    assert command_argv("vllm") == ["--config", "/etc/vllm/config.yaml"]
+    argv = command_argv("sim")
+    assert argv[argv.index("--vllm-config") + 1] == "/etc/vllm/config.yaml"
+    host_argv = [str(BIN / "llmload"), *argv[1:]]
+    host_argv[host_argv.index("--vllm-config") + 1] = str(ROOT / "deploy" / "vllm" / "config.yaml")
+    host_argv[host_argv.index("--port") + 1] = "0"
+    host_argv[host_argv.index("--host") + 1] = "127.0.0.1"
+    proc = subprocess.Popen(host_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("llmload sim listening on http://127.0.0.1:")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 @pytest.mark.parametrize("name", ["master", "worker"])
 def test_locust_commands_use_existing_flags(name: str) -> None:
     assert not missing_flags(command_argv(name), locust_help())

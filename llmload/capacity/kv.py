@@ -29,7 +29,9 @@ class KVLayout(BaseModel):
 
     attention: str
     layers: int
+    layers_per_gpu: int = Field(description="layers / pipeline_parallel_size: a pipeline stage holds only its own")
     tensor_parallel_size: int
+    pipeline_parallel_size: int = 1
     kv_heads_per_gpu: int
     head_size: int = Field(description="K width per head (the latent width for MLA)")
     head_size_v: int = Field(description="V width per head; 0 for MLA, which stores one latent vector")
@@ -54,6 +56,7 @@ def kv_layout(
     model: ModelSpec,
     *,
     tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
     dtype: ModelDtype = "auto",
     kv_cache_dtype: KVCacheDtype = "auto",
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -62,11 +65,14 @@ def kv_layout(
 
     Per layer a token stores K and V for each KV head on this rank: ``(head + head_v) × bytes ×
     kv_heads // TP`` (at least one head: vLLM replicates KV heads when TP exceeds them). MLA stores
-    one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer, not split across TP ranks.
+    one latent of ``kv_lora_rank + qk_rope_head_dim`` per layer, not split across TP ranks. A
+    pipeline stage stores only its own layers (the first stages get one more when they do not divide).
     """
-    tp = tensor_parallel_size
-    if tp < 1 or block_size < 1:
-        raise InputError("tensor_parallel_size and block_size must be positive")
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    if tp < 1 or pp < 1 or block_size < 1:
+        raise InputError("tensor_parallel_size, pipeline_parallel_size and block_size must be positive")
+    if pp > model.num_layers:
+        raise InputError(f"{model.name}: {model.num_layers} layers cannot be split over {pp} pipeline stages")
     if model.num_attention_heads % tp:
         raise InputError(
             f"{model.name}: vLLM needs num_attention_heads ({model.num_attention_heads}) divisible by "
@@ -83,12 +89,15 @@ def kv_layout(
         heads, k, v = 1, model.mla.kv_lora_rank + model.mla.qk_rope_head_dim, 0
     else:
         heads, k, v = max(1, model.num_kv_heads // tp), model.head_dim, model.head_dim
-    per_token = model.num_layers * heads * (k + v) * nbytes
+    layers_per_gpu = -(-model.num_layers // pp)
+    per_token = layers_per_gpu * heads * (k + v) * nbytes
     model_heads = 1 if model.mla is not None else model.num_kv_heads
     return KVLayout(
         attention=model.attention,
         layers=model.num_layers,
+        layers_per_gpu=layers_per_gpu,
         tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         kv_heads_per_gpu=heads,
         head_size=k,
         head_size_v=v,
@@ -98,7 +107,7 @@ def kv_layout(
         bytes_per_token=per_token,
         bytes_per_block=per_token * block_size,
         bytes_per_token_model=model.num_layers * model_heads * (k + v) * nbytes,
-        bytes_per_token_all_gpus=per_token * tp,
+        bytes_per_token_all_gpus=model.num_layers * heads * (k + v) * nbytes * tp,
         naive_bytes_per_token=2 * model.num_layers * model.hidden_size * nbytes,
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 from llmload.capacity.kv import (
     DEFAULT_BLOCK_SIZE,
@@ -38,23 +38,34 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 DEFAULT_OVERHEAD_GIB = 2.0
 # vLLM's --max-num-seqs default for the OpenAI server on most GPUs (engine/arg_utils.py).
 MAX_NUM_SEQS_DEFAULT = 256
+# --max-model-len -1 (or auto): vLLM takes the longest sequence its KV cache holds.
+AUTO_FIT = -1
 
 
 class CapacityInputs(Strict):
     """Serving settings, named after vLLM's flags; sizes in GiB (2**30 bytes)."""
 
     tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
     gpu_memory_gib: PositiveFloat | None = Field(default=None, description="total memory of one GPU")
     gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     weights_gib: NonNegativeFloat | None = Field(default=None, description="whole model; None: estimate")
     overhead_gib: NonNegativeFloat = Field(default=DEFAULT_OVERHEAD_GIB, description="per GPU, besides weights")
     kv_cache_gib: PositiveFloat | None = Field(default=None, description="per GPU, like --kv-cache-memory-bytes")
+    cpu_offload_gib: NonNegativeFloat = Field(default=0.0, description="weights per GPU kept in CPU memory")
     dtype: ModelDtype = "auto"
     kv_cache_dtype: KVCacheDtype = "auto"
     block_size: PositiveInt = DEFAULT_BLOCK_SIZE
-    max_model_len: PositiveInt | None = None
+    max_model_len: int | None = Field(default=None, description="-1: the longest the KV cache holds (vLLM's auto)")
     request_tokens: PositiveInt | None = None
     min_concurrency: PositiveFloat | None = None
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _length_or_auto(cls, value: int | None) -> int | None:
+        if value is not None and value < 1 and value != AUTO_FIT:
+            raise ValueError(f"must be positive, or {AUTO_FIT} for the longest that fits; got {value}")
+        return value
 
 
 class MemoryBudget(BaseModel):
@@ -65,7 +76,7 @@ class MemoryBudget(BaseModel):
     gpu_memory_gib: float | None = None
     gpu_memory_utilization: float | None = None
     requested_gib: float | None = Field(default=None, description="ceil(total × utilization)")
-    weights_gib: float | None = Field(default=None, description="per GPU (whole model / TP)")
+    weights_gib: float | None = Field(default=None, description="per GPU (whole model / TP / PP − CPU offload)")
     weights_estimated: bool = False
     parameters: int | None = None
     overhead_gib: float | None = None
@@ -84,6 +95,7 @@ class CapacityReport(BaseModel):
     min_concurrency: float | None = None
     max_model_len_for_min_concurrency: int | None = None
     starts: bool = Field(description="vLLM would pass its KV-cache startup check with max_model_len")
+    startup_error: str | None = Field(default=None, description="the error vLLM would raise at startup, its words")
     warnings: list[str] = Field(default_factory=list)
     advice: list[str] = Field(default_factory=list)
 
@@ -101,7 +113,7 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
         weights = params * per_param / GIB
     else:
         weights = inputs.weights_gib
-    per_gpu = weights / inputs.tensor_parallel_size
+    per_gpu = max(0.0, weights / (inputs.tensor_parallel_size * inputs.pipeline_parallel_size) - inputs.cpu_offload_gib)
     return MemoryBudget(
         kv_cache_gib=requested - per_gpu - inputs.overhead_gib,
         kv_cache_explicit=False,
@@ -119,6 +131,7 @@ def _pool(model: ModelSpec, inputs: CapacityInputs) -> tuple[KVLayout, MemoryBud
     layout = kv_layout(
         model,
         tensor_parallel_size=inputs.tensor_parallel_size,
+        pipeline_parallel_size=inputs.pipeline_parallel_size,
         dtype=inputs.dtype,
         kv_cache_dtype=inputs.kv_cache_dtype,
         block_size=inputs.block_size,
@@ -173,13 +186,13 @@ def _advice(model: ModelSpec, inputs: CapacityInputs, report: CapacityReport) ->
 def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
     """KV bytes/token, cache size, concurrency and max_model_len for one model on one server."""
     layout, budget, cache = _pool(model, inputs)
-    length = inputs.max_model_len or model.max_position_embeddings
-    if length is None:
+    longest = cache.longest_servable_len
+    recommended = min(longest, model.max_position_embeddings or longest)
+    length = recommended if inputs.max_model_len == AUTO_FIT else inputs.max_model_len or model.max_position_embeddings
+    if not length:
         raise InputError(f"{model.source}: no max_position_embeddings; give --max-model-len")
     at_max = capacity_for_request_tokens(layout, cache, length)
     at_request = capacity_for_request_tokens(layout, cache, inputs.request_tokens) if inputs.request_tokens else None
-    longest = cache.longest_servable_len
-    recommended = min(longest, model.max_position_embeddings or longest)
     warnings = list(model.notes)
     if budget.weights_estimated:
         warnings.append(
@@ -225,5 +238,33 @@ def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
         starts=at_max.fits,
         warnings=warnings,
     )
+    report.startup_error = startup_error(report)
     report.advice = _advice(model, inputs, report)
     return report
+
+
+def _gib(value: int) -> str:
+    """vLLM's format_gib: GiB rounded to two decimals, as Python prints a float."""
+    return f"{round(value / GIB, 2)}"
+
+
+def startup_error(plan: CapacityReport) -> str | None:
+    """vLLM's ValueError text when its KV cache cannot hold one max_model_len sequence, else None."""
+    usable = plan.cache.bytes_per_gpu - plan.layout.bytes_per_block  # vLLM keeps one null block back
+    if usable <= 0:
+        return (
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
+            "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
+            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        )
+    if plan.starts:
+        return None
+    longest = plan.cache.longest_servable_len
+    estimate = f"Based on the available memory, the estimated maximum model length is {longest}. " if longest else ""
+    return (
+        f"To serve at least one request with the model's max seq len ({plan.max_model_len}), "
+        f"({_gib(plan.at_max_model_len.kv_bytes_per_gpu)} GiB KV cache is needed, which is larger than the "
+        f"available KV cache memory ({_gib(usable)} GiB). {estimate}Try increasing `gpu_memory_utilization` "
+        "(which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the "
+        "engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )

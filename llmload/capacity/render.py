@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from llmload.capacity.kv import GIB, RequestFit
 from llmload.capacity.plan import CapacityReport
 from llmload.capacity.vllm_log import LogExplanation
+from llmload.models import ServeConfig
 
 
 def format_bytes(n: float) -> str:
@@ -63,7 +64,16 @@ def render_capacity(report: CapacityReport) -> str:
         ("longest sequence", f"{cache.longest_servable_len:,} tokens (one block is kept as vLLM's null block)"),
     ]
     if report.starts:
-        cache_rows.append(("vLLM will log", f"KV cache size: {report.vllm_log_kv_cache_tokens:,} tokens"))
+        cache_rows += [
+            ("vLLM will log", f"KV cache size: {report.vllm_log_kv_cache_tokens:,} tokens"),
+            (
+                "",
+                f"Maximum concurrency for {report.max_model_len:,} tokens per request: "
+                f"{report.at_max_model_len.max_concurrency:.2f}x",
+            ),
+        ]
+    else:
+        cache_rows.append(("vLLM will refuse", f"ValueError: {report.startup_error}"))
     fits = [_fit_row("at max_model_len", report.at_max_model_len)]
     if report.at_request_tokens is not None:
         fits.append(_fit_row("at request tokens", report.at_request_tokens))
@@ -85,6 +95,16 @@ def render_capacity(report: CapacityReport) -> str:
     if report.advice:
         out += ["", "What to change", *(f"  - {a}" for a in report.advice)]
     return "\n".join(out)
+
+
+def render_serve_config(config: ServeConfig) -> str:
+    """The vLLM settings read, each with where it was set, and the keys llmload does not model."""
+    fields = config.model_dump(exclude={"not_modelled", "origins"}, exclude_none=True)
+    rows = [(key.replace("_", "-"), f"{value}   ({config.origins.get(key, '?')})") for key, value in fields.items()]
+    out = _section("vLLM configuration", rows or [("(nothing set)", "vLLM's defaults")])
+    if config.not_modelled:
+        out.append("  not modelled: " + ", ".join(f"{k}={v}" for k, v in config.not_modelled.items()))
+    return "\n".join(out).lstrip("\n")
 
 
 def render_log_explanation(explanation: LogExplanation) -> str:

@@ -1,12 +1,15 @@
-"""`llmload capacity`: KV-cache capacity of a model on a server, or an explained vLLM startup log.
+"""`llmload capacity`: KV-cache capacity of a model on a server (or of a `vllm serve` configuration),
+a preflight of a workload against it, or an explained vLLM startup log.
 
-Exit codes: 0 fine; 1 vLLM would refuse to start with these settings (or the log shows it did);
-2 bad input (unreadable config, missing field, unknown model name, negative size).
+Exit codes: 0 fine; 1 vLLM would refuse to start with these settings (or the log shows it did), or
+with --workload the preflight fails (the last stage does not fit, or too many requests exceed
+max_model_len); 2 bad input (unreadable config, unknown key, missing field, negative size).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,14 +17,29 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from llmload.capacity.kv import DEFAULT_BLOCK_SIZE, KVCacheDtype, ModelDtype
-from llmload.capacity.model import known_models, load_bundled_model, load_config_file
-from llmload.capacity.plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB, CapacityInputs, plan_capacity
-from llmload.capacity.render import render_capacity, render_log_explanation
+from llmload.capacity.kv import KVCacheDtype, ModelDtype
+from llmload.capacity.model import ModelSpec, known_models, load_bundled_model, load_config_file
+from llmload.capacity.plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB, CapacityReport, plan_capacity
+from llmload.capacity.render import render_capacity, render_log_explanation, render_serve_config
+from llmload.capacity.serving import GPUS, gpu_memory_gib, serve_inputs, serve_model, with_quantization
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError, validation_message
+from llmload.models import ServeConfig
+from llmload.preflight.fit import (
+    DEFAULT_MAX_ERROR_RATE,
+    DEFAULT_TPOT_MS,
+    DEFAULT_TTFT_MS,
+    Preflight,
+    TimingBasis,
+    assumed_timing,
+    measured_timing,
+    preflight,
+)
+from llmload.preflight.render import render_preflight
+from llmload.schedule import DEFAULT_STAGE_PERCENTS, build_stages, parse_stage_percents
+from llmload.serve_config.reader import read_serve_config
 
-HELP = "KV-cache capacity of a model on a server, or explain a vLLM startup log"
+HELP = "KV-cache capacity of a model or a vLLM config, a workload's preflight, or explain a vLLM startup log"
 
 
 def _number(
@@ -43,25 +61,30 @@ def _number(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source = parser.add_mutually_exclusive_group(required=True)
+    served = parser.add_argument_group("the server's configuration (read as vLLM reads it; flags below win over it)")
+    served.add_argument("--vllm-config", metavar="FILE.yaml", type=Path, help="a `vllm serve --config` YAML file")
+    served.add_argument(
+        "--vllm-args", metavar='"vllm serve ..."', help="a `vllm serve` command line; wins over --vllm-config"
+    )
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--model-config", metavar="NAME", help=f"a bundled model config: {', '.join(known_models())}")
     source.add_argument("--config", metavar="PATH", type=Path, help="a model's HF config.json (or its directory)")
     source.add_argument(
         "--vllm-log", metavar="FILE", help="explain the KV-cache lines of a vLLM startup log (- = stdin)"
     )
     memory = parser.add_argument_group("server (named after vLLM's flags)")
-    memory.add_argument(
+    gpu = memory.add_mutually_exclusive_group()
+    gpu.add_argument(
         "--gpu-memory-gib", metavar="GIB", type=_number(float), help="memory of one GPU, GiB (as torch reports it)"
     )
-    memory.add_argument(
-        "--tensor-parallel-size", "-tp", metavar="N", type=_number(int), default=1, help="GPUs per replica"
-    )
+    gpu.add_argument("--gpu", metavar="NAME", help=f"a GPU by name: {', '.join(GPUS)}")
+    memory.add_argument("--tensor-parallel-size", "-tp", metavar="N", type=_number(int), help="GPUs per stage (1)")
+    memory.add_argument("--pipeline-parallel-size", "-pp", metavar="N", type=_number(int), help="pipeline stages (1)")
     memory.add_argument(
         "--gpu-memory-utilization",
         metavar="FRACTION",
         type=_number(float, at_most=1.0),
-        default=DEFAULT_GPU_MEMORY_UTILIZATION,
-        help="share of each GPU vLLM may use (default %(default)s, vLLM 0.32's default)",
+        help=f"share of each GPU vLLM may use (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM 0.32's default)",
     )
     memory.add_argument(
         "--weights-gib", metavar="GIB", type=_number(float, allow_zero=True), help="whole model; default: estimated"
@@ -79,15 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_number(float),
         help="KV memory per GPU, instead of the budget (--kv-cache-memory-bytes)",
     )
-    memory.add_argument("--dtype", choices=get_args(ModelDtype), default="auto")
-    memory.add_argument("--kv-cache-dtype", choices=get_args(KVCacheDtype), default="auto")
-    memory.add_argument(
-        "--block-size",
-        metavar="TOKENS",
-        type=_number(int),
-        default=DEFAULT_BLOCK_SIZE,
-        help="tokens per block (GPU 16, CPU 128)",
-    )
+    memory.add_argument("--dtype", choices=get_args(ModelDtype), help="model dtype (default auto)")
+    memory.add_argument("--kv-cache-dtype", choices=get_args(KVCacheDtype), help="(default auto: the model's)")
+    memory.add_argument("--block-size", metavar="TOKENS", type=_number(int), help="tokens per block (GPU 16, CPU 128)")
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--max-model-len", metavar="TOKENS", type=_number(int), help="default: the model's max_position_embeddings"
@@ -101,23 +118,92 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     workload.add_argument(
         "--min-concurrency", metavar="X", type=_number(float), help="full-length requests that must fit at once"
     )
+    check = parser.add_argument_group("preflight: does a workload fit at every stage? (docs/capacity.md)")
+    check.add_argument("--workload", metavar="FILE.yaml", help="a workload file: its requests, turn by turn")
+    check.add_argument("--target-qps", metavar="RPS", type=_number(float), help="the target rate (100%%)")
+    check.add_argument(
+        "--stages",
+        type=parse_stage_percents,
+        default=DEFAULT_STAGE_PERCENTS,
+        help="stage rates as %% of --target-qps, as the load test runs them (default 25,50,100,150)",
+    )
+    check.add_argument("--from-run", metavar="RUN_DIR", type=Path, help="take E2E times measured in this run")
+    check.add_argument(
+        "--ttft-ms", type=_number(float), default=DEFAULT_TTFT_MS, help="assumed without --from-run (%(default)s)"
+    )
+    check.add_argument(
+        "--tpot-ms", type=_number(float), default=DEFAULT_TPOT_MS, help="assumed without --from-run (%(default)s)"
+    )
+    check.add_argument(
+        "--max-error-rate",
+        type=_number(float, allow_zero=True, at_most=1.0),
+        default=DEFAULT_MAX_ERROR_RATE,
+        help="share of requests over max_model_len that still passes (default %(default)s, the soak's)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _inputs(args: argparse.Namespace) -> CapacityInputs:
-    return CapacityInputs(
-        tensor_parallel_size=args.tensor_parallel_size,
-        gpu_memory_gib=args.gpu_memory_gib,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        weights_gib=args.weights_gib,
-        overhead_gib=args.overhead_gib,
-        kv_cache_gib=args.kv_cache_gib,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        block_size=args.block_size,
-        max_model_len=args.max_model_len,
-        request_tokens=args.request_tokens,
-        min_concurrency=args.min_concurrency,
+def _serve_config(args: argparse.Namespace) -> ServeConfig:
+    if args.vllm_config is None and args.vllm_args is None:
+        return ServeConfig()
+    return read_serve_config(args.vllm_config, args.vllm_args)
+
+
+def _model(args: argparse.Namespace, config: ServeConfig) -> ModelSpec:
+    if args.config:
+        return with_quantization(load_config_file(args.config), config)
+    if args.model_config:
+        return with_quantization(load_bundled_model(args.model_config), config)
+    if config.model is not None:
+        return serve_model(config)
+    raise InputError("give the model: --model-config NAME, --config PATH, or a --vllm-config that names it")
+
+
+def _plan(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, **change: object) -> CapacityReport:
+    flags = {
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "pipeline_parallel_size": args.pipeline_parallel_size,
+        "gpu_memory_gib": args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None),
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "weights_gib": args.weights_gib,
+        "overhead_gib": args.overhead_gib,
+        "kv_cache_gib": args.kv_cache_gib,
+        "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "block_size": args.block_size,
+        "max_model_len": args.max_model_len,
+        "request_tokens": args.request_tokens,
+        "min_concurrency": args.min_concurrency,
+    }
+    return plan_capacity(model, serve_inputs(config, **{**flags, **change}))
+
+
+def _preflight(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, plan: CapacityReport) -> Preflight:
+    from llmload.workload.files import load_workload
+    from llmload.workload.stats import request_table, workload_stats
+
+    if args.target_qps is None:
+        raise InputError("--workload needs --target-qps (the 100% rate the stages are percents of)")
+    table = request_table(load_workload(args.workload))
+    recommended_len = workload_stats(table).recommended_max_model_len
+    recommended = _plan(args, config, model, max_model_len=recommended_len) if recommended_len else None
+    try:
+        stages = build_stages(args.target_qps, args.stages)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    measured: dict[str, TimingBasis] = {}
+    if args.from_run is not None:
+        measured, overall = measured_timing(args.from_run)
+    else:
+        overall = assumed_timing(table, plan.max_model_len, args.ttft_ms, args.tpot_ms)
+    return preflight(
+        table,
+        plan,
+        recommended,
+        [(stage.name, stage.qps, measured.get(stage.name, overall)) for stage in stages],
+        max_num_seqs=config.max_num_seqs,
+        target_qps=args.target_qps,
+        max_error_rate=args.max_error_rate,
     )
 
 
@@ -141,9 +227,21 @@ def run(args: argparse.Namespace) -> int:
                 )
             print(explanation.model_dump_json(indent=2) if args.json else render_log_explanation(explanation))
             return 1 if explanation.failed else 0
-        model = load_config_file(args.config) if args.config else load_bundled_model(args.model_config)
-        report = plan_capacity(model, _inputs(args))
+        config = _serve_config(args)
+        model = _model(args, config)
+        report = _plan(args, config, model)
+        fit = _preflight(args, config, model, report) if args.workload else None
     except ValidationError as exc:
         raise InputError(validation_message(exc)) from None
-    print(report.model_dump_json(indent=2) if args.json else render_capacity(report))
+    if args.json:
+        answer = {"vllm_config": config, "capacity": report, "preflight": fit}
+        print(json.dumps({k: v.model_dump(mode="json") for k, v in answer.items() if v is not None}, indent=2))
+    else:
+        if config.origins:
+            print(render_serve_config(config))
+        print(render_capacity(report))
+        if fit is not None:
+            print(render_preflight(fit))
+    if fit is not None:
+        return 0 if fit.passes else 1
     return 0 if report.starts else 1

@@ -10,9 +10,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.errors import InputError, validation_message
+from llmload.serve_config.reader import read_serve_config
 from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
-from llmload.sim.profiles import PROFILES, StartupRefusal, resolve_profile
+from llmload.sim.profiles import PROFILES, StartupRefusal, profile_for, resolve_profile
 
 
 def _parsed(parse: Any) -> Any:
@@ -40,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--host", default=_default("host"), help="address to bind (default: %(default)s)")
     add("--port", type=int, default=_default("port"), help="port; 0 picks a free one (default: %(default)s)")
-    add("--model-name", default=_default("model_name"), help="served model name (default: %(default)s)")
+    add(
+        "--model-name",
+        default=None,
+        help=f"served model name (default: the vLLM config's served-model-name, else {_default('model_name')})",
+    )
     add(
         "--max-model-len",
         type=int,
@@ -85,8 +91,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default=None,
         metavar="NAME|FILE.yaml",
-        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file",
+        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file (default with --vllm-config: the one "
+        "whose model the config serves)",
     )
+    engine.add_argument(
+        "--vllm-config",
+        type=Path,
+        metavar="FILE.yaml",
+        help="size the engine like this `vllm serve --config` file: model, max-model-len, KV memory, "
+        "block size, max-num-seqs, max-num-batched-tokens, prefix caching (flags below win over it)",
+    )
+    engine.add_argument("--vllm-args", metavar='"vllm serve ..."', help="a `vllm serve` command line, as above")
+    gpu = engine.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU (default: the profile's)")
+    gpu.add_argument("--gpu", metavar="NAME", help=f"a GPU by name: {', '.join(GPUS)}")
     engine.add_argument("--max-num-seqs", type=int, help="requests running at once (default: the profile's)")
     engine.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step (default: the profile's)")
     engine.add_argument("--max-num-queued-reqs", type=int, help="waiting requests above this get vLLM's 503 busy error")
@@ -163,7 +181,12 @@ def run(args: argparse.Namespace) -> int:
         if args.faults is not None:  # the file alone was refused: name its keys
             raise InputError(f"--faults {args.faults}: {validation_message(e)}") from None
         raise InputError(validation_message(e, flags=_FLAG_OF)) from None
+    vllm_config = read_serve_config(args.vllm_config, args.vllm_args) if args.vllm_config or args.vllm_args else None
     values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}
+    if vllm_config is not None:
+        values.setdefault("profile", profile_for(vllm_config))
+        if vllm_config.served_model_name or vllm_config.model:
+            values.setdefault("model_name", vllm_config.served_model_name or vllm_config.model)
     try:
         overrides = EngineOverrides(**{k: v for k, v in vars(args).items() if k in EngineOverrides.model_fields})
         config = SimConfig(**values, engine=overrides, faults=faults)
@@ -172,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
     engine_plan = None
     if config.profile is not None:
         try:
-            engine_plan = resolve_profile(config.profile, config.engine, args.max_model_len)
+            memory = args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None)
+            engine_plan = resolve_profile(config.profile, config.engine, args.max_model_len, vllm_config, memory)
         except StartupRefusal as e:
             print(str(e), file=sys.stderr)
             return 1

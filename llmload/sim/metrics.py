@@ -74,11 +74,18 @@ class EngineMetrics:
         self.itl = Histogram(INTER_TOKEN_LATENCY_BUCKETS)
         self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
         self.queue_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.cache_config: dict[str, str] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self.labels), list(self.labels.values())
+        if self.cache_config:
+            info = GaugeMetricFamily(
+                "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=[*self.cache_config]
+            )
+            info.add_metric(list(self.cache_config.values()), 1.0)
+            yield info
         for name, doc, value in (
             ("vllm:num_requests_running", "Number of requests in model execution batches.", self.running),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.waiting),

@@ -22,8 +22,9 @@ from llmload.capacity.plan import (
     CapacityReport,
     plan_capacity,
 )
+from llmload.capacity.serving import model_reference, serve_settings
 from llmload.errors import InputError, validation_message
-from llmload.models import Strict
+from llmload.models import ServeConfig, Strict
 from llmload.sim.config import EngineOverrides
 from llmload.yamlfile import load_yaml_model
 
@@ -59,18 +60,35 @@ class EngineProfile(Strict):
     dtype: ModelDtype = "auto"
     kv_cache_dtype: KVCacheDtype = "auto"
     tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
     gpu_memory_gib: PositiveFloat | None = None
     gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     weights_gib: NonNegativeFloat | None = None
     overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
     kv_cache_memory_bytes: PositiveInt | None = Field(default=None, description="like vLLM's flag of that name")
+    cpu_offload_gib: NonNegativeFloat = Field(default=0.0, description="like vLLM's --cpu-offload-gb")
     block_size: PositiveInt = 16
-    max_model_len: PositiveInt
+    max_model_len: int = Field(description="-1: the longest the KV cache holds, as vLLM's auto")
     max_num_seqs: PositiveInt
     max_num_batched_tokens: PositiveInt
     max_num_queued_reqs: PositiveInt | None = None
     enable_prefix_caching: bool = True
     timing: StepTiming
+
+    def with_serve_config(self, config: ServeConfig, gpu_memory_gib: float | None) -> EngineProfile:
+        """This profile's timing for the server a `vllm serve` config describes: its model, KV
+        sizing and scheduler limits replace the profile's where the config sets them."""
+        settings = serve_settings(config)
+        changes = {k: v for k, v in settings.items() if v is not None and k != "kv_cache_gib"}
+        engine = config.model_dump(include=set(EngineOverrides.model_fields) - {"kv_cache_memory_bytes", "block_size"})
+        changes |= {k: v for k, v in engine.items() if v is not None}
+        if config.kv_cache_memory_bytes is not None:
+            changes |= {"kv_cache_memory_bytes": config.kv_cache_memory_bytes}
+        if config.model is not None:
+            changes["model"] = model_reference(config)
+        if gpu_memory_gib is not None:
+            changes["gpu_memory_gib"] = gpu_memory_gib
+        return self.model_validate({**self.model_dump(), **changes})
 
     def with_overrides(self, overrides: EngineOverrides, max_model_len: int | None) -> EngineProfile:
         changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
@@ -84,6 +102,8 @@ class EngineProfile(Strict):
         kv_gib = self.kv_cache_memory_bytes / GIB if self.kv_cache_memory_bytes else None
         inputs = CapacityInputs(
             tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            cpu_offload_gib=self.cpu_offload_gib,
             gpu_memory_gib=self.gpu_memory_gib,
             gpu_memory_utilization=self.gpu_memory_utilization,
             weights_gib=self.weights_gib,
@@ -95,33 +115,6 @@ class EngineProfile(Strict):
             max_model_len=self.max_model_len,
         )
         return plan_capacity(spec, inputs)
-
-
-def _gib(value: int) -> str:
-    """vLLM's format_gib: GiB rounded to two decimals, as Python prints a float."""
-    return f"{round(value / GIB, 2)}"
-
-
-def startup_refusal(plan: CapacityReport) -> str | None:
-    """vLLM's ValueError text when its KV cache cannot hold one max_model_len sequence, else None."""
-    usable = plan.cache.bytes_per_gpu - plan.layout.bytes_per_block  # vLLM keeps one null block back
-    if usable <= 0:
-        return (
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing "
-            "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
-            "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-        )
-    if plan.starts:
-        return None
-    longest = plan.cache.longest_servable_len
-    estimate = f"Based on the available memory, the estimated maximum model length is {longest}. " if longest else ""
-    return (
-        f"To serve at least one request with the model's max seq len ({plan.max_model_len}), "
-        f"({_gib(plan.at_max_model_len.kv_bytes_per_gpu)} GiB KV cache is needed, which is larger than the "
-        f"available KV cache memory ({_gib(usable)} GiB). {estimate}Try increasing `gpu_memory_utilization` "
-        "(which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the "
-        "engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-    )
 
 
 PROFILES: dict[str, EngineProfile] = {
@@ -222,22 +215,40 @@ def load_profile(name: str) -> EngineProfile:
         raise InputError(f"--profile {exc}") from None
 
 
+def profile_for(config: ServeConfig) -> str:
+    """The built-in profile whose model the config serves (its step timing stands in for that server)."""
+    model = (config.model or "").lower()
+    for profile in PROFILES.values():
+        if profile.model in model:
+            return profile.name
+    raise InputError(
+        f"no built-in profile serves {config.model!r}: give --profile (a built-in's timing, or a calibrated YAML)"
+    )
+
+
 def resolve_profile(
-    name: str, overrides: EngineOverrides, max_model_len: int | None
+    name: str,
+    overrides: EngineOverrides,
+    max_model_len: int | None,
+    serve: ServeConfig | None = None,
+    gpu_memory_gib: float | None = None,
 ) -> tuple[EngineProfile, CapacityReport]:
-    """The profile with the command line's overrides, and its KV pool.
+    """The profile sized by a `vllm serve` config, then the command line's overrides, and its KV pool.
 
     Refuses like vLLM (StartupRefusal, its ValueError text) when the pool cannot hold one sequence
     of max_model_len; InputError when the profile or model config is unusable.
     """
     try:
-        profile = load_profile(name).with_overrides(overrides, max_model_len)
+        profile = load_profile(name)
+        if serve is not None or gpu_memory_gib is not None:
+            profile = profile.with_serve_config(serve or ServeConfig(), gpu_memory_gib)
+        profile = profile.with_overrides(overrides, max_model_len)
         plan = profile.plan()
+        profile = profile.model_copy(update={"max_model_len": plan.max_model_len})  # -1 resolved as vLLM does
     except InputError as exc:
         raise InputError(f"--profile {name}: {exc}") from None
     except ValidationError as exc:
         raise InputError(f"--profile {name}: {validation_message(exc)}") from None
-    refusal = startup_refusal(plan)
-    if refusal is not None:
-        raise StartupRefusal(f"ValueError: {refusal}")
+    if plan.startup_error is not None:
+        raise StartupRefusal(f"ValueError: {plan.startup_error}")
     return profile, plan

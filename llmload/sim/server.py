@@ -125,6 +125,21 @@ class ResponseSink:
             self._done.set_result(error)
 
 
+def cache_config_labels(profile: EngineProfile, plan: CapacityReport) -> dict[str, str]:
+    """vLLM's `vllm:cache_config_info` labels that say how big the KV cache is (a subset of vLLM's)."""
+    return {
+        "block_size": str(plan.layout.block_size),
+        "cache_dtype": profile.kv_cache_dtype,
+        "enable_prefix_caching": str(profile.enable_prefix_caching),
+        "engine": "0",
+        "gpu_memory_utilization": str(profile.gpu_memory_utilization),
+        "kv_cache_max_concurrency": str(plan.at_max_model_len.max_concurrency),
+        "kv_cache_memory_bytes": str(profile.kv_cache_memory_bytes),
+        "kv_cache_size_tokens": str(plan.vllm_log_kv_cache_tokens),
+        "num_gpu_blocks": str(plan.cache.num_blocks),
+    }
+
+
 class SimServer:
     """State shared by the handlers: config, engine, fault draws, counters and the emission-lag histogram."""
 
@@ -136,6 +151,8 @@ class SimServer:
         self.tokenizer = PromptTokenizer(config.tokenizer)
         self.lag = LagStats()
         self.metrics = EngineMetrics(config.model_name)
+        if engine_plan:
+            self.metrics.cache_config = cache_config_labels(*engine_plan)
         self._picker = FaultPicker(config.faults.faults, config.faults.seed)
         self._started = time.monotonic()
         self.in_flight = 0

@@ -11,6 +11,7 @@ the most recent requests, kept in fixed-size rings, so memory stays flat over an
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -20,8 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from llmload.format import percent
 from llmload.models import Stage
-from llmload.observe import ServerSample
+from llmload.observe import ServerSample, hit_rate
 
 # seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -36,6 +38,7 @@ METRIC_NAMES = (
     "llmload_requests_total", "llmload_output_tokens_total",
     "llmload_target_qps", "llmload_offered_qps", "llmload_achieved_qps", "llmload_stage_index",
     "llmload_stage_percent", "llmload_schedule_delay_p99_seconds", "llmload_users", "llmload_users_busy",
+    "llmload_prefix_cache_hit_rate",
 )  # fmt: skip
 
 
@@ -132,6 +135,9 @@ class LiveStats:
         self._delay_p99 = gauge("llmload_schedule_delay_p99_seconds", f"p99 schedule delay, last {DELAY_WINDOW_S:g} s")
         self._users = gauge("llmload_users", "Locust users (request slots) across the fleet")
         self._busy = gauge("llmload_users_busy", "users with a request in flight across the fleet")
+        self._prefix_hit_rate = gauge(
+            "llmload_prefix_cache_hit_rate", "the server's prefix-cache hits / queries since the run started"
+        )
         self._recent = {name: _Ring(RECENT_GAPS if name == "itl" else RECENT_REQUESTS) for name in self._latency}
         self._delays: collections.deque[tuple[float, float]] = collections.deque()
         self._stage_scheduled: collections.Counter[str] = collections.Counter()
@@ -139,6 +145,26 @@ class LiveStats:
         self.statuses: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
         self.server: ServerSample | None = None
+        self._prefix_base: tuple[float, float] | None = None  # the counters when the run first saw them
+
+    def see_server(self, sample: ServerSample | None) -> None:
+        """The server's latest sample. The first one with prefix-cache counters is the base the live
+        hit rate counts from (vLLM's counters run from the server's start); a restart re-bases it."""
+        self.server = sample
+        if sample is None or sample.prefix_cache_queries_total is None:
+            return
+        now = (sample.prefix_cache_hits_total or 0.0, sample.prefix_cache_queries_total)
+        if self._prefix_base is None or now[1] < self._prefix_base[1]:
+            self._prefix_base = now if self._prefix_base is None else (0.0, 0.0)
+        rate = self.prefix_cache_hit_rate()
+        self._prefix_hit_rate.set(math.nan if rate is None else rate)
+
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Hits / queries of the server's prefix cache since the run started; None before any query."""
+        sample, base = self.server, self._prefix_base
+        if sample is None or base is None or sample.prefix_cache_queries_total is None:
+            return None
+        return hit_rate((sample.prefix_cache_hits_total or 0.0) - base[0], sample.prefix_cache_queries_total - base[1])
 
     def add(self, row: dict[str, Any]) -> None:
         """One record, as written to requests.jsonl."""
@@ -229,6 +255,8 @@ class LiveStats:
             kv, waiting = self.server.kv_cache_usage, self.server.waiting
             rows.append({"name": "server KV-cache usage", "value": "–" if kv is None else f"{kv:.0%}"})
             rows.append({"name": "server waiting requests", "value": "–" if waiting is None else f"{waiting:g}"})
+            rows.append({"name": "server prefix-cache hit rate", "value": f"{percent(self.prefix_cache_hit_rate())}"
+                         " since the run started"})  # fmt: skip
         return [{"p50": "", "p95": "", "p99": "", **row} for row in rows]
 
     def console_line(self, now: float | None = None) -> str:

@@ -175,6 +175,12 @@ class RunManifest(Strict):
     )
     goodput_slo: GoodputSLO | None = Field(default=None, description="per-request SLOs goodput counts against")
 
+    @property
+    def judged_started_at(self) -> float:
+        """When the first judged stage began (unix seconds): the warm-up is never judged."""
+        judged = [stage for stage in self.stages if not stage.warmup]
+        return self.started_at + (judged[0].start_s if judged else 0.0)
+
 
 # --------------------------------------------------------------------------- run records
 
@@ -331,6 +337,9 @@ class TurnSummary(BaseModel):
     prompt_tokens_p99: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
+    cached_share: float | None = Field(
+        default=None, description="cached / prompt tokens of its successful requests whose usage says cached_tokens"
+    )
 
 
 class FailureSummary(BaseModel):
@@ -353,6 +362,11 @@ class GpuSummary(Strict):
 class ServerSummary(BaseModel):
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None
+    prefix_cache_hit_rate: float | None = Field(
+        default=None,
+        description="prefix-cache hits / queries over the judged stages (deltas of vLLM's token counters)",
+    )
+    prefix_cache_queries: float | None = Field(default=None, description="prompt tokens looked up, judged stages")
     waiting_max: float | None = None
     gpu_memory_usage_max: float | None = Field(default=None, description="the fullest GPU's memory used / total")
     gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import shutil
 import time
 import urllib.request
@@ -494,14 +495,32 @@ def _gpu_summaries(gpus: pd.DataFrame) -> list[GpuSummary]:
     ]
 
 
-def server_summary(samples: ServerSamples) -> ServerSummary | None:
-    """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl)."""
+def window_increase(frame: pd.DataFrame, column: str, start: float) -> float | None:
+    """How much a counter grew from `start` (unix seconds) to the last sample: from the last sample
+    at or before `start` (the first after it when there is none), never from the server's start."""
+    seen = frame.loc[frame[column].notna(), ["t", column]]
+    before = seen.t[seen.t <= start]
+    return counter_increase(seen.loc[seen.t >= (before.iloc[-1] if len(before) else start), column])
+
+
+def hit_rate(hits: float | None, queries: float | None) -> float | None:
+    """Prefix-cache hits / queries (both in tokens); None when nothing was queried."""
+    return None if hits is None or not queries else hits / queries
+
+
+def server_summary(samples: ServerSamples, judged_from: float = -math.inf) -> ServerSummary | None:
+    """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl).
+    The prefix-cache figures count from `judged_from` (the first judged stage's start)."""
     frame, gpus = samples.frame, samples.gpus
     if frame[list(METRICS)].isna().all().all() and gpus.empty:
         return None
+    hits = window_increase(frame, "prefix_cache_hits_total", judged_from)
+    queries = window_increase(frame, "prefix_cache_queries_total", judged_from)
     return ServerSummary(
         kv_cache_usage_max=series_max(frame.kv_cache_usage),
         preemptions=counter_increase(frame.preemptions_total),
+        prefix_cache_hit_rate=hit_rate(hits, queries),
+        prefix_cache_queries=queries,
         waiting_max=series_max(frame.waiting),
         gpu_memory_usage_max=series_max(gpus.memory_used_fraction),
         gpus=_gpu_summaries(gpus),

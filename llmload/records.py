@@ -32,7 +32,8 @@ from llmload.stats.sketch import Histograms
 # what reports, gates and the verdict read of each record; ITL gaps are streamed apart (gap_batches)
 FRAME_COLUMNS = (
     "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
-    "tpot_ms", "prompt_tokens", "output_tokens", "usage_from_server", "error_category", "error_message",
+    "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server", "error_category",
+    "error_message",
 )  # fmt: skip
 # a failure as the report tells it: its category and the server's state the run recorded with it
 FAILURE_COLUMNS = ("error_category", "server_health", "server_kv_cache_usage", "server_waiting")

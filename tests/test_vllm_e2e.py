@@ -90,6 +90,12 @@ def test_replay_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> No
         assert list(row) == sorted(row) and row.iloc[-1] > row.iloc[0] + 16 * 3
     assert summary["turns"][0]["turn"] == 1 and len(summary["turns"]) == 4
 
+    # prefix caching (on by default in vLLM 0.32, 128-token blocks on CPU): the judged window's hit
+    # rate from the server's counters is above zero, and each turn resends more cached history
+    assert summary["server"]["prefix_cache_hit_rate"] > 0, summary["server"]
+    shares = [turn["cached_share"] for turn in summary["turns"]]
+    assert None not in shares and shares == sorted(shares) and shares[-1] > shares[0], shares
+
 
 def test_run_survives_its_vllm_killed_mid_run(vllm_server_factory: VllmServerFactory, tmp_path: Path) -> None:
     """kill -9 the API server mid-run: the run goes on to its planned end and accounts for everything."""

@@ -254,6 +254,7 @@ class VllmServer:
             "kv-cache-memory-bytes": self.kv_cache_bytes,
             "block-size": CPU_BLOCK_SIZE,
             "enforce-eager": True,
+            "enable-prompt-tokens-details": True,  # usage carries cached_tokens: prefix-cache hits per request
         }
 
     @property

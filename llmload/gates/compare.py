@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, Positiv
 from llmload import rundir
 from llmload.errors import InputError
 from llmload.models import GoodputSLO, RunManifest, Strict, Summary
+from llmload.observe import server_summary
 from llmload.report.goodput import good_requests
 from llmload.report.summary import summarize
 from llmload.stats.sketch import Histograms, buckets, quantiles
@@ -71,6 +72,9 @@ class Thresholds(Strict):
     throughput_drop: NonNegativeFloat = Field(default=0.05, description="relative drop of req/s and output tok/s")
     error_rate_rise: NonNegativeFloat = Field(default=0.01, description="rise of failed/(ok + failed), as a fraction")
     oom_family_rise: NonNegativeInt = Field(default=0, description="more oom+engine_dead+server_down failures")
+    prefix_cache_hit_rate_drop: NonNegativeFloat = Field(
+        default=0.10, description="drop of the prefix-cache hit rate, as a fraction (0.10 = 10 points)"
+    )
     bootstrap: Bootstrap = Bootstrap()
 
 
@@ -151,6 +155,7 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
     itl = records.itl(ok, block, blocks)
     good = good_requests(records, goodput_slo)
     summary = summarize(frame, manifest, itl=itl.percentiles(), good=good)  # summarize_run's, one ITL pass
+    summary.server = server_summary(run.server, manifest.judged_started_at)
     tokens = frame.output_tokens.fillna(0).to_numpy(dtype=float)
     per_record = [
         ok,
@@ -299,6 +304,17 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
     rows.append(judge("error rate", "%", 1, values=(b, c), diffs=diffs, limit=thresholds.error_rate_rise))
     oom = (float(base.failures.oom_family), float(cur.failures.oom_family))
     rows.append(judge("OOM-family failures", "count", 1, values=oom, diffs=None, limit=thresholds.oom_family_rise))
+    hits = [None if s.server is None else s.server.prefix_cache_hit_rate for s in (base, cur)]
+    rows.append(
+        judge(
+            "prefix-cache hit rate",
+            "%",
+            -1,
+            values=(hits[0], hits[1]),
+            diffs=None,
+            limit=thresholds.prefix_cache_hit_rate_drop,
+        )
+    )
     return Comparison(
         baseline=baseline.name,
         current=current.name,

@@ -31,6 +31,8 @@ NO_GPU = (
     " with nvidia-smi on the PATH)"
 )
 
+NO_PREFIX_CACHE = "no prefix-cache queries in the hold (vLLM's prefix_cache_queries counter)"
+
 # --------------------------------------------------------------------------- criteria
 
 
@@ -63,6 +65,9 @@ class AlertLevels(Strict):
     waiting: float = Field(default=10, description="mean waiting requests of a window")
     e2e_p99_ms: float = Field(default=2000, description="p99 E2E of the requests sent in a window")
     gpu_memory_used: float = Field(default=0.90, description="mean memory used / total of the fullest GPU (0..1)")
+    prefix_cache_hit_rate: float | None = Field(
+        default=None, ge=0, le=1, description="fires *below* this prefix-cache hit rate of a window (0..1); off"
+    )
 
 
 class AlertActions(Strict):
@@ -70,6 +75,7 @@ class AlertActions(Strict):
     waiting: AlertAction = "warn"
     e2e_p99_ms: AlertAction = "warn"
     gpu_memory_used: AlertAction = "warn"
+    prefix_cache_hit_rate: AlertAction = "warn"
 
 
 class AlertCriteria(Strict):
@@ -249,22 +255,42 @@ def _goodput_check(stage: StageSummary, minimum: float | None, manifest: RunMani
 def _alert(
     name: str,
     series: pd.Series | None,
-    level: float,
+    level: float | None,
     action: AlertAction,
     window_s: float,
     *,
     unmeasured: str = "no data in the hold",
+    below: bool = False,
 ) -> Check:
+    """Fires when a window's value passes the level: above it, or `below` it."""
+    if level is None:
+        return Check(name=name, status="skip", detail="off (no level set)")
     if series is None or series.empty:
         return Check(name=name, status="skip", detail=f"not measured: {unmeasured}")
-    worst_at, worst = float(series.index[int(series.argmax())]), float(series.max())
-    fired = worst > level
+    at = int(series.argmin() if below else series.argmax())
+    worst_at, worst = float(series.index[at]), float(series.iloc[at])
+    fired = worst < level if below else worst > level
+    passed_side = "≥" if below else "≤"
+    fired_side = "<" if below else ">"
     return Check(
         name=name,
         status=action if fired else "pass",
         detail=f"worst {window_s:g} s window {worst:.3g} (+{worst_at:g} s into the hold) "
-        f"{'>' if fired else '≤'} level {level:g}{f' ({action})' if fired else ''}",
+        f"{fired_side if fired else passed_side} level {level:g}{f' ({action})' if fired else ''}",
     )
+
+
+def _hit_rates(hold: Hold, window_s: float) -> pd.Series | None:
+    """The prefix-cache hit rate of each window of the hold: the growth of vLLM's hit and query
+    counters in it (a counter reset counts as no growth)."""
+    counters = hold.server.dropna(subset=["t", "prefix_cache_queries_total"]).sort_values("t")
+    if len(counters) < 2:
+        return None
+    grown = counters[["prefix_cache_hits_total", "prefix_cache_queries_total"]].diff().clip(lower=0)
+    hits = hold.windows(counters.t, grown.prefix_cache_hits_total, window_s, windows.total)
+    queries = hold.windows(counters.t, grown.prefix_cache_queries_total, window_s, windows.total)
+    rates = (hits / queries[queries > 0]).dropna()
+    return rates if len(rates) else None
 
 
 def _hold(run: Run, stage: Stage) -> Hold:
@@ -324,6 +350,10 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
         _alert(
             "GPU memory alert", server_series("gpu_memory_usage", alert_window),
             levels.gpu_memory_used, actions.gpu_memory_used, alert_window, unmeasured=NO_GPU,
+        ),
+        _alert(
+            "prefix-cache hit-rate alert", _hit_rates(hold, alert_window), levels.prefix_cache_hit_rate,
+            actions.prefix_cache_hit_rate, alert_window, unmeasured=NO_PREFIX_CACHE, below=True,
         ),
     ]  # fmt: skip
     return SoakResult(run_id=manifest.run_id, hold=stage.name, checks=checks)

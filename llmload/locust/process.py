@@ -283,7 +283,7 @@ def _live_loop(environment: Environment, run: ProcessRun) -> None:
     while True:
         gevent.sleep(LIVE_TICK_S)
         fleet = run.fleet(environment.runner.user_count)
-        live.server = run.recorder.observer.latest()
+        live.see_server(run.recorder.observer.latest())
         live.refresh(users=fleet.users, busy=fleet.busy)
         if headless and time.monotonic() - last_line >= CONSOLE_EVERY_S:
             last_line = time.monotonic()

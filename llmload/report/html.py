@@ -416,7 +416,12 @@ table leaves out the warm-up.</p>
 <p>Throughput {{ s.throughput.requests_per_s | fmt(2) }} req/s, {{ s.throughput.output_tokens_per_s | fmt(0) }}
 output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% if s.server %} Server: KV cache
 usage max {{ (s.server.kv_cache_usage_max * 100) | fmt(0) if s.server.kv_cache_usage_max is not none else "–" }}%,
-preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting_max | fmt(0) }}.{% endif %}</p>
+preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting_max | fmt(0) }}.{% if
+s.server.prefix_cache_hit_rate is not none %} Prefix-cache hit rate {{ s.server.prefix_cache_hit_rate | percent }} of
+{{ s.server.prefix_cache_queries | fmt(0) }} prompt tokens looked up in the judged stages.{% endif %}{% endif %}
+{% if s.turns | selectattr("cached_share", "ne", none) | list %}Prompt tokens from the prefix cache, by turn:
+{% for t in s.turns %}{{ t.turn }}: {{ t.cached_share | percent }}{{ "; " if not loop.last else "." }}{% endfor %}
+{% endif %}</p>
 {% if s.server and s.server.gpus %}<table><tr><th class="l">GPU</th><th>memory used max</th><th>MiB used max</th>
 <th>MiB total</th><th>utilisation mean %</th><th>utilisation max %</th></tr>
 {% for g in s.server.gpus %}<tr><td class="l">{{ g.gpu }}</td><td>{{ g.memory_usage_max | percent }}</td>

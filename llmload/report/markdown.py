@@ -19,6 +19,22 @@ def turn_depths(mix: dict[str, float]) -> str:
     return "/".join(f"{100 * v:.0f}" for v in (share("1"), share("2"), share("3"), deep))
 
 
+def _server_lines(server: ServerSummary | None) -> list[str]:
+    """The server's own figures: KV cache, queue, preemptions (whole run) and prefix-cache hits (judged)."""
+    if server is None:
+        return []
+    line = (
+        f"Server (its /metrics, whole run): KV-cache usage max {percent(server.kv_cache_usage_max)}, "
+        f"waiting max {fmt(server.waiting_max, 0)}, preemptions {fmt(server.preemptions, 0)}."
+    )
+    if server.prefix_cache_hit_rate is not None:
+        line += (
+            f" Prefix-cache hit rate {percent(server.prefix_cache_hit_rate)} of "
+            f"{fmt(server.prefix_cache_queries, 0)} prompt tokens looked up in the judged stages."
+        )
+    return ["", line]
+
+
 def _gpu_lines(server: ServerSummary | None) -> list[str]:
     """The GPU table of report.md; nothing for a run that read no GPU."""
     if server is None or not server.gpus:
@@ -114,6 +130,7 @@ def render_markdown(summary: Summary) -> str:
         f"{fmt(tok.prompt.p50, 0)}/{fmt(tok.prompt.p95, 0)}/{fmt(tok.prompt.p99, 0)}/{fmt(tok.prompt.max, 0)}; "
         f"output: {fmt(tok.output.p50, 0)}/{fmt(tok.output.p95, 0)}/{fmt(tok.output.p99, 0)}/"
         f"{fmt(tok.output.max, 0)}.",
+        *_server_lines(summary.server),
         *_gpu_lines(summary.server),
         "",
         "## Stages",
@@ -137,14 +154,19 @@ def render_markdown(summary: Summary) -> str:
         "",
         "## By turn (history growth)",
         "",
-        "| turn | requests | prompt tokens p50 | prompt tokens p99 | TTFT p50 ms | TTFT p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| turn | requests | prompt tokens p50 | prompt tokens p99 | TTFT p50 ms | TTFT p99 ms | from cache |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in summary.turns:
         lines.append(
             f"| {t.turn} | {t.requests} | {fmt(t.prompt_tokens_p50, 0)} | {fmt(t.prompt_tokens_p99, 0)} "
-            f"| {fmt(t.ttft_p50_ms)} | {fmt(t.ttft_p99_ms)} |"
+            f"| {fmt(t.ttft_p50_ms)} | {fmt(t.ttft_p99_ms)} | {percent(t.cached_share)} |"
         )
+    lines += [
+        "",
+        "From cache: the share of prompt tokens the server's usage reports as `cached_tokens` (vLLM sends it"
+        " with `--enable-prompt-tokens-details`; – without).",
+    ]
     lines += ["", "## Failures", ""]
     if summary.failures.by_category:
         lines += ["| category | count | example |", "|---|---:|---|"]

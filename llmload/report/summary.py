@@ -121,9 +121,11 @@ def shortfall_reason(stage: StageSummary) -> str:
 
 def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     out = []
-    sent = df.loc[(df.status != "not_sent").to_numpy(dtype=bool), ["turn", "status", "prompt_tokens", "ttft_ms"]]
+    columns = ["turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms"]
+    sent = df.loc[(df.status != "not_sent").to_numpy(dtype=bool), columns]
     for turn, rows in sent.groupby("turn"):
         ok = rows[rows.status == "ok"]
+        told = ok[ok.cached_tokens.notna()]
         out.append(
             TurnSummary(
                 turn=int(str(turn)) + 1,
@@ -132,6 +134,7 @@ def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
                 prompt_tokens_p99=quantile(ok.prompt_tokens, 99),
                 ttft_p50_ms=quantile(ok.ttft_ms, 50),
                 ttft_p99_ms=quantile(ok.ttft_ms, 99),
+                cached_share=float(told.cached_tokens.sum() / told.prompt_tokens.sum()) if len(told) else None,
             )
         )
     return out
@@ -264,5 +267,5 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
     records, manifest = run.records, run.manifest
     itl = RunItl.count(records, manifest, window_s)
     summary = summarize(records.frame, manifest, itl=itl.judged, good=good_requests(records, manifest.goodput_slo))
-    summary.server = server_summary(run.server)
+    summary.server = server_summary(run.server, manifest.judged_started_at)
     return summary, itl

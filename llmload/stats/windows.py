@@ -41,3 +41,7 @@ def p50(values: pd.Series) -> float:
 
 def mean(values: pd.Series) -> float:
     return float(values.mean())
+
+
+def total(values: pd.Series) -> float:
+    return float(values.sum())

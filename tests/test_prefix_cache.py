@@ -1,0 +1,110 @@
+"""Prefix-cache figures: the judged window's hit rate from the server's counters, the share of prompt
+tokens served from cache by turn, the alert level, `compare`, and the live figure.
+
+The simulator in engine mode keeps a real block-level prefix cache (16-token blocks here, so a
+short multi-turn workload hits it) and counts hits and queries as vLLM does; the real vLLM's side
+is in tests/test_vllm_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmload.cli import main
+from llmload.conclude import conclude
+from llmload.gates.compare import Thresholds, compare_runs, load_run
+from llmload.gates.verdict import SoakCriteria
+from llmload.live import LiveStats
+from llmload.models import Stage
+from llmload.observe import ServerSample
+from llmload.sim.process import SimProcess
+from tests.locust_runs import LocustRun, run_locust, small_workload
+
+ENGINE = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--enable-prompt-tokens-details")
+
+
+def _run(host: str, workload: Path, reports: Path, run_id: str, *extra: str) -> LocustRun:
+    run = run_locust(
+        host, workload, reports, run_id, "--target-qps", "6", "--stages", "100", "--stage-duration", "12",
+        "--warmup", "4", "--arrival", "constant", *extra,
+    )  # fmt: skip
+    assert run.returncode in (0, 1), run.output[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
+    """The same multi-turn workload with prefix caching on (judged by a strict hit-rate alert) and off."""
+    directory = tmp_path_factory.mktemp("prefix")
+    workload = small_workload(directory, max_turns=5, think_s=0.2, output_median=24)
+    criteria = directory / "criteria.yaml"
+    criteria.write_text("alerts:\n  levels: {prefix_cache_hit_rate: 0.99}\n  actions: {prefix_cache_hit_rate: fail}\n")
+    out = {}
+    with SimProcess(*ENGINE) as sim:
+        out["on"] = _run(sim.url, workload, directory / "reports", "on", "--verdict", "--criteria", str(criteria))
+    # a KV cache of 40 blocks: running requests evict what earlier turns cached
+    with SimProcess(*ENGINE, "--kv-cache-memory-bytes", str(40 * 16 * 1024), "--max-model-len", "608") as sim:
+        out["small"] = _run(sim.url, workload, directory / "reports", "small")
+    return out
+
+
+def test_the_hit_rate_of_the_judged_window_matches_the_requests_usage(runs: dict[str, LocustRun]) -> None:
+    """The server's counters (hits / queries over the judged stages) against the requests' own usage
+    (cached / prompt tokens of the requests the judged stages sent): two independent tallies."""
+    run = runs["on"]
+    server = run.summary["server"]
+    records = run.records
+    judged = records[(records.stage != "warm-up") & (records.status == "ok")]
+    from_usage = judged.cached_tokens.sum() / judged.prompt_tokens.sum()
+    assert 0.2 < server["prefix_cache_hit_rate"] < 1
+    assert server["prefix_cache_hit_rate"] == pytest.approx(from_usage, abs=0.08)
+    assert server["prefix_cache_queries"] == pytest.approx(judged.prompt_tokens.sum(), rel=0.15)
+
+
+def test_the_share_from_cache_rises_with_turn_depth(runs: dict[str, LocustRun]) -> None:
+    shares = [turn["cached_share"] for turn in runs["on"].summary["turns"]]
+    assert len(shares) >= 4 and None not in shares
+    assert shares[0] < shares[1] < shares[-1]  # each turn resends the history the last one cached
+    assert shares[-1] > 0.5
+    report = (runs["on"].run_dir / "report.md").read_text()
+    assert "Prefix-cache hit rate" in report and "| from cache |" in report
+    assert "Prompt tokens from the prefix cache, by turn" in (runs["on"].run_dir / "report.html").read_text()
+
+
+def test_the_hit_rate_alert_is_off_by_default_and_fires_below_its_level(runs: dict[str, LocustRun]) -> None:
+    verdict = runs["on"].summary["verdict"]
+    line = next(r for r in verdict["reasons"] if "prefix-cache hit-rate alert" in r)
+    assert line.startswith("FAIL") and "< level 0.99 (fail)" in line and not verdict["passed"]
+    default = conclude(runs["small"].run_dir, SoakCriteria()).verdict
+    assert default is not None and "SKIP prefix-cache hit-rate alert: off (no level set)" in default.reasons
+
+
+def test_compare_shows_the_hit_rate_and_calls_its_loss_a_regression(
+    runs: dict[str, LocustRun], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["compare", str(runs["on"].run_dir), str(runs["small"].run_dir)])
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("prefix-cache hit rate"))
+    assert rc == 1 and "REGRESSION" in line
+    comparison = compare_runs(load_run(runs["on"].run_dir), load_run(runs["small"].run_dir), Thresholds())
+    (hit,) = [row for row in comparison.rows if row.metric == "prefix-cache hit rate"]
+    assert hit.regressed and hit.baseline is not None and hit.current is not None
+    assert hit.baseline - hit.current > 0.1
+
+
+def test_the_live_hit_rate_counts_from_the_runs_start() -> None:
+    live = LiveStats([Stage(name="100%", percent=100, qps=1, start_s=0, duration_s=10)], np.zeros(0), 0)
+
+    def sample(hits: float, queries: float) -> ServerSample:
+        return ServerSample(t=0, health=200, prefix_cache_hits_total=hits, prefix_cache_queries_total=queries)
+
+    live.see_server(sample(9_000, 10_000))  # since the server started: 90%, not this run's
+    assert live.prefix_cache_hit_rate() is None
+    live.see_server(sample(9_300, 11_000))
+    assert live.prefix_cache_hit_rate() == pytest.approx(0.3)
+    assert "30% since the run started" in json.dumps(live.tab_rows(now=1))
+    live.see_server(sample(50, 100))  # the server restarted: its counters begin again
+    assert live.prefix_cache_hit_rate() == pytest.approx(0.5)

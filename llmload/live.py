@@ -14,6 +14,7 @@ import collections
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1
 RECENT_REQUESTS = 10_000  # the LLM tab's percentiles are over this many latest requests
 RECENT_GAPS = 200_000
 DELAY_WINDOW_S = 10.0
+RATE_WINDOW_S = 10.0  # the live rates: the last full window of this many seconds
 # every metric llmload serves; the Grafana dashboard may use these and vLLM's/DCGM's, nothing else
 HISTOGRAM_NAMES = ("llmload_ttft_seconds", "llmload_itl_seconds", "llmload_tpot_seconds", "llmload_e2e_seconds")
 METRIC_NAMES = (
@@ -127,9 +129,10 @@ class LiveStats:
         def gauge(name: str, documentation: str) -> Gauge:
             return Gauge(name, documentation, registry=self.registry)
 
-        self._target = gauge("llmload_target_qps", "the current stage's target request rate")
-        self._offered = gauge("llmload_offered_qps", "planned requests per second so far in the current stage")
-        self._achieved = gauge("llmload_achieved_qps", "requests sent per second so far in the current stage")
+        window = f"the last {RATE_WINDOW_S:g} s"
+        self._target = gauge("llmload_target_qps", f"target requests/s over {window} (the stages' targets)")
+        self._offered = gauge("llmload_offered_qps", f"planned requests/s over {window}")
+        self._achieved = gauge("llmload_achieved_qps", f"requests sent per second over {window}")
         self._stage_index = gauge("llmload_stage_index", "current stage, 0-based (the warm-up, if any, is 0)")
         self._stage_percent = gauge("llmload_stage_percent", "current stage's percent of the target")
         self._delay_p99 = gauge("llmload_schedule_delay_p99_seconds", f"p99 schedule delay, last {DELAY_WINDOW_S:g} s")
@@ -142,6 +145,8 @@ class LiveStats:
         self._delays: collections.deque[tuple[float, float]] = collections.deque()
         self._stage_scheduled: collections.Counter[str] = collections.Counter()
         self._stage_sent: collections.Counter[str] = collections.Counter()  # sent inside the stage's window
+        self._recent_sends: list[float] = []  # send offsets of the last window or so
+        self._sends_until = 0.0  # run offset up to which every process's sends have been added
         self.statuses: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
         self.server: ServerSample | None = None
@@ -177,9 +182,6 @@ class LiveStats:
             self.failures[category] += 1
         sent = row["sent_at"]
         if sent is not None:
-            stage = self._stage_at(sent - self.started_at)
-            if stage is not None:
-                self._stage_sent[stage.name] += 1
             self._delays.append((sent, (row["schedule_delay_ms"] or 0.0) / 1000))
         if status != "ok":
             return
@@ -196,6 +198,19 @@ class LiveStats:
     def _stage_at(self, offset_s: float) -> Stage | None:
         return next((s for s in self.stages if s.start_s <= offset_s < s.end_s), None)
 
+    def add_sends(self, offsets: Iterable[float], until: float) -> None:
+        """Requests sent (seconds from the run's start), counted when they leave, not when they end;
+        `until`: every process's sends up to this offset are now in."""
+        for offset in offsets:
+            stage = self._stage_at(offset)
+            if stage is not None:
+                self._stage_sent[stage.name] += 1
+            self._recent_sends.append(offset)
+        self._sends_until = max(self._sends_until, until)
+        horizon = self._sends_until - 2 * RATE_WINDOW_S
+        if self._recent_sends and self._recent_sends[0] < horizon:
+            self._recent_sends = [t for t in self._recent_sends if t >= horizon]
+
     def refresh(self, *, users: int, busy: int, now: float | None = None) -> None:
         """Set the gauges for the moment `now` (unix seconds)."""
         now = time.time() if now is None else now
@@ -205,21 +220,44 @@ class LiveStats:
         self._delay_p99.set(float(np.percentile(delays, 99)) if delays else 0.0)
         self._users.set(users)
         self._busy.set(busy)
-        stage = self._stage_at(now - self.started_at) or self.stages[-1]
-        target, offered, achieved = self.rates(stage, now)
+        stage = self.current_stage()
         self._stage_index.set(self.stages.index(stage))
         self._stage_percent.set(stage.percent)
-        self._target.set(target)
-        self._offered.set(offered)
-        self._achieved.set(achieved)
+        window = self.window_rates()
+        self._target.set(window.target)
+        self._offered.set(window.offered)
+        self._achieved.set(window.achieved)
 
-    def rates(self, stage: Stage, now: float) -> tuple[float, float, float]:
-        """Target, offered (planned so far) and achieved (sent so far) requests/s of a stage."""
-        elapsed = min(now - self.started_at, stage.end_s) - stage.start_s
+    def current_stage(self) -> Stage:
+        """The stage the latest complete second of sends falls in."""
+        return self._stage_at(self._sends_until) or (self.stages[0] if self._sends_until <= 0 else self.stages[-1])
+
+    def _planned(self, start: float, end: float) -> int:
+        return int(np.searchsorted(self._plan, end) - np.searchsorted(self._plan, start))
+
+    def stage_rates(self, stage: Stage) -> Rates:
+        """A stage's rates so far, over its own window as the report counts them (sent in the window
+        / its seconds); final, and equal to the report's, once the stage has ended."""
+        end = min(self._sends_until, stage.end_s)
+        elapsed = end - stage.start_s
         if elapsed <= 0:
-            return stage.qps, 0.0, 0.0
-        planned = np.searchsorted(self._plan, stage.start_s + elapsed) - np.searchsorted(self._plan, stage.start_s)
-        return stage.qps, float(planned) / elapsed, self._stage_sent[stage.name] / elapsed
+            return Rates(elapsed, stage.qps, 0.0, 0.0)
+        offered = self._planned(stage.start_s, end) / elapsed
+        return Rates(elapsed, stage.qps, offered, self._stage_sent[stage.name] / elapsed)
+
+    def window_rates(self) -> Rates:
+        """Target, offered and achieved over the last full window ending where every send is known
+        (a window across a stage boundary has the time-weighted target of both stages)."""
+        end = self._sends_until
+        start = max(0.0, end - RATE_WINDOW_S)
+        seconds = end - start
+        if seconds <= 0:
+            stage = self.current_stage()
+            return Rates(0.0, stage.qps, 0.0, 0.0)
+        overlap = [(min(end, s.end_s) - max(start, s.start_s), s.qps) for s in self.stages]
+        target = sum(length * qps for length, qps in overlap if length > 0) / seconds
+        sent = sum(1 for t in self._recent_sends if start <= t < end)
+        return Rates(seconds, target, self._planned(start, end) / seconds, sent / seconds)
 
     def percentiles(self, name: str) -> tuple[float, float, float, int] | None:
         """p50, p95, p99 (ms) and count of a latency over the latest requests."""
@@ -229,25 +267,30 @@ class LiveStats:
         p50, p95, p99 = np.percentile(values, (50, 95, 99)) * 1000
         return float(p50), float(p95), float(p99), int(values.size)
 
-    def tab_rows(self, now: float | None = None) -> list[dict[str, str]]:
-        """The LLM tab of Locust's web UI: latency percentiles, stage rates, failures, the server."""
-        now = time.time() if now is None else now
+    def tab_rows(self) -> list[dict[str, str]]:
+        """The LLM tab of Locust's web UI, in the flow's order: TTFT, ITL, TPOT, E2E, the stages in run
+        order (warm-up first), requests, failures, the server."""
         rows = []
         for name in ("ttft", "itl", "tpot", "e2e"):
             p = self.percentiles(name)
-            window = "gaps" if name == "itl" else "requests"
+            unit = "gaps" if name == "itl" else "requests"
             cells = (f"{v:,.1f}" for v in p[:3]) if p else ("–",) * 3
             rows.append(dict(zip(("p50", "p95", "p99"), cells, strict=True)) | {
                 "name": f"{name.upper()} ms",
-                "value": f"latest {p[3]:,} {window}" if p else "no successful request yet",
+                "value": f"latest {p[3]:,} {unit}" if p else "no successful request yet",
             })  # fmt: skip
+        current = self.current_stage()
         for stage in self.stages:
-            if stage.start_s > now - self.started_at:
+            if stage.start_s > self._sends_until:
                 break
-            target, offered, achieved = self.rates(stage, now)
             label = f"stage {stage.name}" + (" (warm-up, not judged)" if stage.warmup else "")
-            rows.append({"name": label, "value": f"target {target:.2f} · offered {offered:.2f} · achieved"
-                         f" {achieved:.2f} req/s"})  # fmt: skip
+            so_far = self.stage_rates(stage)
+            if stage is not current or self._sends_until >= stage.end_s:
+                rows.append({"name": label, "value": f"{so_far.describe()} (final)"})
+                continue
+            last = self.window_rates()
+            rows.append({"name": label, "value": f"last {last.seconds:.0f} s: {last.describe()}; "
+                         f"stage so far ({so_far.seconds:.0f} s): {so_far.describe(target=False)}"})  # fmt: skip
         counts = ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items()))
         rows.append({"name": "requests", "value": counts or "none yet"})
         rows += [{"name": f"failed: {k}", "value": f"{v:,}"} for k, v in self.failures.most_common()]
@@ -257,14 +300,16 @@ class LiveStats:
             rows.append({"name": "server waiting requests", "value": "–" if waiting is None else f"{waiting:g}"})
             rows.append({"name": "server prefix-cache hit rate", "value": f"{percent(self.prefix_cache_hit_rate())}"
                          " since the run started"})  # fmt: skip
-        return [{"p50": "", "p95": "", "p99": "", **row} for row in rows]
+        # Locust's table sorts rows by their `name`: the row's place, so they read in the flow's order
+        return [
+            {"p50": "", "p95": "", "p99": "", **row, "name": f"{place:03d}", "what": row["name"]}
+            for place, row in enumerate(rows)
+        ]
 
-    def console_line(self, now: float | None = None) -> str:
-        """One line for the console of a headless run."""
-        now = time.time() if now is None else now
-        stage = self._stage_at(now - self.started_at) or self.stages[-1]
-        target, offered, achieved = self.rates(stage, now)
-        parts = [f"stage {stage.name}: target {target:.2f}, offered {offered:.2f}, achieved {achieved:.2f} req/s"]
+    def console_line(self) -> str:
+        """One line for the console of a headless run: the current stage over the last window."""
+        stage, window = self.current_stage(), self.window_rates()
+        parts = [f"stage {stage.name}, last {window.seconds:.0f} s: {window.describe()}"]
         for name in ("ttft", "itl", "e2e"):
             p = self.percentiles(name)
             if p is not None:
@@ -272,12 +317,30 @@ class LiveStats:
         parts.append(f"{self.statuses['failed']} failed")
         return "; ".join(parts)
 
+    def ended_stage_line(self, stage: Stage) -> str:
+        """The console's line for a stage that has just ended: its final rates, as the report's."""
+        return f"stage {stage.name} ended: {self.stage_rates(stage).describe()}"
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Request rates over `seconds`: the target, what the plan offered, what was sent."""
+
+    seconds: float
+    target: float
+    offered: float
+    achieved: float
+
+    def describe(self, *, target: bool = True) -> str:
+        head = f"target {self.target:.2f} · " if target else ""
+        return f"{head}offered {self.offered:.2f} · achieved {self.achieved:.2f} req/s"
+
 
 LLM_TAB = {"title": "LLM", "key": "llm"}
 LLM_TABLE = {
     "key": "llm",
     "structure": [
-        {"key": "name", "title": "What"},
+        {"key": "what", "title": "What"},
         {"key": "value", "title": "Value"},
         {"key": "p50", "title": "p50"},
         {"key": "p95", "title": "p95"},

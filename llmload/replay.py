@@ -117,6 +117,12 @@ class Dispatcher:
         self.plan_end = clock.start_perf + self.stages[-1].end_s
         self.deadline = self.plan_end + share.drain_s
         self.busy = 0
+        self.sends: list[float] = []  # when requests left (run offsets), until the live figures take them
+
+    def take_sends(self) -> tuple[list[float], float]:
+        """The sends noted since the last call, and the run offset up to which they are complete."""
+        sends, self.sends = self.sends, []
+        return sends, self.clock.offset(time.perf_counter())
 
     @property
     def planned(self) -> int:
@@ -314,6 +320,7 @@ class TurnSender:
         turn = live.session.turns[index]
         messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
         body = chat_body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
+        self.dispatcher.sends.append(self.dispatcher.clock.offset(time.perf_counter()))
         result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
         if result.prompt_tokens is None and result.ok:
             result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,6 +22,7 @@ from llmload.live import GAP_BUCKETS, METRIC_NAMES, LiveStats
 from llmload.models import RequestRecord
 from llmload.records import read_records
 from llmload.schedule import build_stages
+from llmload.sim.process import SimProcess
 from tests.browser import CHROMIUM, inspect_page
 from tests.locust_runs import REPO, free_port, locust_command, small_workload
 
@@ -57,6 +60,8 @@ def test_live_stats_count_every_record_and_give_numpys_percentiles() -> None:
         gaps_all += gaps
         live.add(_record("50%" if i < 50 else "100%", "ok", 1000.0 + i * 0.1, ttft, gaps))
     live.add(_record("100%", "failed", 1015.0, 5.0, [], error_category="engine_dead"))
+    # sends are counted when they leave: 5 req/s for 10 s, then 10 req/s, known up to 16 s
+    live.add_sends([i * 0.2 for i in range(50)] + [10 + i * 0.1 for i in range(60)], until=16.0)
     live.refresh(users=7, busy=3, now=1016.0)
     registry = {
         f"{s.name}{s.labels}": s.value for family in live.registry.collect() for s in family.samples
@@ -69,16 +74,85 @@ def test_live_stats_count_every_record_and_give_numpys_percentiles() -> None:
     # Prometheus buckets count values ≤ their bound
     assert registry["llmload_itl_seconds_bucket{'le': '0.01'}"] == sum(g / 1000 <= GAP_BUCKETS[3] for g in gaps_all)
     assert registry["llmload_users_busy{}"] == 3 and registry["llmload_stage_index{}"] == 1
-    assert registry["llmload_target_qps{}"] == 10.0
-    # 60 planned in the first 6 s of the 100% stage; 51 sent in it (from 10 s on, the failure included)
-    assert registry["llmload_offered_qps{}"] == pytest.approx(60 / 6)
-    assert registry["llmload_achieved_qps{}"] == pytest.approx(51 / 6)
+    # the last 10 s (6..16 s) span the boundary: 4 s at 5 req/s and 6 s at 10 req/s
+    assert registry["llmload_target_qps{}"] == pytest.approx((4 * 5 + 6 * 10) / 10)
+    assert registry["llmload_offered_qps{}"] == pytest.approx(100 / 10)  # the plan: 10 req/s throughout
+    assert registry["llmload_achieved_qps{}"] == pytest.approx((20 + 60) / 10)
     p50, p95, p99, n = live.percentiles("ttft") or (0, 0, 0, 0)
     assert (p50, p95, p99) == pytest.approx(tuple(np.percentile(ttfts, (50, 95, 99))))
     assert n == 150
     # what is served is what the dashboard and docs may name
     assert {f.name for f in live.registry.collect()} == {name.removesuffix("_total") for name in METRIC_NAMES}
-    assert {"failed: engine_dead", "stage 50%", "stage 100%"} <= {row["name"] for row in live.tab_rows(now=1016.0)}
+    rows = live.tab_rows()
+    names = [row["what"] for row in rows]
+    assert names[:4] == ["TTFT ms", "ITL ms", "TPOT ms", "E2E ms"] and names[4:6] == ["stage 50%", "stage 100%"]
+    assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)  # the order Locust sorts by
+    assert rows[4]["value"] == "target 5.00 · offered 10.00 · achieved 5.00 req/s (final)"
+    assert rows[5]["value"].startswith("last 10 s: target 8.00 · offered 10.00 · achieved 8.00 req/s; stage so far")
+
+
+_RATES = re.compile(r"target (?P<target>[\d.]+) · offered (?P<offered>[\d.]+) · achieved (?P<achieved>[\d.]+) req/s")
+
+
+def _watched_run(tmp_path: Path, run_id: str, host: str | None, *extra: str) -> tuple[str, list[dict[str, float]]]:
+    """A headless run at 10 req/s (stages 50/100% × 15 s, constant arrivals) whose Prometheus gauges
+    are scraped every 0.5 s while it goes; its console output and the scrapes."""
+    port = free_port()
+    command = locust_command(
+        host, small_workload(tmp_path), tmp_path / "reports", run_id, "--target-qps", "10", "--stages", "50,100",
+        "--stage-duration", "15", "--warmup", "0", "--arrival", "constant", "--prometheus-port", str(port), *extra,
+    )  # fmt: skip
+    command.remove("--only-summary")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    scrapes = []
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):
+                scrapes.append(_scrape(f"http://127.0.0.1:{port}/metrics"))
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return output, scrapes
+
+
+def test_live_rates_are_the_targets_mid_stage_and_at_boundaries(tmp_path: Path) -> None:
+    output, scrapes = _watched_run(tmp_path, "steady", None)
+    lines = [line for line in output.splitlines() if "llmload: stage" in line]
+    windowed = [_RATES.search(line) for line in lines if ", last 10 s:" in line]
+    assert len(windowed) >= 2, output[-3000:]
+    for match in windowed:  # a window across the 50% → 100% boundary has the blended target
+        target, offered, achieved = (float(match[k]) for k in ("target", "offered", "achieved"))
+        assert achieved == pytest.approx(target, rel=0.05) and offered == pytest.approx(target, rel=0.05), lines
+    # a stage that ended prints its final rates, the report's
+    summary = orjson.loads((tmp_path / "reports" / "steady" / "summary.json").read_bytes())
+    report = {s["name"]: s for s in summary["stages"]}
+    ended = [line for line in lines if " ended: " in line]
+    assert ended and "stage 50% ended" in ended[0], lines
+    stage = report["50%"]
+    assert f"target {stage['target_qps']:.2f} · offered {stage['offered_qps']:.2f} · achieved " in ended[0]
+    assert f"achieved {stage['achieved_qps']:.2f} req/s" in ended[0]
+    # the gauges: every scrape once a full window has passed, mid-stage and just after the boundary
+    full = [s for s in scrapes if s.get("llmload_stage_index{}") is not None and s["llmload_target_qps{}"] > 0]
+    late = [s for s in full if s["llmload_offered_qps{}"] > 0][-len(full) * 3 // 5 :]
+    assert len(late) >= 10
+    for sample in late:
+        target = sample["llmload_target_qps{}"]
+        assert sample["llmload_achieved_qps{}"] == pytest.approx(target, rel=0.05), sample
+    assert {sample["llmload_stage_index{}"] for sample in late} == {0.0, 1.0}
+
+
+def test_live_rates_show_a_real_shortfall(tmp_path: Path) -> None:
+    """One user and 300 ms answers cannot send 5 or 10 requests a second: every live figure says so."""
+    with SimProcess("--ttft-ms", "300", "--itl-ms", "5") as sim:
+        output, scrapes = _watched_run(tmp_path, "short", sim.url, "--max-users", "1")
+    windowed = [_RATES.search(line) for line in output.splitlines() if ", last 10 s:" in line]
+    assert windowed, output[-3000:]
+    for match in windowed:
+        assert float(match["achieved"]) < 0.8 * float(match["target"]), match[0]
+    late = scrapes[len(scrapes) // 2 :]
+    assert all(s["llmload_achieved_qps{}"] < 0.8 * s["llmload_target_qps{}"] for s in late if s)
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (make browser installs it)")
@@ -112,8 +186,10 @@ def test_web_ui_llm_tab_and_prometheus_agree_with_the_run(tmp_path: Path) -> Non
         time.sleep(7)  # mid-run
         page = inspect_page(f"{ui}/?tab=llm", screenshot=tmp_path / "llm-tab.png", settle_s=4)
         assert not page.errors, page.errors
-        for text in ("TTFT ms", "ITL ms", "TPOT ms", "E2E ms", "stage 100%", "target 8.00", "server KV-cache usage"):
-            assert text in page.text, page.text[:2000]
+        order = ["TTFT ms", "ITL ms", "TPOT ms", "E2E ms", "stage 100%", "requests", "server KV-cache usage"]
+        firsts = [line.split("\t", 1)[0] for line in page.text.splitlines()]
+        assert [name for name in firsts if name in order] == order, page.text[:2000]  # the flow's order
+        assert "target 8.00" in page.text
         deadline = time.time() + 60
         while not summary_file.exists() and time.time() < deadline:
             time.sleep(0.5)

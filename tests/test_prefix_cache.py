@@ -105,6 +105,6 @@ def test_the_live_hit_rate_counts_from_the_runs_start() -> None:
     assert live.prefix_cache_hit_rate() is None
     live.see_server(sample(9_300, 11_000))
     assert live.prefix_cache_hit_rate() == pytest.approx(0.3)
-    assert "30% since the run started" in json.dumps(live.tab_rows(now=1))
+    assert "30% since the run started" in json.dumps(live.tab_rows())
     live.see_server(sample(50, 100))  # the server restarted: its counters begin again
     assert live.prefix_cache_hit_rate() == pytest.approx(0.5)

@@ -22,6 +22,7 @@ class WorkerState:
     backlog: int = 0
     done: bool = False
     cpu_max: float = 0.0
+    sends_until: float = 0.0  # run offset up to which its sends have reached the master
 
 
 def local_state(dispatcher: Dispatcher, users: int) -> WorkerState:
@@ -38,10 +39,14 @@ def fleet(states: list[WorkerState]) -> WorkerState:
     )
 
 
-def worker_message(records: list[RequestRecord], state: WorkerState, cpu_max: float) -> dict[str, Any]:
-    """What a worker sends each second."""
+def worker_message(
+    records: list[RequestRecord], state: WorkerState, cpu_max: float, sends: tuple[list[float], float]
+) -> dict[str, Any]:
+    """What a worker sends each second: its records, its state, when its requests left."""
     return {
         "records": [r.model_dump() for r in records],
+        "sends": sends[0],
+        "sends_until": sends[1],
         "users": state.users,
         "busy": state.busy,
         "backlog": state.backlog,
@@ -50,10 +55,13 @@ def worker_message(records: list[RequestRecord], state: WorkerState, cpu_max: fl
     }
 
 
-def receive(workers: dict[str, WorkerState], node_id: str, data: dict[str, Any]) -> list[RequestRecord]:
-    """The master's side: the worker's state noted, its records returned to be written."""
+def receive(
+    workers: dict[str, WorkerState], node_id: str, data: dict[str, Any]
+) -> tuple[list[RequestRecord], list[float]]:
+    """The master's side: the worker's state noted, its records and sends returned."""
     state = workers.setdefault(node_id, WorkerState())
     state.users, state.busy, state.backlog, state.done = data["users"], data["busy"], data["backlog"], data["done"]
     state.cpu_max = max(state.cpu_max, data["cpu"])
+    state.sends_until = data["sends_until"]
     # dumped from RequestRecords by our own workers: rebuilt without validating them again
-    return [RequestRecord.model_construct(**row) for row in data["records"]]
+    return [RequestRecord.model_construct(**row) for row in data["records"]], data["sends"]

@@ -264,14 +264,17 @@ def _send_records(runner: WorkerRunner, run: ProcessRun) -> None:
     assert run.dispatcher is not None
     batch, run.outbox = run.outbox, []
     state = messaging.local_state(run.dispatcher, runner.user_count)
-    runner.send_message(messaging.RECORDS_MESSAGE, messaging.worker_message(batch, state, run.cpu_max))
+    message = messaging.worker_message(batch, state, run.cpu_max, run.dispatcher.take_sends())
+    runner.send_message(messaging.RECORDS_MESSAGE, message)
 
 
 def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
     run = STATE.run
     if run is None or run.recorder is None or run.finished:
         return
-    run.recorder.add(messaging.receive(run.workers, msg.node_id, msg.data))
+    records, sends = messaging.receive(run.workers, msg.node_id, msg.data)
+    run.recorder.add(records)
+    run.recorder.live.add_sends(sends, until=min(worker.sends_until for worker in run.workers.values()))
 
 
 def _live_loop(environment: Environment, run: ProcessRun) -> None:
@@ -280,12 +283,22 @@ def _live_loop(environment: Environment, run: ProcessRun) -> None:
     live = run.recorder.live
     headless = bool(environment.parsed_options and environment.parsed_options.headless)
     last_line = time.monotonic()
+    stage = live.current_stage()
     while True:
         gevent.sleep(LIVE_TICK_S)
         fleet = run.fleet(environment.runner.user_count)
+        if run.dispatcher is not None:  # a local run: this process sends the requests
+            sends, until = run.dispatcher.take_sends()
+            live.add_sends(sends, until=until)
         live.see_server(run.recorder.observer.latest())
         live.refresh(users=fleet.users, busy=fleet.busy)
-        if headless and time.monotonic() - last_line >= CONSOLE_EVERY_S:
+        if not headless:
+            continue
+        now_in = live.current_stage()
+        for ended in live.stages[live.stages.index(stage) : live.stages.index(now_in)]:
+            log.info("llmload: %s", live.ended_stage_line(ended))
+        stage = now_in
+        if time.monotonic() - last_line >= CONSOLE_EVERY_S:
             last_line = time.monotonic()
             log.info("llmload: %s", live.console_line())
 

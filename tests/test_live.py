@@ -259,3 +259,52 @@ def test_each_start_from_the_web_ui_is_a_run_of_its_own(tmp_path: Path) -> None:
         records = read_records(run_dir / "requests.jsonl")
         assert summary["requests"]["ok"] == summary["requests"]["scheduled"] == len(records) == 12
         assert (records.run_id == run_dir.name).all()
+
+
+def test_a_start_refused_in_the_web_ui_leaves_the_ui_up(tmp_path: Path) -> None:
+    """A target whose /v1/models does not answer: the web UI says why and stays up; started again
+    with the host fixed, the run goes. Headless, the same refusal ends Locust with exit code 2."""
+    reports = tmp_path / "reports"
+    web_port = free_port()
+    command = locust_command(
+        f"http://127.0.0.1:{free_port()}", small_workload(tmp_path), reports, "fixed", "--target-qps", "4",
+        "--stages", "100", "--stage-duration", "3", "--warmup", "0",
+    )  # fmt: skip
+    headless = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert headless.returncode == 2 and "cannot list models" in headless.stdout + headless.stderr
+    command = [c for c in command if c not in ("--headless", "--only-summary")]
+    command += ["--web-host", "127.0.0.1", "--web-port", str(web_port)]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ui = f"http://127.0.0.1:{web_port}"
+    try:
+        with SimProcess("--ttft-ms", "5", "--itl-ms", "2") as sim:
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                with contextlib.suppress(OSError):
+                    _ui_state(ui)
+                    break
+                time.sleep(0.3)
+            _swarm(ui, b"user_count=1&spawn_rate=1")
+            deadline = time.time() + 30
+            while _ui_state(ui) != "stopped" and time.time() < deadline:
+                time.sleep(0.3)
+            assert proc.poll() is None and _ui_state(ui) == "stopped"
+            with urllib.request.urlopen(f"{ui}/exceptions", timeout=5) as response:
+                exceptions = json.dumps(json.load(response))
+            assert "the run did not start: cannot list models" in exceptions
+            assert not (reports / "fixed").exists()
+            _swarm(ui, f"user_count=1&spawn_rate=1&host={sim.url}".encode())  # the host fixed in the form
+            deadline = time.time() + 60
+            while not (reports / "fixed" / "summary.json").exists() and time.time() < deadline:
+                time.sleep(0.3)
+            assert proc.poll() is None
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    summary = orjson.loads((reports / "fixed" / "summary.json").read_bytes())
+    assert summary["requests"]["ok"] == summary["requests"]["scheduled"] == 12, output[-3000:]
+
+
+def _swarm(ui: str, form: bytes) -> None:
+    with urllib.request.urlopen(urllib.request.Request(f"{ui}/swarm", data=form), timeout=10) as response:
+        assert json.load(response)["success"]

@@ -1,4 +1,10 @@
-"""`llmload soak`: ramp to 150% of the target, hold (5 minutes), PASS or FAIL (llmload.gates.soak)."""
+"""`llmload soak`: ramp to 150% of the target, hold (5 minutes), PASS or FAIL (llmload.gates.soak).
+
+Every flag not listed here goes to the Locust run (llmload/locust/flags.py lists them, README.md shows them):
+the arrival flags and the verdict's criteria (--criteria FILE, --slo-ttft-p99-ms, --slo-e2e-p99-ms,
+--max-error-rate, --min-achieved-ratio (achieved / target), --min-goodput-ratio with --goodput-slo,
+--alerts warn|fail); docs/gates.md explains each check. Exit 0 PASS, 1 FAIL, 2 bad input.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +21,13 @@ PASSTHROUGH = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="target base URL (default: the embedded target)")
-    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml")
+    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml", help="workload file (%(default)s)")
     parser.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
     parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")
     parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="each of 25/50/100%%")
-    parser.add_argument("--locustfile", default="loadtests/chat.py")
-    parser.add_argument("--run-id", default=None)
-    parser.add_argument("--reports-dir", default="reports")
+    parser.add_argument("--locustfile", default="loadtests/chat.py", help="(%(default)s)")
+    parser.add_argument("--run-id", default=None, help="the run directory's name (default: soak-TIME)")
+    parser.add_argument("--reports-dir", default="reports", help="where run directories go (%(default)s)")
 
 
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:

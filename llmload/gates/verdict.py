@@ -371,7 +371,7 @@ def add_criteria_arguments(parser: Any) -> None:
         "--max-error-rate", type=float, default=None, help="failed/sent allowed in the hold, a fraction (0.01)"
     )
     parser.add_argument(
-        "--min-achieved-ratio", type=float, default=None, help="achieved/offered req/s the hold needs (0.98)"
+        "--min-achieved-ratio", type=float, default=None, help="achieved/target req/s the hold needs (0.98)"
     )
     parser.add_argument(
         "--min-goodput-ratio", type=float, default=None, help="goodput/achieved req/s the hold needs (--goodput-slo)"

@@ -82,6 +82,7 @@ class ProcessState:
     plan: RunPlan | None = None  # checked at init on master/local: bad flags fail before the run
     criteria: SoakCriteria | None = None  # with --verdict
     run: ProcessRun | None = None  # set at each test start
+    refused: bool = False  # the web UI's last start was refused: the shape ends it at once
 
 
 STATE = ProcessState()
@@ -156,6 +157,28 @@ def _resolve_model(host: str, options: argparse.Namespace, workload: Workload) -
     return models[0].id
 
 
+def _refuse_start(environment: Environment, reason: str) -> None:
+    """A start that cannot run (a --run-id in use, a target that lists no model). Headless, the
+    process ends with exit code 2. In the web UI the run stops and the UI stays up, the reason in
+    its log and Exceptions tab, so the user can change the host and start again."""
+    runner = environment.runner
+    assert runner is not None
+    log.error("llmload: %s", reason)
+    headless = environment.parsed_options is not None and environment.parsed_options.headless
+    if environment.web_ui is None or headless:
+        environment.process_exit_code = 2
+        gevent.spawn(runner.quit)
+        return
+    runner.log_exception("local", f"llmload: the run did not start: {reason}", "")
+    STATE.refused = True
+
+    def stop() -> None:
+        runner.stop()
+        STATE.refused = False  # the shape is stopped with the run: the next start begins afresh
+
+    gevent.spawn(stop)
+
+
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
     runner, options = environment.runner, environment.parsed_options
@@ -174,9 +197,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             options.llmload_run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
             rundir.claim(Path(options.reports_dir) / run_id)
     except InputError as exc:
-        log.error("llmload: %s", exc)
-        environment.process_exit_code = 2
-        gevent.spawn(runner.quit)
+        _refuse_start(environment, str(exc))
         return
     clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
     run = ProcessRun(plan, clock, run_id, model, 0, options.api_key or None)

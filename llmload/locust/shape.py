@@ -37,7 +37,7 @@ class StagedRamp(LoadTestShape):
 
     def tick(self) -> tuple[int, float] | None:
         plan, run = STATE.plan, STATE.run
-        if plan is None:
+        if plan is None or STATE.refused:
             return None
         if run is None or run.recorder is None or run.finished:  # before this start's test_start
             self._users = plan.initial_users()

@@ -13,6 +13,7 @@ machine. Without either, samples carry no GPUs and nothing else changes.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import math
@@ -30,6 +31,7 @@ from urllib.parse import urlsplit
 import gevent
 import orjson
 import pandas as pd
+import psutil
 from gevent import subprocess
 from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
@@ -85,6 +87,11 @@ class ServerSample(BaseModel):
     prefix_cache_queries_total: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    host_cpu_busy: float | None = Field(default=None, description="this machine's CPU in use since the last sample")
+    host_cpu_steal: float | None = Field(default=None, description="of it, taken by the hypervisor, 0..1")
+    host_cpu_run: float | None = Field(
+        default=None, description="of it, the run's own: the load generator's processes and a target on this machine"
+    )
     gpus: list[GpuSample] = Field(default_factory=list, description="empty without a GPU source")
     missing: list[str] = Field(
         default_factory=list, description="metric names this sample could not read (nvidia-smi: its name)"
@@ -273,6 +280,65 @@ def gpu_reader(gpu_metrics: str | None, target: str) -> GpuReader | None:
     return None
 
 
+_LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+
+
+class HostMeter:
+    """This machine's CPU between two readings: how much was in use, how much the hypervisor took
+    (steal), and how much the run's own processes used: this load generator's process tree and,
+    when the target listens on this machine, the target's. The rest is other work: a neighbour
+    that slows the client and a local target alike, which the verdict's drift check leaves out."""
+
+    def __init__(self, target_url: str) -> None:
+        url = URL(target_url)
+        self._port = url.port if url.host and url.host.startswith(_LOOPBACK) else None
+        self._target: psutil.Process | None = None
+        self._last = (psutil.cpu_times(), self._run_cpu())
+
+    def _find_target(self) -> None:
+        """The process listening on the target's loopback port (root may be needed to see it)."""
+        if self._port is None or self._target is not None:
+            return
+        with contextlib.suppress(psutil.Error, OSError):
+            for conn in psutil.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == self._port and conn.pid:
+                    self._target = psutil.Process(conn.pid)
+                    return
+
+    def _run_cpu(self) -> float:
+        """CPU seconds the run's processes have used (user + system), children included."""
+        roots = [psutil.Process()] + ([self._target] if self._target is not None else [])
+        seen: set[int] = set()
+        total = 0.0
+        for root in roots:
+            with contextlib.suppress(psutil.Error):
+                for proc in [root, *root.children(recursive=True)]:
+                    if proc.pid not in seen:
+                        seen.add(proc.pid)
+                        with contextlib.suppress(psutil.Error):
+                            times = proc.cpu_times()
+                            total += times.user + times.system
+        return total
+
+    def read(self) -> dict[str, float]:
+        """host_cpu_busy, host_cpu_steal and host_cpu_run since the last reading (fractions of all cores)."""
+        had_target = self._target is not None
+        self._find_target()
+        now, run = psutil.cpu_times(), self._run_cpu()
+        then, run_then = self._last
+        self._last = (now, run)
+        total = sum(now) - sum(then)
+        if total <= 0 or (not had_target and self._target is not None):
+            return {}  # no time passed, or the target just joined the tally: next time
+        idle = (now.idle - then.idle) + (getattr(now, "iowait", 0.0) - getattr(then, "iowait", 0.0))
+        steal = getattr(now, "steal", 0.0) - getattr(then, "steal", 0.0)
+        return {
+            "host_cpu_busy": min(1.0, max(0.0, (total - idle - steal) / total)),
+            "host_cpu_steal": max(0.0, steal / total),
+            "host_cpu_run": min(1.0, max(0.0, (run - run_then) / total)),
+        }
+
+
 class Observer:
     """Scrape `base_url`'s /health and /metrics, and `gpu`'s GPUs, every `interval_s` into `out_path`
     (JSON lines, flushed).
@@ -299,6 +365,7 @@ class Observer:
             url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s, headers=headers
         )
         self.gpu = gpu
+        self.host = HostMeter(self.url)
         self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
         self._noted: set[str] = set()
         self._reachable = True
@@ -359,7 +426,7 @@ class Observer:
                 reading.kill(block=False)  # stopped mid-scrape: no read outlives the observer
         if source is not None and not gpus:
             missing.extend(source.names)
-        return ServerSample(t=t, health=health, gpus=gpus, missing=missing, **(values or {}))
+        return ServerSample(t=t, health=health, gpus=gpus, missing=missing, **(values or {}), **self.host.read())
 
     def _read_server(self) -> tuple[int | None, dict[str, float] | None, list[str]]:
         """/health's status, the METRICS fields of /metrics (None when unreachable) and those missing."""

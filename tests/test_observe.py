@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +17,9 @@ import pytest
 
 from llmload.client import ChatClient, Limits, StreamResult, chat_body
 from llmload.observe import METRICS, Observer, ServerSample, parse_metrics, read_server, server_summary
-from tests.locust_runs import free_port
+from llmload.rundir import SERVER_FILE
+from llmload.sim.process import SimProcess
+from tests.locust_runs import REPO, free_port, locust_command, small_workload
 from tests.vllm_harness import VllmServer
 from tests.wire_server import serve, text_pages
 
@@ -208,3 +213,34 @@ def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path,
     first_loaded = float(under_load.t.iloc[0])
     state = observer.state_at(first_loaded + 0.01)
     assert state is not None and state.t == first_loaded and state.kv_cache_usage == under_load.kv_cache_usage.iloc[0]
+
+
+def test_the_run_tells_other_work_on_its_machine_from_its_own(tmp_path: Path) -> None:
+    """Busy loops on every core for a few seconds mid-run: server.jsonl's other work (CPU in use less
+    the run's own: Locust's processes and the local target listening on the port) rises while they
+    run and only then; the run's own share is measured throughout."""
+    with SimProcess("--ttft-ms", "20", "--itl-ms", "5") as sim:
+        command = locust_command(
+            sim.url, small_workload(tmp_path), tmp_path / "reports", "hogged", "--target-qps", "6",
+            "--stages", "100", "--stage-duration", "20", "--warmup", "0",
+        )  # fmt: skip
+        run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        samples = tmp_path / "reports" / "hogged" / SERVER_FILE
+        deadline = time.time() + 60
+        while time.time() < deadline and (not samples.exists() or len(samples.read_bytes().splitlines()) < 6):
+            time.sleep(0.5)
+        hog_start = time.time()
+        spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+        hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+        for hog in hogs:
+            hog.wait(timeout=30)
+        hog_end = time.time()
+        assert run.wait(timeout=120) == 0
+    frame = read_server(tmp_path / "reports" / "hogged" / SERVER_FILE).frame
+    other = frame.host_cpu_busy - frame.host_cpu_run
+    during = other[(frame.t > hog_start + 1.5) & (frame.t < hog_end - 0.5)]
+    before = other[(frame.t > frame.t.min() + 2) & (frame.t < hog_start - 1)]
+    assert len(during) >= 2 and len(before) >= 3
+    # all cores busy with other work while the loops ran; well below before (CI's machine is quiet)
+    assert during.mean() > 0.8 and during.mean() - before.mean() > 0.3, (before.tolist(), during.tolist())
+    assert frame.host_cpu_run.dropna().gt(0).mean() > 0.8

@@ -56,6 +56,12 @@ class DriftCriteria(Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1)
     min_windows: int = Field(default=6, ge=5, description="fewer windows: the check is skipped")
     min_rise: DriftMinRise = DriftMinRise()
+    max_other_cpu: float = Field(
+        default=0.25, ge=0, le=1, description="windows where other work took more of this machine's CPU are left out"
+    )
+    max_steal: float = Field(
+        default=0.05, ge=0, le=1, description="windows where the hypervisor took more of the CPU are left out"
+    )
 
 
 class AlertLevels(Strict):
@@ -137,6 +143,21 @@ class Hold:
     ok: pd.DataFrame  # ok records sent during the hold
     server: pd.DataFrame  # server samples taken during the hold (columns may be all null)
 
+    def disturbed(self, criteria: DriftCriteria) -> pd.Series:
+        """Windows (by their middle, as `windows` indexes them) in which other work on the load
+        generator's machine, or the hypervisor, took more CPU than the criteria allow: the client's
+        timestamps and a local target are slowed by something the run did not do."""
+        server = self.server
+        if server.host_cpu_busy.isna().all():
+            return pd.Series(dtype=float)
+        other = (server.host_cpu_busy - server.host_cpu_run).clip(lower=0)
+        mean = windows.mean
+        others = self.windows(server.t, other, criteria.window_s, mean)
+        steal = self.windows(server.t, server.host_cpu_steal, criteria.window_s, mean)
+        over = pd.concat([others / max(criteria.max_other_cpu, 1e-9), steal / max(criteria.max_steal, 1e-9)], axis=1)
+        worst = over.max(axis=1)
+        return others[worst.reindex(others.index).fillna(0) > 1]
+
     @property
     def duration_s(self) -> float:
         return self.stage.duration_s
@@ -168,12 +189,21 @@ def _drift(
     window = f"{criteria.window_s:g} s"
     if series is None:
         return Check(name=name, status="skip", detail=f"not measured (no {SERVER_FILE} samples in the hold)")
+    disturbed = hold.disturbed(criteria)
+    left_out = series.index.isin(disturbed.index)
+    note = (
+        f"; {int(left_out.sum())} window(s) left out: other work took up to {disturbed.max():.0%} of this "
+        f"machine's CPU (limit {criteria.max_other_cpu:.0%}, steal {criteria.max_steal:.0%})"
+        if left_out.any()
+        else ""
+    )
+    series = series[~left_out]
     if len(series) < criteria.min_windows:
         return Check(
             name=name,
             status="skip",
             detail=f"{len(series)} window(s) of {window} with data in the {hold.duration_s:g} s hold; "
-            f"a slope needs {criteria.min_windows}",
+            f"a slope needs {criteria.min_windows}{note}",
         )
     trend = Trend.fit(series, criteria.confidence)
     rise = trend.slope * hold.duration_s
@@ -187,7 +217,7 @@ def _drift(
         detail=f"{rise:+.3g}{u} over the {hold.duration_s:g} s hold from {trend.start:.3g}{u}{relative}, slope "
         f"{trend.slope:+.3g}{u}/s ({criteria.confidence:.0%} CI {trend.low:+.3g} to {trend.high:+.3g}, "
         f"{len(series)} windows of {window}); limit: CI above 0 and rise > {limit:.3g}{u} "
-        f"({criteria.relative_rise:.0%} of the start, at least {floor:g})",
+        f"({criteria.relative_rise:.0%} of the start, at least {floor:g}){note}",
     )
 
 

@@ -247,8 +247,9 @@ class LiveStats:
 
     def window_rates(self) -> Rates:
         """Target, offered and achieved over the last full window ending where every send is known
-        (a window across a stage boundary has the time-weighted target of both stages)."""
-        end = self._sends_until
+        (a window across a stage boundary has the time-weighted target of both stages; once the plan
+        has ended, its last window)."""
+        end = min(self._sends_until, self.stages[-1].end_s)
         start = max(0.0, end - RATE_WINDOW_S)
         seconds = end - start
         if seconds <= 0:

@@ -89,6 +89,10 @@ def test_live_stats_count_every_record_and_give_numpys_percentiles() -> None:
     assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)  # the order Locust sorts by
     assert rows[4]["value"] == "target 5.00 · offered 10.00 · achieved 5.00 req/s (final)"
     assert rows[5]["value"].startswith("last 10 s: target 8.00 · offered 10.00 · achieved 8.00 req/s; stage so far")
+    # once the plan has ended (sends known beyond it), the gauges hold its last window, not a fading one
+    live.add_sends([], until=23.5)
+    live.refresh(users=7, busy=0, now=1023.5)
+    assert live.window_rates().target == 10.0 and live.window_rates().seconds == 10.0
 
 
 _RATES = re.compile(r"target (?P<target>[\d.]+) · offered (?P<offered>[\d.]+) · achieved (?P<achieved>[\d.]+) req/s")

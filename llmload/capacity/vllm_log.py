@@ -25,7 +25,9 @@ LogKind = Literal[
     "node_memory",
     "device_memory",
 ]
-_FAILURES = frozenset({"max_len_too_long", "max_len_over_kv_tokens", "no_cache_memory", "node_memory", "device_memory"})
+FAILURE_KINDS = frozenset(
+    {"max_len_too_long", "max_len_over_kv_tokens", "no_cache_memory", "node_memory", "device_memory"}
+)  # what stops vLLM at startup
 LogValue = int | float | str
 
 
@@ -266,7 +268,7 @@ def _log_advice(
                 f"Lower --gpu-memory-utilization below {ceiling:.2f} (free / total), or set --kv-cache-memory-bytes "
                 "explicitly (CPU: VLLM_CPU_KVCACHE_SPACE); on CPU the flag is the share of the NUMA node's RAM."
             )
-    if not kinds & _FAILURES and isinstance(facts.get("tokens"), int):
+    if not kinds & FAILURE_KINDS and isinstance(facts.get("tokens"), int):
         advice.append(
             f"Concurrency is quoted for full-length requests; for your workload's P99 request it is about "
             f"{facts['tokens']:,} / P99 tokens: `llmload capacity --model-config ... --request-tokens P99`."
@@ -312,7 +314,7 @@ def explain_vllm_log(text: str, *, source: str = "<log>") -> LogExplanation:
         source=source,
         findings=findings,
         settings=settings,
-        failed=bool(kinds & _FAILURES),
+        failed=bool(kinds & FAILURE_KINDS),
         implied_bytes_per_token=bpt,
         implied_bytes_per_token_basis=basis,
         advice=_log_advice(facts, kinds, settings, bpt, block_size),

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from llmload.errors import InputError
 
-COMMANDS = ("workload", "sim", "capacity", "compare", "report", "soak", "search", "demo")
+COMMANDS = ("workload", "sim", "capacity", "compare", "report", "soak", "search", "sweep", "demo")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -9,8 +9,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmload.errors import InputError
-from llmload.gates.search import PAGE_FILE, Interrupted, ProbeFlags, Searcher, bounds_from, search, write_criteria
-from llmload.gates.verdict import add_criteria_arguments, criteria_from_args
+from llmload.gates.search import (
+    PAGE_FILE,
+    Bounds,
+    Interrupted,
+    ProbeFlags,
+    Searcher,
+    bounds_from,
+    search,
+    write_criteria,
+)
+from llmload.gates.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.models import SearchResult
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.report.goodput import parse_goodput_slo
@@ -23,8 +32,17 @@ PASSTHROUGH = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="target base URL (default: the embedded target, started once)")
+    add_search_arguments(parser, max_qps_required=True)
+    parser.add_argument("--search-id", default=None, help="directory under --reports-dir (default: search-TIME)")
+    parser.add_argument("--reports-dir", default="reports")
+
+
+def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: bool) -> None:
+    """The workload, the search's range and the gate: shared with `llmload sweep`."""
     parser.add_argument("--workload", default="workloads/chat-multiturn.yaml")
-    parser.add_argument("--max-qps", type=float, required=True, help="the highest rate to probe, req/s")
+    parser.add_argument(
+        "--max-qps", type=float, required=max_qps_required, default=None, help="the highest rate to probe, req/s"
+    )
     parser.add_argument(
         "--start-qps", type=float, default=None, help="first rate (default: the workload's, else max/8)"
     )
@@ -45,23 +63,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput-slo", action="append", default=[], metavar="SPEC", help=GOODPUT_SYNTAX)
     add_criteria_arguments(parser)
     parser.add_argument("--locustfile", default="loadtests/chat.py")
-    parser.add_argument("--search-id", default=None, help="directory under --reports-dir (default: search-TIME)")
-    parser.add_argument("--reports-dir", default="reports")
 
 
-def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
-    """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
-    interrupted before one; 2: bad input."""
+def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
+    """The gate and how each probe runs, from the flags; InputError for nonsense."""
     if not Path(args.locustfile).is_file():
         raise InputError(f"no locustfile at {args.locustfile} (run from the repository root)")
     criteria = criteria_from_args(args)
     goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
     if criteria.min_goodput_ratio is not None and goodput_slo is None:
         raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
-    bounds = bounds_from(
+    flags = ProbeFlags(
+        locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
+        warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,
+        confirm=args.confirm, goodput_slo=tuple(args.goodput_slo),
+    )  # fmt: skip
+    return criteria, flags
+
+
+def search_bounds(args: argparse.Namespace) -> Bounds:
+    return bounds_from(
         args.workload, max_qps=args.max_qps, start_qps=args.start_qps, min_qps=args.min_qps,
         resolution=args.resolution, repeats=args.repeats,
     )  # fmt: skip
+
+
+def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
+    """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
+    interrupted before one; 2: bad input."""
+    criteria, flags = probe_flags(args)
+    goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
+    bounds = search_bounds(args)
     search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")
     directory = Path(args.reports_dir) / search_id
     if directory.is_dir() and any(directory.iterdir()):
@@ -77,11 +109,6 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
             search_id=search_id, host=host, workload=args.workload, max_qps=bounds.max_qps,
             probe_s=args.probe_duration, repeats=bounds.repeats, started_at=time.time(), goodput_slo=goodput_slo,
             required_qps=args.require_qps,
-        )  # fmt: skip
-        flags = ProbeFlags(
-            locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
-            warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,
-            confirm=args.confirm, goodput_slo=tuple(args.goodput_slo),
         )  # fmt: skip
         searcher = Searcher(flags, passthrough, directory, result)
         try:

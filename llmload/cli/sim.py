@@ -200,6 +200,13 @@ def run(args: argparse.Namespace) -> int:
         except StartupRefusal as e:
             print(str(e), file=sys.stderr)
             return 1
+        plan = engine_plan[1]
+        print(  # vLLM's startup line, so what reads a server's log reads the simulator's
+            f"INFO llmload sim: GPU KV cache size: {plan.vllm_log_kv_cache_tokens:,} tokens, Maximum concurrency for "
+            f"{plan.max_model_len:,} tokens per request: {plan.at_max_model_len.max_concurrency:.2f}x",
+            file=sys.stderr,
+            flush=True,
+        )
     from llmload.sim.server import serve
 
     return serve(config, engine_plan)

@@ -75,7 +75,8 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest, good: pd.Series | 
     is_sent = (df.status != "not_sent").to_numpy(dtype=bool)
     for stage in manifest.stages:
         mine = (df.stage == stage.name).to_numpy(dtype=bool)
-        rows = df.loc[mine, ["status", "turn", "schedule_delay_ms", "ttft_ms", "e2e_ms", "prompt_tokens"]]
+        columns = ["status", "turn", "schedule_delay_ms", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
+        rows = df.loc[mine, columns]
         window_start = manifest.started_at + stage.start_s
         in_window = is_sent & (sent_at >= window_start) & (sent_at < window_start + stage.duration_s)
         sent_in_window = int(in_window.sum())
@@ -97,7 +98,9 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest, good: pd.Series | 
                 schedule_delay_p99_ms=delay_p99,
                 ttft_p50_ms=quantile(ok.ttft_ms, 50),
                 ttft_p99_ms=quantile(ok.ttft_ms, 99),
+                e2e_p50_ms=quantile(ok.e2e_ms, 50),
                 e2e_p99_ms=quantile(ok.e2e_ms, 99),
+                output_tokens_per_s=float(ok.output_tokens.fillna(0).sum()) / stage.duration_s,
                 prompt_tokens_p50=quantile(ok.prompt_tokens, 50),
                 prompt_tokens_p99=quantile(ok.prompt_tokens, 99),
                 turn_mix=_turn_mix(rows.turn[rows.status != "not_sent"]),

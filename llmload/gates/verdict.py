@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -182,6 +182,14 @@ def _preemption_rate(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- drift
+
+DRIFT_SUFFIX = " drift"  # every drift check's name ends so
+
+
+def only_drift(failed_lines: Sequence[str]) -> bool:
+    """Verdict lines of failed checks that are all drift: the one check that judges a slope, so the
+    one whose false alarm a second hold tells apart from overload (which drifts again)."""
+    return bool(failed_lines) and all(line.split(":", 1)[0].endswith(DRIFT_SUFFIX) for line in failed_lines)
 
 
 def _drift(

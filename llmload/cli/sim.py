@@ -1,4 +1,5 @@
-"""`llmload sim`: command-line flags, each one a SimConfig field (faults also from `--faults FILE.yaml`)."""
+"""`llmload sim`: command-line flags, each one a SimConfig field (faults also from `--faults FILE.yaml`);
+`llmload sim calibrate` (llmload/cli/sim_calibrate.py) fits a profile to a real server."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from llmload.capacity.serving import GPUS, gpu_memory_gib
+from llmload.cli import sim_calibrate
 from llmload.errors import InputError, validation_message
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
@@ -145,6 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="usage carries prompt_tokens_details.cached_tokens, like vLLM's flag of that name",
     )
+    subcommands = parser.add_subparsers(dest="sim_command", title="subcommands", metavar="calibrate")
+    calibrate = subcommands.add_parser("calibrate", help=sim_calibrate.HELP, description=sim_calibrate.__doc__)
+    sim_calibrate.add_arguments(calibrate)
+    calibrate.set_defaults(run=sim_calibrate.run)
 
 
 # Fault settings whose flag is not named after the field.

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from llmload.sim import wire
 from llmload.sim.config import FaultPlan, SlowTokens
@@ -184,6 +184,30 @@ class EngineRequest:
         return hashes[:count]
 
 
+class StepLoad(NamedTuple):
+    """What one step computes, the inputs of the profile's step-cost model (StepTiming.step_s)."""
+
+    seqs: int
+    kv_tokens: int
+    """KV tokens the step's attention reads: each scheduled request's context up to its new tokens."""
+    prefill_tokens: int
+    prefill_pairs: int
+    """(new prompt token, token at or before it) pairs the step's prefill attention computes: a chunk of
+    n tokens after c computed ones makes n·c + n(n+1)/2, so a prompt costs the square of its length."""
+
+
+def step_load(scheduled: Iterable[tuple[EngineRequest, int]]) -> StepLoad:
+    """The load of a step that computes `n` tokens of each (request, n)."""
+    seqs = kv_tokens = prefill = pairs = 0
+    for request, n in scheduled:
+        seqs += 1
+        kv_tokens += request.num_computed + n
+        if request.output == 0 or n > 1:
+            prefill += n
+            pairs += n * request.num_computed + n * (n + 1) // 2
+    return StepLoad(seqs, kv_tokens, prefill, pairs)
+
+
 class Engine:
     """Continuous batching over a paged KV cache, one step at a time (see the module docstring)."""
 
@@ -286,12 +310,7 @@ class Engine:
         return max(clock, time.monotonic())
 
     def _step_s(self, scheduled: list[tuple[EngineRequest, int]], now: float) -> float:
-        kv_tokens = prefill = 0
-        for request, n in scheduled:
-            kv_tokens += request.num_computed + n
-            if request.output == 0 or n > 1:
-                prefill += n
-        seconds = self.profile.timing.step_s(len(scheduled), kv_tokens, prefill)
+        seconds = self.profile.timing.step_s(*step_load(scheduled))
         elapsed = now - self._started
         return seconds + sum(w.extra_ms for w in self._slow if w.start_s <= elapsed < w.end_s) / 1000
 
@@ -445,3 +464,58 @@ class Engine:
         self.waiting.clear()
         self._wake.set()
         self._on_death()
+
+
+# ---------------------------------------------------------------------- the engine without time
+
+
+class _TokenSteps:
+    """A Sink that notes the step at which each of its request's tokens came."""
+
+    __slots__ = ("steps", "token_steps")
+
+    def __init__(self, steps: list[StepLoad]) -> None:
+        self.steps = steps
+        self.token_steps: list[int] = []
+
+    def token(self, request: EngineRequest, last: bool) -> bool:
+        self.token_steps.append(len(self.steps) - 1)
+        return True
+
+    def fail(self, error: wire.VllmError | None) -> None:
+        raise AssertionError("a dry run injects no faults")
+
+
+class DryRun(NamedTuple):
+    """The steps the engine takes, and the step at which each request got each output token."""
+
+    steps: list[StepLoad]
+    token_steps: list[list[int]]
+
+
+def dry_run(profile: EngineProfile, num_blocks: int, requests: Sequence[tuple[int, int]]) -> DryRun:
+    """Schedule requests that all arrive together, each (prompt tokens, output tokens), until all
+    are done: the same scheduler, KV cache and preemption as a served run, with steps counted
+    instead of timed. A latency of the served run is a sum of step times, so it is linear in the
+    step-cost model's parameters (what calibration fits). Prompts share no prefix."""
+    steps: list[StepLoad] = []
+    engine = Engine(
+        profile,
+        num_blocks=num_blocks,
+        metrics=EngineMetrics("dry-run"),
+        faults=FaultPlan(),
+        lag=LagStats(),
+        output_ids=(0,),
+        on_death=lambda: None,
+    )
+    sinks = []
+    for i, (prompt, output) in enumerate(requests):
+        sinks.append(_TokenSteps(steps))
+        engine.add(EngineRequest([i + 1] * prompt, output, sinks[-1], 0.0))
+    while engine.running or engine.waiting:
+        scheduled = engine._schedule(len(steps))
+        if not scheduled:
+            raise ValueError(f"the engine cannot schedule these requests: {list(requests)[:4]}...")
+        steps.append(step_load(scheduled))
+        engine._complete(scheduled, len(steps))
+    return DryRun(steps, [sink.token_steps for sink in sinks])

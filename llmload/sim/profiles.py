@@ -3,15 +3,17 @@
 A profile names a model config (one of llmload/capacity/models, or a config.json path) and the
 serving hardware; its KV pool comes from `plan_capacity` exactly as vLLM sizes it, so the
 simulator runs out of blocks where the real server would. The step timing is a linear model
-fitted to measurements (`vllm-cpu-tiny`, see benchmarks/sim_calibrate.py) or derived from the
-GPU's memory bandwidth and FLOPs (the GPU profiles; docs/simulator.md shows the arithmetic).
+fitted to measurements (`llmload sim calibrate`, llmload/calibrate: `vllm-cpu-tiny` and any profile
+it writes, which keeps the fit's points in `fit`) or derived from the GPU's memory bandwidth and
+FLOPs (the GPU profiles; docs/simulator.md shows the arithmetic).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
 
 from llmload.capacity.kv import GIB, KVCacheDtype, ModelDtype
 from llmload.capacity.model import known_models, load_bundled_model, load_config_file
@@ -30,24 +32,70 @@ from llmload.yamlfile import load_yaml_model
 
 
 class StepTiming(Strict):
-    """Cost of one engine step: base + per_seq·seqs + per_kv·KV tokens read + prefill tokens / throughput."""
+    """Cost of one engine step: base + per_seq·seqs + per_kv·KV tokens read + prefill tokens / throughput
+    + prefill attention pairs × their cost."""
 
     frontend_ms: NonNegativeFloat = Field(description="API server work before a request reaches the engine")
     prefill_tokens_per_s: PositiveFloat
     decode_base_ms: NonNegativeFloat = Field(description="a step's fixed cost: weights read, launch overhead")
     decode_per_seq_ms: NonNegativeFloat = Field(description="each sequence scheduled in the step")
     decode_per_kv_token_us: NonNegativeFloat = Field(description="each KV token the step's attention reads")
+    prefill_attention_ns: NonNegativeFloat = Field(
+        default=0.0,
+        description="each (prompt token, earlier token) pair a prefill computes: a prompt's cost grows with its "
+        "square (0: linear prefill)",
+    )
 
-    def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int) -> float:
+    def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int, prefill_pairs: int = 0) -> float:
         ms = self.decode_base_ms + self.decode_per_seq_ms * seqs + self.decode_per_kv_token_us * kv_tokens / 1000
-        return ms / 1000 + prefill_tokens / self.prefill_tokens_per_s
+        return ms / 1000 + prefill_tokens / self.prefill_tokens_per_s + self.prefill_attention_ns * prefill_pairs / 1e9
 
     def saturation_qps(self, running: int, prompt_tokens: float, output_tokens: int) -> float:
         """Requests/s the engine completes with `running` sequences always scheduled (max_num_seqs, or
-        what the KV cache holds): each is prefilled once and decoded one token a step over a mean
-        context of prompt + output/2. Past this rate its waiting queue grows without end."""
+        what the KV cache holds): each is prefilled once (with its attention) and decoded one token a
+        step over a mean context of prompt + output/2. Past this rate its waiting queue grows without end."""
         decode_s = self.step_s(running, round(running * (prompt_tokens + output_tokens / 2)), 0)
-        return running / (output_tokens * decode_s + running * prompt_tokens / self.prefill_tokens_per_s)
+        pairs = prompt_tokens * (prompt_tokens + 1) / 2
+        prefill_s = prompt_tokens / self.prefill_tokens_per_s + self.prefill_attention_ns * pairs / 1e9
+        return running / (output_tokens * decode_s + running * prefill_s)
+
+
+class CalibrationPoint(Strict):
+    """One measured point of a calibration: a probe's median over its repeats, and what the fit says."""
+
+    kind: Literal["prefill", "decode"] = Field(
+        description="prefill: single requests of one output token, TTFT measured; decode: concurrent streams, ITL"
+    )
+    streams: PositiveInt
+    prompt_tokens: PositiveInt = Field(description="per request, as the server counted them (usage)")
+    output_tokens: PositiveInt
+    repeats: PositiveInt
+    measured_ms: PositiveFloat = Field(description="median over repeats of the server's mean TTFT or ITL")
+    spread_pct: NonNegativeFloat = Field(description="(max − min) / median of the repeats: the noise")
+    fitted_ms: float = Field(description="what the fitted timing makes the simulator's engine do here")
+    residual_pct: float = Field(description="(fitted − measured) / measured")
+
+
+class CalibrationFit(Strict):
+    """How a profile's timing was fitted (`llmload sim calibrate`): the points behind it and how well
+    it fits them. A poor fit is flagged here and printed, never silent."""
+
+    host: str
+    served_model: str
+    measured_at: str = Field(description="ISO 8601, UTC")
+    duration_s: NonNegativeFloat
+    rounds: NonNegativeInt = Field(description="complete passes over the probes; each point is a median over them")
+    load_average: float | None = Field(
+        default=None, description="the calibrating machine's 1-minute load average at the end (shared CPUs skew it)"
+    )
+    r2_itl: float | None = Field(description="R² of the decode points' inter-token latency")
+    r2_ttft: float | None = Field(description="R² of the prefill points' time to first token")
+    max_abs_residual_pct: NonNegativeFloat
+    standard_errors: dict[str, float] = Field(description="±1 standard error of each fitted timing value")
+    poor: bool = Field(description="the timing does not describe the measurements well: see warnings")
+    warnings: list[str] = Field(default_factory=list)
+    assumed: list[str] = Field(default_factory=list, description="serving settings the server did not tell")
+    points: list[CalibrationPoint]
 
 
 class EngineProfile(Strict):
@@ -74,6 +122,7 @@ class EngineProfile(Strict):
     max_num_queued_reqs: PositiveInt | None = None
     enable_prefix_caching: bool = True
     timing: StepTiming
+    fit: CalibrationFit | None = Field(default=None, description="the calibration behind `timing`, when fitted")
 
     def with_serve_config(self, config: ServeConfig, gpu_memory_gib: float | None) -> EngineProfile:
         """This profile's timing for the server a `vllm serve` config describes: its model, KV

@@ -221,7 +221,8 @@ class SimServer:
         return web.Response(status=503 if self.dead else 200, headers=wire.BASE_HEADERS)
 
     async def models(self, request: web.Request) -> web.Response:
-        body = wire.model_list_body(self.config.model_name, self.max_model_len)
+        root = self.engine.profile.model if self.engine is not None else None
+        body = wire.model_list_body(self.config.model_name, self.max_model_len, root)
         return web.Response(body=body, headers=wire.JSON_HEADERS)
 
     async def prometheus(self, request: web.Request) -> web.Response:

@@ -219,8 +219,9 @@ def detokenize_body(text: str) -> bytes:
     return orjson.dumps({"prompt": text})
 
 
-def model_list_body(model: str, max_model_len: int) -> bytes:
-    """GET /v1/models: vLLM's ModelList with one card (root is the served path; here the name)."""
+def model_list_body(model: str, max_model_len: int, root: str | None = None) -> bytes:
+    """GET /v1/models: vLLM's ModelList with one card; root is what vLLM was given as --model (the
+    engine profile's model; the served name without one)."""
     now = int(time.time())
     permission = {
         "id": f"modelperm-{random_hex()}",
@@ -241,7 +242,7 @@ def model_list_body(model: str, max_model_len: int) -> bytes:
         "object": "model",
         "created": now,
         "owned_by": "vllm",
-        "root": model,
+        "root": root or model,
         "parent": None,
         "max_model_len": max_model_len,
         "permission": [permission],

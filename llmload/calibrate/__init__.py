@@ -1,0 +1,166 @@
+"""Calibration: a simulator profile fitted to a real vLLM server (`llmload sim calibrate`), and how
+far its predictions hold against that server (`fidelity`).
+
+The server tells its model, context length and KV pool (`target`); prompts of chosen lengths are
+made with its tokenizer (`prompts`); probes of growing prompts and of concurrent streams are timed
+by its own /metrics, in rounds within a time budget (`measure`); the step-time model is fitted
+through the simulator's own scheduler (`fit`) and written with its points, R² and residuals into
+the profile (`EngineProfile.fit`), which `llmload sim --profile FILE.yaml` loads.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from llmload.calibrate.fit import Fit, Observation, fit_timing
+from llmload.calibrate.measure import Rounds, measure_rounds, probes_for
+from llmload.calibrate.prompts import PromptMaker
+from llmload.calibrate.target import ServerFacts, kv_sizing, public_url, read_facts
+from llmload.errors import InputError, validation_message
+from llmload.models import ServeConfig
+from llmload.sim.profiles import CalibrationFit, EngineProfile, StepTiming
+
+# the dry runs that count steps need no timing: this stands in until the fit gives one
+_UNTIMED = StepTiming(
+    frontend_ms=0, prefill_tokens_per_s=1, decode_base_ms=0, decode_per_seq_ms=0, decode_per_kv_token_us=0
+)
+MIN_PREFILL_POINTS, MIN_DECODE_POINTS = 2, 3
+
+
+@dataclass(frozen=True)
+class Options:
+    """How long and how wide to calibrate, and what the server does not say itself."""
+
+    budget_s: float = 120.0
+    max_streams: int = 64
+    output_tokens: int = 64
+    model_name: str | None = None
+    model_config: str | None = None
+    serve: ServeConfig | None = None
+    vllm_log: Path | None = None
+    name: str | None = None
+
+
+@dataclass
+class Calibration:
+    profile: EngineProfile
+    facts: ServerFacts
+    rounds: Rounds
+    fit: Fit
+
+
+def serving_profile(facts: ServerFacts, options: Options, name: str) -> EngineProfile:
+    """The server's serving settings as a profile (no timing yet); its own config, when given, wins."""
+    dtype, kv_bytes = kv_sizing(facts)
+    try:
+        profile = EngineProfile(
+            name=name,
+            description=f"{facts.served_model}, calibrated against its server",
+            calibration="llmload sim calibrate",
+            model=facts.model,
+            dtype=dtype,  # type: ignore[arg-type]
+            kv_cache_dtype=facts.kv_cache_dtype,  # type: ignore[arg-type]
+            kv_cache_memory_bytes=kv_bytes,
+            block_size=facts.block_size,
+            max_model_len=facts.max_model_len,
+            max_num_seqs=facts.max_num_seqs,
+            max_num_batched_tokens=facts.max_num_batched_tokens,
+            enable_prefix_caching=facts.enable_prefix_caching,
+            timing=_UNTIMED,
+        )
+        if options.serve is not None:
+            profile = profile.with_serve_config(options.serve, None)
+    except ValidationError as exc:
+        raise InputError(f"the server's settings do not make a profile: {validation_message(exc)}") from None
+    return profile
+
+
+def _observations(rounds: Rounds) -> list[Observation]:
+    observations = []
+    for probe, measured in rounds.measurements.items():
+        if measured:
+            prompts = [n for m in measured for n in m.prompt_tokens]
+            observations.append(
+                Observation(
+                    kind=probe.kind,
+                    streams=probe.streams,
+                    prompt_tokens=round(sum(prompts) / len(prompts)),
+                    output_tokens=probe.output_tokens,
+                    values_ms=tuple(m.value_ms for m in measured),
+                )
+            )
+    prefill = sum(1 for o in observations if o.kind == "prefill")
+    decode = len(observations) - prefill
+    if prefill < MIN_PREFILL_POINTS or decode < MIN_DECODE_POINTS:
+        raise InputError(
+            f"in {rounds.elapsed_s:.0f} s the calibration measured {prefill} prefill and {decode} decode points; "
+            f"the fit needs at least {MIN_PREFILL_POINTS} and {MIN_DECODE_POINTS}: give a longer --duration"
+            + (f" ({rounds.discarded} probes were discarded: other traffic on the server)" if rounds.discarded else "")
+        )
+    return observations
+
+
+def calibrate(url: str, options: Options, progress: Callable[[str], None] = lambda line: None) -> Calibration:
+    """Measure the server within `options.budget_s` (plus its answers to a few /tokenize calls) and
+    fit its step timing; the profile carries the fit, poor or not."""
+    url = url.rstrip("/")
+    started = time.time()
+    facts = read_facts(
+        url,
+        model_name=options.model_name,
+        model_config=options.model_config,
+        vllm_log=options.vllm_log,
+    )
+    if options.serve is not None:  # what the server's own config sets is no longer assumed
+        set_keys = {k for k, v in options.serve.model_dump().items() if v is not None}
+        facts.assumed = {k: v for k, v in facts.assumed.items() if k not in set_keys}
+    name = options.name or f"{facts.served_model}-calibrated"
+    profile = serving_profile(facts, options, name)
+    probes = probes_for(profile, facts.num_blocks, max_streams=options.max_streams, output_tokens=options.output_tokens)
+    maker = PromptMaker(url, facts.served_model)
+    rounds = measure_rounds(
+        url, facts.served_model, probes=probes, maker=maker, budget_s=options.budget_s, progress=progress
+    )
+    fit = fit_timing(profile, facts.num_blocks, _observations(rounds))
+    planned = profile.plan().cache.num_blocks
+    warnings = list(fit.warnings)
+    if planned != facts.num_blocks:
+        warnings.append(
+            f"the profile's KV sizing gives {planned} blocks, the server has {facts.num_blocks}: "
+            "check --vllm-config / --model-config"
+        )
+    if rounds.discarded:
+        warnings.append(f"{rounds.discarded} probes discarded: the server served other traffic meanwhile")
+    record = CalibrationFit(
+        host=public_url(url),
+        served_model=facts.served_model,
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        duration_s=round(time.time() - started, 1),
+        rounds=rounds.rounds,
+        load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        r2_itl=None if fit.r2_itl is None else round(fit.r2_itl, 4),
+        r2_ttft=None if fit.r2_ttft is None else round(fit.r2_ttft, 4),
+        max_abs_residual_pct=fit.max_abs_residual_pct,
+        standard_errors=fit.standard_errors,
+        poor=fit.poor,
+        warnings=warnings,
+        assumed=list(facts.assumed.values()),
+        points=fit.points,
+    )
+    quality = "POOR FIT" if fit.poor else "fit"
+    r2 = ", ".join(f"R² {k} {v:.3f}" for k, v in (("ITL", fit.r2_itl), ("TTFT", fit.r2_ttft)) if v is not None)
+    summary = (
+        f"llmload sim calibrate against {record.host} on {record.measured_at[:10]}: {len(fit.points)} points, "
+        f"{rounds.rounds} rounds in {record.duration_s:.0f} s; {quality}: {r2}, largest residual "
+        f"{fit.max_abs_residual_pct:.0f}%"
+    )
+    calibrated = EngineProfile.model_validate(
+        {**profile.model_dump(), "calibration": summary, "timing": fit.timing.model_dump(), "fit": record.model_dump()}
+    )
+    return Calibration(calibrated, facts, rounds, fit)

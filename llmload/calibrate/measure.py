@@ -1,0 +1,175 @@
+"""The calibration's measurements: which probes (prompt length × concurrent streams) and how each is
+timed, repeated in rounds until the time budget is spent.
+
+A probe sends its streams at once and reads vLLM's own mean TTFT or ITL for them from the growth
+of its /metrics histograms: server-side times, stamped where tokens leave the engine, so a busy
+client does not distort them. A probe during which the server counted requests or tokens that were
+not the probe's (someone else's traffic) is discarded and counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import gevent
+
+from llmload.calibrate.prompts import PromptMaker
+from llmload.calibrate.target import public_url
+from llmload.client import ChatClient, Limits, StreamResult, chat_body
+from llmload.errors import InputError
+from llmload.observe import scrape
+from llmload.sim.profiles import EngineProfile
+
+SHORT_PROMPT = 32  # tokens: the shortest probes' prompts (a chat template and a head take ~15)
+PREFILL_FRACTIONS = (0.125, 0.25, 0.5, 0.9)  # of the longest prompt the server takes
+CONTEXT_FRACTIONS = (0.25, 0.5, 0.9)  # decode probes beyond the short one
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+SUCCESS = "vllm:request_success_total"
+GENERATED = "vllm:generation_tokens_total"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """prefill: one request of one output token, its TTFT measured; decode: `streams` concurrent
+    requests of `output_tokens` each, their ITL measured."""
+
+    kind: Literal["prefill", "decode"]
+    streams: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class Measurement:
+    prompt_tokens: list[int]
+    """Each request's prompt as the server counted it (usage)."""
+    value_ms: float
+    """The server's mean TTFT (prefill) or ITL (decode) over the probe's requests."""
+    wall_s: float
+    clean: bool
+    """Nothing but the probe ran on the server meanwhile."""
+
+
+def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, output_tokens: int) -> list[Probe]:
+    """Prefill: single requests from a short prompt to 90% of the longest; decode: 1, 2, 4, ... streams
+    of short prompts up to what max_num_seqs and the KV cache allow, and at longer contexts the
+    fewest, a quarter and the most streams (so KV tokens vary apart from the batch size)."""
+    block = profile.block_size
+    longest = min(profile.max_model_len, (num_blocks - 1) * block)
+    probes = [
+        Probe("prefill", 1, n, 1)
+        for n in sorted({SHORT_PROMPT, *(int(f * longest) for f in PREFILL_FRACTIONS)})
+        if n >= SHORT_PROMPT
+    ]
+
+    def most_streams(context: int) -> int:
+        fit = (num_blocks - 1) // math.ceil((context + output_tokens) / block)
+        return max(1, min(profile.max_num_seqs, max_streams, fit))
+
+    top = most_streams(SHORT_PROMPT)
+    short = sorted({*(2**i for i in range(int(math.log2(top)) + 1)), top})
+    probes += [Probe("decode", n, SHORT_PROMPT, output_tokens) for n in short]
+    for fraction in CONTEXT_FRACTIONS:
+        context = int(fraction * (longest - output_tokens))
+        if context <= SHORT_PROMPT:
+            continue
+        top = most_streams(context)
+        probes += [Probe("decode", n, context, output_tokens) for n in sorted({1, max(1, top // 4), top})]
+    return probes
+
+
+def _mean_ms(before: dict[str, float], after: dict[str, float], name: str) -> tuple[float, float]:
+    """(count, mean in ms) of what a histogram observed between two scrapes."""
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+    return count, 1000 * total / count if count else math.nan
+
+
+def measure(url: str, model: str, probe: Probe, prompts: list[str], limits: Limits) -> Measurement:
+    """Send the probe's requests at once; vLLM's mean TTFT or ITL for them."""
+    results: list[StreamResult] = []
+
+    def one(content: str) -> None:
+        client = ChatClient(url, limits=limits)
+        body = chat_body(
+            model, [{"role": "user", "content": content}], max_tokens=None, output_tokens=probe.output_tokens
+        )
+        try:
+            results.append(client.stream_chat(body))
+        finally:
+            client.close()
+
+    before = scrape(url)
+    started = time.monotonic()
+    gevent.joinall([gevent.spawn(one, content) for content in prompts])
+    wall = time.monotonic() - started
+    after = scrape(url)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise InputError(
+            f"{public_url(url)}: {len(failed)} of {len(results)} calibration requests failed "
+            f"({failed[0].error_category}: {failed[0].error_message})"
+        )
+    outputs = sum(r.completion_tokens or 0 for r in results)
+    histogram = TTFT if probe.kind == "prefill" else ITL
+    expected = probe.streams if probe.kind == "prefill" else outputs - probe.streams
+    count, mean = _mean_ms(before, after, histogram)
+    clean = (
+        count == expected
+        and after.get(SUCCESS, 0.0) - before.get(SUCCESS, 0.0) == probe.streams
+        and after.get(GENERATED, 0.0) - before.get(GENERATED, 0.0) == outputs
+    )
+    return Measurement([r.prompt_tokens or 0 for r in results], mean, wall, clean and mean > 0)
+
+
+@dataclass
+class Rounds:
+    """Every clean measurement of each probe, over the rounds the budget allowed."""
+
+    measurements: dict[Probe, list[Measurement]]
+    rounds: int = 0
+    discarded: int = 0
+    elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def measure_rounds(
+    url: str,
+    model: str,
+    *,
+    probes: list[Probe],
+    maker: PromptMaker,
+    budget_s: float,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Rounds:
+    """A warm-up, then every probe in turn, round after round, while the next probe fits the budget
+    (its duration last round; a probe never measured yet starts while any time is left)."""
+    started = time.monotonic()
+    deadline = started + budget_s
+    limits = Limits(first_token_s=max(60.0, budget_s), between_tokens_s=60.0, total_s=budget_s + 60.0)
+    done = Rounds({probe: [] for probe in probes})
+    widest = max((p for p in probes if p.kind == "decode"), key=lambda p: p.streams)
+    longest = max((p for p in probes if p.kind == "prefill"), key=lambda p: p.prompt_tokens)
+    for warm in (Probe("decode", widest.streams, SHORT_PROMPT, 4), longest):  # first shapes are slow on some backends
+        measure(url, model, warm, maker.prompts(warm.prompt_tokens, warm.streams), limits)
+    last_wall: dict[Probe, float] = {}
+    while True:
+        round_started = time.monotonic()
+        for probe in probes:
+            if time.monotonic() + last_wall.get(probe, 0.0) > deadline:
+                done.elapsed_s = time.monotonic() - started
+                return done
+            prompts = maker.prompts(probe.prompt_tokens, probe.streams)
+            result = measure(url, model, probe, prompts, limits)
+            last_wall[probe] = result.wall_s
+            if result.clean:
+                done.measurements[probe].append(result)
+            else:
+                done.discarded += 1
+        done.rounds += 1
+        progress(f"round {done.rounds}: {len(probes)} probes in {time.monotonic() - round_started:.1f} s")

@@ -1,0 +1,217 @@
+"""What a vLLM server says about itself: the model it serves (`/v1/models`) and its KV cache
+(`vllm:cache_config_info` on `/metrics`, else the startup log), as the serving half of a profile.
+
+vLLM exports neither its scheduler limits nor its device, so `max_num_seqs` and
+`max_num_batched_tokens` come from the server's config (`--vllm-config`/`--vllm-args`, applied
+afterwards), from the startup log's settings, or are vLLM's own defaults, and then say so.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmload.capacity.kv import KVLayout, kv_layout
+from llmload.capacity.model import ModelSpec, known_models, load_bundled_model, load_config_file
+from llmload.capacity.serving import model_reference
+from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.errors import InputError
+from llmload.models import ServeConfig
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+# vLLM 0.32's OpenAI-server defaults (EngineArgs.get_batch_defaults): GPUs under 70 GiB, and the CPU backend
+GPU_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+CPU_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
+GPU_BLOCK_SIZE, CPU_BLOCK_SIZE = 16, 128
+
+
+def public_url(url: str) -> str:
+    """The URL without user:password, for what is printed and written."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def get_json(url: str, path: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+    """GET (or POST `body` to) `url`+`path`; the server's refusal or absence is an InputError naming the URL."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:300]
+        raise InputError(f"{public_url(url)}{path}: HTTP {exc.code}: {detail}") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{public_url(url)}{path}: {exc}") from None
+
+
+def get_text(url: str, path: str, timeout_s: float = 30.0) -> str:
+    try:
+        with urllib.request.urlopen(url + path, timeout=timeout_s) as response:
+            return str(response.read().decode())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{public_url(url)}{path}: {exc}") from None
+
+
+@dataclass
+class ServerFacts:
+    """The serving settings a calibrated profile takes from the server, and where each came from."""
+
+    served_model: str
+    model: str
+    """A bundled model name or a config.json path (EngineProfile.model)."""
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    enable_prefix_caching: bool
+    kv_cache_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_memory_bytes: int | None
+    """What the server was given (/metrics), when it was given one."""
+    settings: dict[str, object] = field(default_factory=dict)
+    """The startup log's settings (--vllm-log)."""
+    assumed: dict[str, str] = field(default_factory=dict)
+    """Settings taken from vLLM's defaults, each with a note that says so."""
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def served_model(url: str, name: str | None) -> dict[str, Any]:
+    """The /v1/models card of `name`, or of the only model served."""
+    cards = get_json(url, "/v1/models").get("data") or []
+    if name is not None:
+        card = next((c for c in cards if c.get("id") == name), None)
+        if card is None:
+            raise InputError(f"--model {name!r}: {public_url(url)} serves {', '.join(c.get('id', '?') for c in cards)}")
+        return dict(card)
+    if len(cards) != 1:
+        served = ", ".join(c.get("id", "?") for c in cards) or "nothing"
+        raise InputError(f"{public_url(url)} serves {served}: say which with --model")
+    return dict(cards[0])
+
+
+def cache_config(metrics_text: str) -> dict[str, str] | None:
+    """The labels of vLLM's `vllm:cache_config_info` (block_size, num_gpu_blocks, ...), None without it."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == CACHE_CONFIG_INFO:
+                return dict(sample.labels)
+    return None
+
+
+def _model_spec(reference: str) -> ModelSpec:
+    return load_bundled_model(reference) if reference in known_models() else load_config_file(Path(reference))
+
+
+def model_of(root: str, model_config: str | None) -> str:
+    """The model whose KV geometry sizes the pool: --model-config, else the served path or a bundled
+    config the served name contains (`Qwen/Qwen3-8B` is `qwen3-8b`)."""
+    if model_config is not None:
+        if model_config not in known_models() and not Path(model_config).exists():
+            raise InputError(f"--model-config {model_config!r}: no such file, nor one of {', '.join(known_models())}")
+        return model_config
+    try:
+        return model_reference(ServeConfig(model=root))
+    except InputError:
+        raise InputError(
+            f"the server's model {root!r} is neither a path here nor a bundled config "
+            f"({', '.join(known_models())}): give --model-config path/to/config.json"
+        ) from None
+
+
+def read_facts(url: str, *, model_name: str | None, model_config: str | None, vllm_log: Path | None) -> ServerFacts:
+    """The server's model, context length and KV pool (/v1/models, /metrics, else the startup log)."""
+    card = served_model(url, model_name)
+    sources = {"max_model_len": "/v1/models"}
+    log = None
+    if vllm_log is not None:
+        try:
+            log = explain_vllm_log(vllm_log.read_text(encoding="utf-8", errors="replace"), source=str(vllm_log))
+        except OSError as exc:
+            raise InputError(f"--vllm-log {vllm_log}: cannot read: {exc.strerror}") from None
+    settings: dict[str, object] = dict(log.settings) if log is not None else {}
+    on_cpu = settings.get("device_config") == "cpu"
+    info = cache_config(get_text(url, "/metrics"))
+    if info is not None and info.get("num_gpu_blocks", "None") != "None":
+        block_size = int(info["block_size"])
+        num_blocks = int(info["num_gpu_blocks"])
+        prefix_caching = info.get("enable_prefix_caching", "True") == "True"
+        kv_dtype = info.get("cache_dtype", "auto")
+        given = info.get("kv_cache_memory_bytes", "None")
+        kv_bytes = int(given) if given.isdigit() else None
+        sources |= dict.fromkeys(("block_size", "num_blocks", "enable_prefix_caching"), f"/metrics {CACHE_CONFIG_INFO}")
+    elif log is not None and (found := [f for f in log.findings if f.kind == "kv_cache_size"]):
+        block_size = int(settings.get("block_size", CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE))  # type: ignore[call-overload]
+        num_blocks = int(found[-1].values["tokens"]) // block_size
+        prefix_caching = bool(settings.get("enable_prefix_caching", True))
+        kv_dtype = str(settings.get("kv_cache_dtype", "auto"))
+        kv_bytes = int(settings["kv_cache_memory_bytes"]) if "kv_cache_memory_bytes" in settings else None  # type: ignore[call-overload]
+        sources |= dict.fromkeys(("block_size", "num_blocks", "enable_prefix_caching"), f"--vllm-log {vllm_log}")
+    else:
+        raise InputError(
+            f"{public_url(url)}/metrics has no {CACHE_CONFIG_INFO} with num_gpu_blocks (vLLM before 0.6?): "
+            "give the server's startup log with --vllm-log, which says how many tokens its KV cache holds"
+        )
+    defaults = CPU_DEFAULTS if on_cpu else GPU_DEFAULTS
+    assumed = {}
+    limits = {}
+    for key, default in defaults.items():
+        if key in settings:
+            limits[key] = int(settings[key])  # type: ignore[call-overload]
+            sources[key] = f"--vllm-log {vllm_log}"
+        else:
+            limits[key] = default
+            sources[key] = "vLLM's default"
+            assumed[key] = (
+                f"{key} {default}: vLLM's default for {'the CPU backend' if on_cpu else 'GPUs under 70 GiB'}; "
+                "the server does not export it (give --vllm-config or --vllm-args if it was set)"
+            )
+    return ServerFacts(
+        served_model=str(card["id"]),
+        model=model_of(str(card.get("root") or card["id"]), model_config),
+        max_model_len=int(card["max_model_len"]),
+        block_size=block_size,
+        num_blocks=num_blocks,
+        enable_prefix_caching=prefix_caching,
+        kv_cache_dtype=kv_dtype,
+        kv_cache_memory_bytes=kv_bytes,
+        settings=settings,
+        assumed=assumed,
+        sources=sources,
+        **limits,
+    )
+
+
+def _layout(facts: ServerFacts, spec: ModelSpec, dtype: str) -> KVLayout:
+    return kv_layout(
+        spec,
+        tensor_parallel_size=int(facts.settings.get("tensor_parallel_size", 1)),  # type: ignore[call-overload]
+        pipeline_parallel_size=int(facts.settings.get("pipeline_parallel_size", 1)),  # type: ignore[call-overload]
+        dtype=dtype,  # type: ignore[arg-type]
+        kv_cache_dtype=facts.kv_cache_dtype,  # type: ignore[arg-type]
+        block_size=facts.block_size,
+    )
+
+
+def kv_sizing(facts: ServerFacts) -> tuple[str, int]:
+    """The model dtype and the KV memory (as --kv-cache-memory-bytes) with which `plan_capacity`
+    allocates exactly the server's blocks: when the server was given its KV memory, the dtype whose
+    bytes per block divide it into that many blocks (vLLM's `--dtype` is not exported), else `auto`."""
+    spec = _model_spec(facts.model)
+    dtype = "auto"
+    if facts.kv_cache_memory_bytes is not None:
+        for candidate in ("auto", spec.dtype, "bfloat16", "float16", "float32"):
+            if facts.kv_cache_memory_bytes // _layout(facts, spec, candidate).bytes_per_block == facts.num_blocks:
+                return candidate, facts.kv_cache_memory_bytes
+    return dtype, facts.num_blocks * _layout(facts, spec, dtype).bytes_per_block

@@ -128,6 +128,9 @@ def test_the_rate_found_is_the_simulators_saturation_rate(tmp_path: Path) -> Non
     at_answer = [p for p in result["probes"] if p["qps"] == found]
     assert sum(p["passed"] for p in at_answer) == 2, at_answer
     assert all(p["passed"] or only_drift(p["failed_checks"]) for p in at_answer)
+    # each probe at a rate met other arrivals (the simulator is deterministic: the same seed, the same run)
+    seeds = [orjson.loads((reports / "s" / p["run_id"] / "run.json").read_bytes())["seed"] for p in at_answer]
+    assert seeds == list(range(len(at_answer))), seeds
     page = (reports / "s" / "search.html").read_text()
     for probe in result["probes"]:
         assert (reports / "s" / probe["run_id"] / "report.html").is_file()

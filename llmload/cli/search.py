@@ -49,6 +49,11 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
     parser.add_argument("--min-qps", type=float, default=None, help="lowest rate to probe (default: max/256)")
     parser.add_argument("--resolution", type=float, default=0.05, help="stop when the interval is this narrow (0.05)")
     parser.add_argument("--repeats", type=int, default=2, help="probes the answer must pass, all of them (2)")
+    parser.add_argument(
+        "--seed", type=int, default=0,
+        help="arrival seed of a rate's first probe; each later probe at that rate takes the next, so a repeat "
+        "meets other arrivals (0)",
+    )  # fmt: skip
     parser.add_argument("--probe-duration", type=parse_duration, default=30.0, help="each probe's hold (30s)")
     parser.add_argument(
         "--probe-warmup", type=lambda t: parse_duration(t, allow_zero=True), default=10.0,
@@ -76,7 +81,7 @@ def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
     flags = ProbeFlags(
         locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
         warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,
-        confirm=args.confirm, goodput_slo=tuple(args.goodput_slo),
+        confirm=args.confirm, goodput_slo=tuple(args.goodput_slo), seed=args.seed,
     )  # fmt: skip
     return criteria, flags
 

@@ -124,6 +124,7 @@ class ProbeFlags:
     confirm_s: float
     confirm: bool = False  # after the search, soak confirm_s at the rate found
     goodput_slo: tuple[str, ...] = ()
+    seed: int = 0  # a rate's first probe; the k-th repeat at that rate takes seed + k
 
 
 @dataclass
@@ -137,6 +138,8 @@ class Searcher:
 
     def probe(self, qps: float, *, confirm: bool = False) -> Probe:
         number = len(self.result.probes) + 1
+        # a repeat with the same arrivals would replay the same run on a deterministic target
+        seed = self.flags.seed + sum(p.qps == qps and p.confirm == confirm for p in self.result.probes)
         run_id = f"{'confirm' if confirm else 'probe'}-{number:02d}-{qps:g}qps"
         flags = self.flags
         hold = flags.confirm_s if confirm else flags.hold_s
@@ -145,7 +148,7 @@ class Searcher:
             sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
             "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
             "--stages", "100", "--stage-duration", f"{hold:g}", "--warmup", f"{flags.warmup_s:g}",
-            "--drain-timeout", f"{flags.drain_s:g}", "--run-id", run_id,
+            "--drain-timeout", f"{flags.drain_s:g}", "--seed", str(seed), "--run-id", run_id,
             "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
             *(f"--goodput-slo={spec}" for spec in flags.goodput_slo), *self.passthrough,
         ]  # fmt: skip

@@ -37,7 +37,7 @@ PARAMETERS = (
 )
 POOR_R2 = 0.8
 POOR_RESIDUAL_PCT = 20.0
-NOISY_SPREAD_PCT = 50.0
+NOISY_SPREAD_PCT = 25.0  # interquartile range / median: the middle half of the repeats a quarter apart
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ class Observation:
 
     @property
     def spread_pct(self) -> float:
-        return 100 * (max(self.values_ms) - min(self.values_ms)) / self.median_ms
+        """Interquartile range over the median: unlike max − min, it does not grow with the repeats."""
+        p25, p75 = np.percentile(self.values_ms, [25, 75])
+        return float(100 * (p75 - p25) / self.median_ms)
 
 
 def design_row(profile: EngineProfile, num_blocks: int, obs: Observation) -> NDArray[np.float64]:
@@ -172,7 +174,7 @@ def fit_timing(profile: EngineProfile, num_blocks: int, observations: Sequence[O
     noisy = [p for p in points if p.spread_pct > NOISY_SPREAD_PCT]
     if noisy:
         warnings.append(
-            f"{len(noisy)} of {len(points)} points vary by more than {NOISY_SPREAD_PCT:g}% between repeats: "
+            f"{len(noisy)} of {len(points)} points spread over more than {NOISY_SPREAD_PCT:g}% between repeats: "
             "a busy machine or server (calibrate when nothing else runs)"
         )
     return Fit(

@@ -71,7 +71,7 @@ class CalibrationPoint(Strict):
     output_tokens: PositiveInt
     repeats: PositiveInt
     measured_ms: PositiveFloat = Field(description="median over repeats of the server's mean TTFT or ITL")
-    spread_pct: NonNegativeFloat = Field(description="(max − min) / median of the repeats: the noise")
+    spread_pct: NonNegativeFloat = Field(description="(p75 − p25) / median of the repeats: the noise")
     fitted_ms: float = Field(description="what the fitted timing makes the simulator's engine do here")
     residual_pct: float = Field(description="(fitted − measured) / measured")
 

@@ -377,6 +377,11 @@ class ServerSummary(BaseModel):
 class Verdict(BaseModel):
     passed: bool
     reasons: list[str]
+    marginal: bool = Field(
+        default=False,
+        description="failed only on checks a second hold may reverse: a drift past its limit at the slope's "
+        "estimate but not at its confidence interval's low end",
+    )
 
 
 class RunInfo(BaseModel):
@@ -420,6 +425,7 @@ class Probe(BaseModel):
     qps: float
     passed: bool | None = Field(description="None: interrupted or unfinished, never judged")
     failed_checks: list[str] = Field(default_factory=list, description="verdict lines of the checks that failed")
+    marginal: bool = Field(default=False, description="failed only on checks a second hold may reverse")
     achieved_qps: float | None = None
     goodput_qps: float | None = None
     ttft_p50_ms: float | None = None

@@ -166,6 +166,22 @@ def test_windows_slowed_by_other_work_on_the_machine_are_left_out_of_drift(tmp_p
     assert check.status == "pass" and "left out" in check.detail
 
 
+def test_a_drift_over_its_limit_only_at_the_estimate_is_marginal(tmp_path: Path) -> None:
+    """+22% against a 20% limit: over it at the slope's estimate, not at its interval's low end, so a
+    search asks again; doubling is over it at both ends and decides; another failure beside a
+    marginal drift decides too."""
+    criteria = SoakCriteria()
+    near = judge(write_run(tmp_path / "near", ttft_ms=ramp(100, 122), server=HEALTHY_SERVER), criteria)
+    check = next(c for c in near.checks if c.name == "p99 TTFT drift")
+    assert check.status == "fail" and check.marginal and "marginal:" in check.detail
+    assert not near.verdict.passed and near.verdict.marginal
+    far = judge(write_run(tmp_path / "far", ttft_ms=ramp(100, 200), server=HEALTHY_SERVER), criteria)
+    assert _status(far, "p99 TTFT drift") == "fail" and not far.verdict.marginal
+    queue = {**HEALTHY_SERVER, "waiting": ramp(0, 6)}
+    both = judge(write_run(tmp_path / "both", ttft_ms=ramp(100, 122), server=queue), criteria)
+    assert _status(both, "waiting-queue drift") == "fail" and not both.verdict.marginal
+
+
 def test_a_significant_but_small_rise_is_no_drift(tmp_path: Path) -> None:
     """+10% over the hold with little noise: the slope is surely positive, yet under the 20% limit."""
     result = judge(write_run(tmp_path / "small", ttft_ms=ramp(100, 110), noise=0.01), SoakCriteria())

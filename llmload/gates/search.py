@@ -6,9 +6,11 @@ goodput, drift). The search brackets first (the rate grows ×2 from --start-qps 
 fails), then bisects. A rate passes only when every probe at it passed, and once the interval is
 narrow enough, the rate that would become the answer is probed again up to --repeats times, so one
 lucky probe never decides it (a noisy failure can only make the answer lower: the safe side for a
-release gate). Drift is the one check that judges a slope, so a probe failing on drift alone is a
-suspicion the next probe at the same rate decides: overload drifts again, a false alarm does not
-(a CI run saw a false p99 TTFT drift at 88% of saturation move the answer 19% lower). The answer is
+release gate). A probe failing marginally (on a drift whose slope passes the limit at its estimate
+but not at its confidence interval's low end, and on nothing else) is a suspicion the next probe
+at the same rate decides: overload drifts again, a false alarm does not (a CI run saw a false p99
+TTFT drift at 88% of saturation move the answer 19% lower). A drift past the limit at the low end
+too is overload, decided at once. The answer is
 always a rate that passed; the boundary is reported as an interval with the checks that failed above it.
 """
 
@@ -25,7 +27,7 @@ import orjson
 import yaml
 
 from llmload.errors import InputError
-from llmload.gates.verdict import SoakCriteria, only_drift
+from llmload.gates.verdict import SoakCriteria
 from llmload.models import Probe, SearchOutcome, SearchResult, Summary, Verdict
 from llmload.report.search_page import render_page
 from llmload.rundir import SUMMARY_FILE, VERDICT_FILE
@@ -53,14 +55,15 @@ class Bounds:
 
 
 def _verdicts(probes: Sequence[Probe]) -> tuple[dict[float, list[bool]], set[float]]:
-    """Each judged rate's verdicts, and the rates whose last probe failed on drift alone: a suspicion
-    the next probe at that rate decides (its verdict counts; the suspicion's does not)."""
+    """Each judged rate's verdicts, and the rates whose last probe failed marginally (on a drift only
+    its estimate put over the limit): a suspicion the next probe at that rate decides (its verdict
+    counts; the suspicion's does not)."""
     out: dict[float, list[bool]] = {}
     suspected: set[float] = set()
     for probe in probes:
         if probe.passed is None or probe.confirm:
             continue
-        if not probe.passed and probe.qps not in suspected and only_drift(probe.failed_checks):
+        if not probe.passed and probe.qps not in suspected and probe.marginal:
             suspected.add(probe.qps)
             continue
         suspected.discard(probe.qps)
@@ -176,7 +179,7 @@ class Searcher:
         self._add(probe)
         status = "unfinished" if probe.passed is None else "PASS" if probe.passed else "FAIL"
         if qps in _verdicts(self.result.probes)[1]:
-            status += " (drift alone: the next probe at this rate decides)"
+            status += " (marginal drift: the next probe at this rate decides)"
         print(f" {status}" + "".join(f"\n    {line}" for line in probe.failed_checks))
         return probe
 
@@ -191,6 +194,7 @@ class Searcher:
             qps=qps,
             passed=verdict.passed,
             failed_checks=[r for r in verdict.reasons if r.startswith("FAIL")],
+            marginal=verdict.marginal,
             achieved_qps=hold.achieved_qps,
             goodput_qps=hold.goodput.requests_per_s if hold.goodput else None,
             ttft_p50_ms=hold.ttft_p50_ms,

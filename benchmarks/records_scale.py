@@ -25,6 +25,7 @@ import psutil
 
 from llmload.models import RunManifest, Stage
 from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE
+from tests.locust_runs import llmload_command
 
 STARTED = 1_800_000_000.0
 SAME_DATA_ABOVE = 5_000_000
@@ -101,7 +102,7 @@ def _measure(*argv: str) -> tuple[float, float]:
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)"
     )
     started = time.perf_counter()
-    parent = psutil.Popen([sys.executable, "-c", code, sys.executable, "-m", "llmload.cli", *argv], stdout=PIPE)
+    parent = psutil.Popen([sys.executable, "-c", code, *llmload_command(*argv)], stdout=PIPE)
     tree_peak = 0
     while parent.poll() is None:
         with contextlib.suppress(psutil.Error):

@@ -9,7 +9,6 @@ profile (StepTiming.saturation_qps). Every search flag is left at its default bu
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +19,7 @@ import orjson
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES
-from tests.locust_runs import REPO, fixed_output_workload
+from tests.locust_runs import fixed_output_workload, llmload_cli
 
 OUTPUT_TOKENS = 64
 MAX_NUM_SEQS = 4
@@ -35,10 +34,9 @@ def main(argv: list[str]) -> None:
                                                           str(MAX_NUM_SEQS)) as sim:  # fmt: skip
         workload = fixed_output_workload(Path(tmp), OUTPUT_TOKENS)
         started = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, "-m", "llmload.cli", "search", "--host", sim.url, "--workload", str(workload),
-             "--max-qps", f"{args.max_qps:g}", "--reports-dir", tmp, "--search-id", "bench"],
-            cwd=REPO, capture_output=True, text=True, check=False,
+        proc = llmload_cli(
+            "search", "--host", sim.url, "--workload", str(workload), "--max-qps", f"{args.max_qps:g}",
+            "--reports-dir", tmp, "--search-id", "bench", timeout=None,
         )  # fmt: skip
         elapsed = time.monotonic() - started
         result = orjson.loads((Path(tmp) / "bench" / "search.json").read_bytes())

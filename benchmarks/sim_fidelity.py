@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
 from llmload.workload import save_workload
 from llmload.workload.synth import synthesize_chat_workload
-from tests.locust_runs import REPO, run_locust
+from tests.locust_runs import llmload_cli, run_locust
 from tests.vllm_harness import SERVED_MODEL_NAME, VllmServer, build_tiny_model
 
 MAX_MODEL_LEN = 2048
@@ -91,13 +90,12 @@ def fidelity_workload(model: Path, directory: Path) -> Path:
 
 
 def search(url: str, workload: Path, reports: Path, search_id: str, args: argparse.Namespace) -> SearchResult:
-    command = [
-        sys.executable, "-m", "llmload.cli", "search", "--host", url, "--workload", str(workload),
+    llmload_cli(
+        "search", "--host", url, "--workload", str(workload),
         "--max-qps", f"{args.max_qps:g}", "--start-qps", f"{args.start_qps:g}", "--resolution", f"{args.resolution:g}",
         "--probe-duration", f"{args.probe_duration:g}s", "--probe-warmup", f"{args.probe_warmup:g}s",
-        "--criteria", str(args.criteria), "--reports-dir", str(reports), "--search-id", search_id,
-    ]  # fmt: skip
-    subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, timeout=3600)
+        "--criteria", str(args.criteria), "--reports-dir", str(reports), "--search-id", search_id, timeout=3600,
+    )  # fmt: skip
     return SearchResult.model_validate_json((reports / search_id / "search.json").read_bytes())
 
 

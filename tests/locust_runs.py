@@ -1,10 +1,12 @@
-"""Helpers to run real headless Locust processes against loopback targets and read their reports."""
+"""Helpers to run real headless Locust processes and the llmload CLI against loopback targets, read
+their reports and scrape a server's /metrics."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,29 @@ def run_locust(
         check=False,
     )
     return LocustRun(proc.returncode, proc.stdout + proc.stderr, reports / run_id)
+
+
+def llmload_command(*args: str) -> list[str]:
+    """`llmload ARGS` run by this interpreter, so that it is this checkout's llmload, not the PATH's."""
+    return [sys.executable, "-m", "llmload.cli", *args]
+
+
+def llmload_cli(
+    *args: str, timeout: float | None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`llmload ARGS` in a child process from the repository root, its output captured: what a user
+    sees, exit code included. The timeout is required so that a hung command fails its test (None: no
+    limit, for benchmarks that measure how long the command takes)."""
+    return subprocess.run(
+        llmload_command(*args), cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
+def metrics_text(url: str, timeout: float = 10) -> str:
+    """The Prometheus page a server at `url` serves on /metrics, for checks of its names and labels."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as response:
+        text: str = response.read().decode()
+    return text
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ whole method end to end against the simulator, whose true step timing is known."
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ from llmload.errors import InputError
 from llmload.sim.engine import dry_run
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES, StepTiming, load_profile
+from tests.locust_runs import llmload_cli, metrics_text
 from tests.vllm_harness import VllmServer
 
 TINY = PROFILES["vllm-cpu-tiny"]
@@ -108,19 +108,8 @@ def test_cache_config_labels_are_read() -> None:
     assert cache_config("vllm:num_requests_running 0\n") is None
 
 
-def scrape_text(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
 def _calibrate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "sim", "calibrate", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=180,
-    )
+    return llmload_cli("sim", "calibrate", *args, timeout=180)
 
 
 def test_calibrating_the_simulator_recovers_its_own_step_timing(tmp_path: Path) -> None:
@@ -149,7 +138,7 @@ def test_calibrating_the_simulator_recovers_its_own_step_timing(tmp_path: Path) 
     assert got[5] * pairs / 1e3 < 0.05 * got[4] * 2048, dict(zip(PARAMETERS, got, strict=True))
     assert abs(got[0] - truth[0]) < 2.0
     with SimProcess("--profile", str(output)) as rehearsal:  # the profile stands in for the server
-        metrics = scrape_text(rehearsal.url)
+        metrics = metrics_text(rehearsal.url, timeout=5)
     assert 'num_gpu_blocks="512"' in metrics
 
 
@@ -199,7 +188,7 @@ def test_calibrating_the_real_vllm_writes_a_profile_that_stands_in_for_it(
     assert fit is not None and fit.rounds >= 1 and {p.kind for p in fit.points} == {"prefill", "decode"}
     assert fit.r2_itl is not None and fit.r2_ttft is not None
     assert ("POOR FIT" in done.stdout) == fit.poor == (done.returncode == 1)
-    real_blocks = cache_config(scrape_text(vllm_server.url))
+    real_blocks = cache_config(metrics_text(vllm_server.url, timeout=5))
     assert real_blocks is not None and profile.plan().cache.num_blocks == int(real_blocks["num_gpu_blocks"])
     with SimProcess("--profile", str(output)) as rehearsal:
-        assert f'num_gpu_blocks="{real_blocks["num_gpu_blocks"]}"' in scrape_text(rehearsal.url)
+        assert f'num_gpu_blocks="{real_blocks["num_gpu_blocks"]}"' in metrics_text(rehearsal.url, timeout=5)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +36,7 @@ from llmload.observe import (
     read_server,
     server_summary,
 )
-from tests.locust_runs import REPO, free_port, run_locust, small_workload
+from tests.locust_runs import free_port, llmload_cli, run_locust, small_workload
 from tests.test_observe import observe_for
 from tests.wire_server import serve, text_pages
 
@@ -187,10 +185,7 @@ def climbing_past_90(seconds: float) -> dict[str, float]:
 
 def _soak(tmp_path: Path, *flags: str) -> tuple[int, str, Path]:
     reports = tmp_path / "reports"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "soak", "--reports-dir", str(reports), "--run-id", "soak", *flags],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    proc = llmload_cli("soak", "--reports-dir", str(reports), "--run-id", "soak", *flags, timeout=120)
     return proc.returncode, proc.stdout + proc.stderr, reports / "soak"
 
 

@@ -24,15 +24,13 @@ from llmload.records import read_records
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
 from tests.browser import CHROMIUM, inspect_page
-from tests.locust_runs import REPO, free_port, locust_command, small_workload
+from tests.locust_runs import REPO, free_port, locust_command, metrics_text, small_workload
 
 
 def _scrape(url: str) -> dict[str, float]:
-    """Every sample of a /metrics page, keyed by name and labels."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
+    """Every sample of the /metrics page at `url`, keyed by name and labels."""
     samples = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(metrics_text(url, timeout=5)):
         for sample in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}"] = sample.value
@@ -113,7 +111,7 @@ def _watched_run(tmp_path: Path, run_id: str, host: str | None, *extra: str) -> 
         while proc.poll() is None:
             time.sleep(0.5)
             with contextlib.suppress(OSError):
-                scrapes.append(_scrape(f"http://127.0.0.1:{port}/metrics"))
+                scrapes.append(_scrape(f"http://127.0.0.1:{port}"))
         output = proc.communicate(timeout=60)[0]
     finally:
         if proc.poll() is None:
@@ -201,7 +199,7 @@ def test_web_ui_llm_tab_and_prometheus_agree_with_the_run(tmp_path: Path) -> Non
         summary = orjson.loads(summary_file.read_bytes())
         with urllib.request.urlopen(f"{ui}/stats/requests", timeout=5) as response:
             ui_stats = json.load(response)
-        metrics = _scrape(f"http://127.0.0.1:{metrics_port}/metrics")
+        metrics = _scrape(f"http://127.0.0.1:{metrics_port}")
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,20 +16,18 @@ from llmload.models import Probe
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES
-from tests.locust_runs import REPO, fixed_output_workload, small_workload
+from tests.locust_runs import REPO, fixed_output_workload, llmload_cli, llmload_command, small_workload
 
 OUTPUT_TOKENS = 64
 MAX_NUM_SEQS = 4
 
 
-def _search_command(reports: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "llmload.cli", "search", "--reports-dir", str(reports), "--search-id", "s", *flags]
+def _search_args(reports: Path, *flags: str) -> tuple[str, ...]:
+    return ("search", "--reports-dir", str(reports), "--search-id", "s", *flags)
 
 
 def _search(reports: Path, *flags: str, timeout: float) -> tuple[int, str, dict]:
-    proc = subprocess.run(
-        _search_command(reports, *flags), cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    proc = llmload_cli(*_search_args(reports, *flags), timeout=timeout)
     result = reports / "s" / "search.json"
     return proc.returncode, proc.stdout + proc.stderr, orjson.loads(result.read_bytes()) if result.exists() else {}
 
@@ -149,10 +146,10 @@ def test_the_rate_found_is_the_simulators_saturation_rate(tmp_path: Path) -> Non
 def test_ctrl_c_stops_the_probe_and_writes_what_was_learned(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     with SimProcess("--ttft-ms", "10", "--itl-ms", "2") as sim:
-        command = _search_command(
+        command = llmload_command(*_search_args(
             reports, "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "16",
             "--start-qps", "2", "--probe-duration", "6s", "--probe-warmup", "0",
-        )  # fmt: skip
+        ))  # fmt: skip
         proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             second = reports / "s" / "probe-02-4qps" / "requests.jsonl"

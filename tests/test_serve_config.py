@@ -18,7 +18,7 @@ from llmload.cli import main
 from llmload.errors import InputError
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
-from tests.locust_runs import REPO, run_locust, small_workload
+from tests.locust_runs import REPO, metrics_text, run_locust, small_workload
 
 MIB = 1 << 20
 
@@ -263,8 +263,7 @@ def test_the_simulator_is_sized_like_the_configured_server(tmp_path: Path) -> No
         status, error = _chat(sim.url, 2000)
         assert status == 400 and "maximum context length is 1024 tokens" in json.dumps(error)
         assert _chat(sim.url, 10)[0] == 200
-        with urllib.request.urlopen(f"{sim.url}/metrics", timeout=10) as response:
-            metrics = response.read().decode()
+        metrics = metrics_text(sim.url)
     # vLLM's cache_config_info gauge carries the sizing: 32 blocks of 128 tokens (4 MiB at 1 KiB/token)
     info = next(line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info"))
     assert 'num_gpu_blocks="32"' in info and 'block_size="128"' in info

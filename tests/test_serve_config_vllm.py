@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from llmload.errors import InputError
 from llmload.serve_config.options import CAPTURE
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
+from tests.locust_runs import metrics_text
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
 pytestmark = pytest.mark.vllm
@@ -94,9 +94,7 @@ def _capacity(*argv: str) -> dict[str, Any]:
 
 
 def _metric_labels(url: str, name: str) -> dict[str, str]:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    line = next(line for line in text.splitlines() if line.startswith(name + "{"))
+    line = next(line for line in metrics_text(url).splitlines() if line.startswith(name + "{"))
     return dict(part.split("=", 1) for part in line[len(name) + 1 : line.rindex("}")].replace('"', "").split(","))
 
 

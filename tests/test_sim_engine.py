@@ -31,6 +31,7 @@ from llmload.sim import SimProcess
 from llmload.sim.config import FaultSpec
 from llmload.sim.faults import FaultPicker
 from llmload.sim.profiles import PROFILES
+from tests.locust_runs import metrics_text
 
 MODEL = "llmload-sim"
 # vllm-cpu-tiny with quick steps and 16-token blocks: 64 blocks (1 KiB/token) = 1,024 tokens of KV.
@@ -195,9 +196,7 @@ def test_prompt_over_max_model_len_is_400_context_length(sims: dict[str, SimProc
 
 
 def test_metrics_have_vllms_names_and_labels(sims: dict[str, SimProcess]) -> None:
-    with urllib.request.urlopen(sims["engine"].url + "/metrics", timeout=5) as response:
-        text = response.read().decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text(sims["engine"].url, timeout=5))}
     expected = {
         "vllm:num_requests_running": "gauge",
         "vllm:num_requests_waiting": "gauge",

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 
 from llmload.sim.process import SimProcess
-from tests.locust_runs import REPO, small_workload
+from tests.locust_runs import llmload_cli, small_workload
 
 
 def _soak(tmp_path: Path, *flags: str, timeout: float) -> tuple[int, str, dict]:
     reports = tmp_path / "reports"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "soak", "--reports-dir", str(reports), "--run-id", "soak", *flags],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+    proc = llmload_cli("soak", "--reports-dir", str(reports), "--run-id", "soak", *flags, timeout=timeout)
     summary = orjson.loads((reports / "soak" / "summary.json").read_bytes())
     return proc.returncode, proc.stdout + proc.stderr, summary
 
@@ -56,10 +51,7 @@ def test_soak_with_dying_engine_fails_with_exit_code_1(tmp_path: Path) -> None:
 
 
 def test_bad_duration_is_refused(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "soak", "--duration", "five minutes"],
-        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    proc = llmload_cli("soak", "--duration", "five minutes", timeout=30)
     assert proc.returncode == 2 and "not a duration" in proc.stderr
 
 
@@ -69,9 +61,6 @@ def test_a_run_id_in_use_is_refused_before_locust_starts(tmp_path: Path) -> None
     used.mkdir(parents=True)
     (used / "run.json").write_text("{}")
     (used / "summary.json").write_text('{"verdict": {"passed": true, "reasons": []}}')
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "soak", "--reports-dir", str(tmp_path / "reports"), "--run-id", "used"],
-        cwd=REPO, capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+    proc = llmload_cli("soak", "--reports-dir", str(tmp_path / "reports"), "--run-id", "used", timeout=30)
     assert proc.returncode == 2 and "already holds a run (run.json): give another --run-id" in proc.stderr
     assert "PASS" not in proc.stdout and sorted(p.name for p in used.iterdir()) == ["run.json", "summary.json"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from llmload.sim.profiles import PROFILES
 from llmload.sweep.configs import expand
 from llmload.sweep.run import best_config, simulator_serve
 from llmload.sweep.server import read_startup
-from tests.locust_runs import REPO, fixed_output_workload, small_workload
+from tests.locust_runs import REPO, fixed_output_workload, llmload_cli, llmload_command, small_workload
 
 DATA = Path(__file__).parent / "data"
 OUTPUT_TOKENS = 64
@@ -44,10 +43,12 @@ def _config(directory: Path, name: str, *, seqs: int = 8, length: int = 2048, kv
     return path
 
 
+def _sweep_args(tmp_path: Path, *flags: str) -> tuple[str, ...]:
+    return ("sweep", "--reports-dir", str(tmp_path / "reports"), "--sweep-id", "s", *flags)
+
+
 def _sweep(tmp_path: Path, *flags: str, timeout: float = 600) -> tuple[int, str]:
-    command = [sys.executable, "-m", "llmload.cli", "sweep", "--reports-dir", str(tmp_path / "reports"),
-               "--sweep-id", "s", *flags]  # fmt: skip
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+    proc = llmload_cli(*_sweep_args(tmp_path, *flags), timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -213,8 +214,7 @@ def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) ->
         "--vary", "max-num-seqs=2,4", "--workload", str(small_workload(tmp_path)), "--start-qps", "2",
         "--max-qps", "2", "--repeats", "1", "--probe-warmup", "0", "--probe-duration", "8s",
     )  # fmt: skip
-    command = [sys.executable, "-m", "llmload.cli", "sweep", "--reports-dir", str(tmp_path / "reports"),
-               "--sweep-id", "s", *flags]  # fmt: skip
+    command = llmload_command(*_sweep_args(tmp_path, *flags))
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sweep = tmp_path / "reports" / "s"
     try:

@@ -7,8 +7,6 @@ which `llmload capacity` predicted word for word before anything started. (max-n
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -20,7 +18,7 @@ from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
-from tests.locust_runs import REPO, fixed_output_workload
+from tests.locust_runs import fixed_output_workload, llmload_cli
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
 pytestmark = pytest.mark.vllm
@@ -46,12 +44,12 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         _config(tmp_path, vllm_tiny_model, "too-long", seqs=4, length=8192, kv=4 * MIB),
     ]
     reports = tmp_path / "reports"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "sweep", "--serve", serve, "--configs", *map(str, files),
-         "--workload", str(fixed_output_workload(tmp_path, 16, sessions=300)), "--start-qps", "4",
-         "--max-qps", "8", "--min-qps", "2", "--repeats", "1", "--probe-duration", "10s",
-         "--probe-warmup", "1s", "--arrival", "constant", "--reports-dir", str(reports), "--sweep-id", "vllm"],
-        cwd=REPO, capture_output=True, text=True, timeout=420, check=False, env=child_env(),
+    proc = llmload_cli(
+        "sweep", "--serve", serve, "--configs", *map(str, files),
+        "--workload", str(fixed_output_workload(tmp_path, 16, sessions=300)), "--start-qps", "4",
+        "--max-qps", "8", "--min-qps", "2", "--repeats", "1", "--probe-duration", "10s",
+        "--probe-warmup", "1s", "--arrival", "constant", "--reports-dir", str(reports), "--sweep-id", "vllm",
+        timeout=420, env=child_env(),
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]

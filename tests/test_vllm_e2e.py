@@ -4,7 +4,6 @@ and a short capacity search."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from llmload.schedule import stage_counts
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
 from tests.conftest import VllmServerFactory
-from tests.locust_runs import REPO, fixed_output_workload, locust_command, run_locust, write_workload
+from tests.locust_runs import REPO, fixed_output_workload, llmload_cli, locust_command, run_locust, write_workload
 from tests.vllm_harness import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -139,12 +138,11 @@ def test_run_survives_its_vllm_killed_mid_run(vllm_server_factory: VllmServerFac
 def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
     """Five-second probes from 2 req/s: the answer is a rate every probe at which passed."""
     reports = tmp_path / "reports"
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmload.cli", "search", "--host", vllm_server.url,
-         "--workload", str(fixed_output_workload(tmp_path, 16, sessions=200)), "--max-qps", "16",
-         "--start-qps", "2", "--resolution", "0.5", "--probe-duration", "5s", "--probe-warmup", "1s",
-         "--reports-dir", str(reports), "--search-id", "vllm", "--arrival", "constant"],
-        cwd=REPO, capture_output=True, text=True, timeout=420, check=False,
+    proc = llmload_cli(
+        "search", "--host", vllm_server.url,
+        "--workload", str(fixed_output_workload(tmp_path, 16, sessions=200)), "--max-qps", "16",
+        "--start-qps", "2", "--resolution", "0.5", "--probe-duration", "5s", "--probe-warmup", "1s",
+        "--reports-dir", str(reports), "--search-id", "vllm", "--arrival", "constant", timeout=420,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

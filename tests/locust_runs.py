@@ -1,12 +1,16 @@
 """Helpers to run real headless Locust processes and the llmload CLI against loopback targets, read
-their reports and scrape a server's /metrics."""
+their reports, scrape a server's /metrics, stop a child process mid-run and write `vllm serve`
+configs of the tiny model."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,3 +126,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running(command: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """A child process the test signals mid-run (output merged, as text); killed if still running."""
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, never: str) -> None:
+    """Poll until `condition` holds; fail with `never` if it does not within the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.2)
+    assert condition(), never
+
+
+TINY_LLAMA_CONFIG = """\
+model: org/tiny-llama
+served-model-name: tiny-llama
+dtype: float32
+max-model-len: {length}
+kv-cache-memory-bytes: {kv}
+block-size: 128
+max-num-seqs: {seqs}
+"""
+
+
+def tiny_llama_config(path: Path, *, length: int, kv: str, seqs: int, extra: str = "") -> Path:
+    """A `vllm serve --config` file of the bundled tiny-llama (max-model-len on line 4, KV on line 5)."""
+    path.write_text(TINY_LLAMA_CONFIG.format(length=length, kv=kv, seqs=seqs) + extra)
+    return path

@@ -17,7 +17,16 @@ from llmload.models import FAILURE_CATEGORIES, Message, Session, Turn
 from llmload.records import read_records
 from llmload.schedule import build_stages, expected_arrivals
 from llmload.sim.process import SimProcess
-from tests.locust_runs import REPO, free_port, locust_command, run_locust, small_workload, write_workload
+from tests.locust_runs import (
+    REPO,
+    free_port,
+    locust_command,
+    run_locust,
+    running,
+    small_workload,
+    wait_until,
+    write_workload,
+)
 
 SAMPLE_WORKLOAD = REPO / "workloads" / "chat-multiturn.yaml"
 
@@ -262,18 +271,14 @@ def test_sigterm_mid_run_writes_a_partial_report_with_every_record(tmp_path: Pat
     workload = small_workload(tmp_path, "stopped", think_s=1.0, output_median=40)
     reports = tmp_path / "reports"
     with SimProcess("--ttft-ms", "30", "--itl-ms", "20") as sim:
-        proc = subprocess.Popen(
-            locust_command(sim.url, workload, reports, "stopped", "--target-qps", "10", "--stage-duration", "60",
-                           "--warmup", "0"),
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        deadline = time.time() + 30
+        command = locust_command(sim.url, workload, reports, "stopped", "--target-qps", "10", "--stage-duration", "60",
+                                 "--warmup", "0")  # fmt: skip
         records_file = reports / "stopped" / "requests.jsonl"
-        while time.time() < deadline and (not records_file.exists() or records_file.stat().st_size < 2000):
-            time.sleep(0.2)
-        time.sleep(4)  # well inside the 50% stage, with requests in flight
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        with running(command) as proc:
+            wait_until(lambda: records_file.exists() and records_file.stat().st_size >= 2000, 30, "no records written")
+            time.sleep(4)  # well inside the 50% stage, with requests in flight
+            proc.send_signal(signal.SIGTERM)
+            output, _ = proc.communicate(timeout=60)
     run_dir = reports / "stopped"
     summary = __import__("orjson").loads((run_dir / "summary.json").read_bytes())
     req = summary["requests"]

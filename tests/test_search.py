@@ -4,8 +4,6 @@ saturation rate as ground truth), Ctrl-C, exit codes and the refusal of SLOs tha
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import orjson
@@ -16,7 +14,7 @@ from llmload.models import Probe
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES
-from tests.locust_runs import REPO, fixed_output_workload, llmload_cli, llmload_command, small_workload
+from tests.locust_runs import fixed_output_workload, llmload_cli, llmload_command, running, small_workload, wait_until
 
 OUTPUT_TOKENS = 64
 MAX_NUM_SEQS = 4
@@ -150,19 +148,13 @@ def test_ctrl_c_stops_the_probe_and_writes_what_was_learned(tmp_path: Path) -> N
             reports, "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "16",
             "--start-qps", "2", "--probe-duration", "6s", "--probe-warmup", "0",
         ))  # fmt: skip
-        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            second = reports / "s" / "probe-02-4qps" / "requests.jsonl"
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and (not second.exists() or second.read_bytes().count(b"\n") < 4):
-                time.sleep(0.2)
-            assert second.exists(), "the second probe never started"
+        second = reports / "s" / "probe-02-4qps" / "requests.jsonl"
+        with running(command) as proc:
+            wait_until(
+                lambda: second.exists() and second.read_bytes().count(b"\n") >= 4, 120, "the second probe never started"
+            )
             proc.send_signal(signal.SIGINT)
             output, _ = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     result = orjson.loads((reports / "s" / "search.json").read_bytes())
     assert result["outcome"] == "interrupted", output[-3000:]
     first, second_probe = result["probes"]

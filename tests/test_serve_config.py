@@ -18,7 +18,7 @@ from llmload.cli import main
 from llmload.errors import InputError
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
-from tests.locust_runs import REPO, metrics_text, run_locust, small_workload
+from tests.locust_runs import REPO, metrics_text, run_locust, small_workload, tiny_llama_config
 
 MIB = 1 << 20
 
@@ -35,20 +35,8 @@ def capacity(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
 
 
 # A tiny-llama server as the real-vLLM tests run it (1 KiB of KV per token, 128-token CPU blocks).
-TINY = """\
-model: org/tiny-llama
-served-model-name: tiny-llama
-dtype: float32
-max-model-len: {length}
-kv-cache-memory-bytes: {kv}
-block-size: 128
-max-num-seqs: {seqs}
-enforce-eager: true
-"""
-
-
 def tiny(tmp_path: Path, length: int = 1024, kv: str = "4M", seqs: int = 8, name: str = "tiny.yaml") -> Path:
-    return write(tmp_path / name, TINY.format(length=length, kv=kv, seqs=seqs))
+    return tiny_llama_config(tmp_path / name, length=length, kv=kv, seqs=seqs, extra="enforce-eager: true\n")
 
 
 # --------------------------------------------------------------------------- the reader

@@ -6,8 +6,6 @@ numbers, no server left behind on Ctrl-C, --resume, and bad input refused before
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import orjson
@@ -21,26 +19,23 @@ from llmload.sim.profiles import PROFILES
 from llmload.sweep.configs import expand
 from llmload.sweep.run import best_config, simulator_serve
 from llmload.sweep.server import read_startup
-from tests.locust_runs import REPO, fixed_output_workload, llmload_cli, llmload_command, small_workload
+from tests.locust_runs import (
+    fixed_output_workload,
+    llmload_cli,
+    llmload_command,
+    running,
+    small_workload,
+    tiny_llama_config,
+    wait_until,
+)
 
 DATA = Path(__file__).parent / "data"
 OUTPUT_TOKENS = 64
+
+
 # the tiny-llama server of the real-vLLM tests: 1 KiB of KV per token, 128-token CPU blocks
-BASE = """\
-model: org/tiny-llama
-served-model-name: tiny-llama
-dtype: float32
-max-model-len: {length}
-kv-cache-memory-bytes: {kv}
-block-size: 128
-max-num-seqs: {seqs}
-"""
-
-
 def _config(directory: Path, name: str, *, seqs: int = 8, length: int = 2048, kv: str = "64M") -> Path:
-    path = directory / f"{name}.yaml"
-    path.write_text(BASE.format(length=length, kv=kv, seqs=seqs))
-    return path
+    return tiny_llama_config(directory / f"{name}.yaml", length=length, kv=kv, seqs=seqs)
 
 
 def _sweep_args(tmp_path: Path, *flags: str) -> tuple[str, ...]:
@@ -214,23 +209,14 @@ def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) ->
         "--vary", "max-num-seqs=2,4", "--workload", str(small_workload(tmp_path)), "--start-qps", "2",
         "--max-qps", "2", "--repeats", "1", "--probe-warmup", "0", "--probe-duration", "8s",
     )  # fmt: skip
-    command = llmload_command(*_sweep_args(tmp_path, *flags))
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sweep = tmp_path / "reports" / "s"
-    try:
-        second = sweep / "max-num-seqs-4" / "search" / "probe-01-2qps" / "requests.jsonl"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not second.exists():
-            time.sleep(0.2)
-        assert second.exists(), "the second configuration's probe never started"
+    second = sweep / "max-num-seqs-4" / "search" / "probe-01-2qps" / "requests.jsonl"
+    with running(llmload_command(*_sweep_args(tmp_path, *flags))) as proc:
+        wait_until(second.exists, 180, "the second configuration's probe never started")
         servers = _servers_of(tmp_path)
         assert len(servers) == 1  # the first configuration's server was stopped when its search ended
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1 and "interrupted" in output, output[-3000:]
     assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
     assert not _servers_of(tmp_path)

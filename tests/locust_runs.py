@@ -5,6 +5,7 @@ configs of the tiny model."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import subprocess
 import sys
@@ -130,8 +131,15 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running(command: list[str]) -> Iterator[subprocess.Popen[str]]:
-    """A child process the test signals mid-run (output merged, as text); killed if still running."""
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """A child process the test signals mid-run (output merged, as text); killed if still running.
+    SIGINT is restored for it: a test runner started as a background job of a non-interactive shell
+    inherits SIGINT ignored, and Python then never raises KeyboardInterrupt (a CI rehearsal's
+    Ctrl-C tests ran to the end)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # exec resets a handler, not SIG_IGN
+    try:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         yield proc
     finally:

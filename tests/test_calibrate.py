@@ -1,5 +1,6 @@
-"""`llmload sim calibrate`: the fit on synthetic points, the dry run it counts steps with, and the
-whole method end to end against the simulator, whose true step timing is known."""
+"""`llmload sim calibrate`: the fit on synthetic points, the dry run it counts steps with, the
+virtual-clock replay the steady-load point is fitted with, and the whole method end to end against
+the simulator, whose true step timing is known."""
 
 from __future__ import annotations
 
@@ -13,13 +14,23 @@ import orjson
 import pytest
 import yaml
 
-from llmload.calibrate.fit import PARAMETERS, Observation, design_row, fit_timing, nonnegative_lstsq
+from llmload.calibrate.fit import (
+    PARAMETERS,
+    Observation,
+    design_row,
+    fit_steady_load,
+    fit_timing,
+    nonnegative_lstsq,
+)
+from llmload.calibrate.measure import SteadyRequest
 from llmload.calibrate.target import cache_config, read_facts
 from llmload.errors import InputError
-from llmload.sim.engine import dry_run
+from llmload.observe import scrape
+from llmload.records import read_records
+from llmload.sim.engine import Arrival, dry_run, replay
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES, StepTiming, load_profile
-from tests.locust_runs import llmload_cli, metrics_text
+from tests.locust_runs import fixed_output_workload, llmload_cli, metrics_text, run_locust
 from tests.vllm_harness import VllmServer
 
 TINY = PROFILES["vllm-cpu-tiny"]
@@ -120,7 +131,7 @@ def test_calibrating_the_simulator_recovers_its_own_step_timing(tmp_path: Path) 
         with urllib.request.urlopen(sim.url + "/v1/models", timeout=5) as response:
             assert orjson.loads(response.read())["data"][0]["root"] == "tiny-llama"  # vLLM's --model
         done = _calibrate(
-            "--host", sim.url, "-o", str(output), "--duration", "20s", "--max-streams", "16",
+            "--host", sim.url, "-o", str(output), "--duration", "26s", "--steady-load", "6s", "--max-streams", "16",
             "--vllm-args", "--max-num-seqs 128",
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -137,9 +148,79 @@ def test_calibrating_the_simulator_recovers_its_own_step_timing(tmp_path: Path) 
     pairs = 2048 * 2049 / 2
     assert got[5] * pairs / 1e3 < 0.05 * got[4] * 2048, dict(zip(PARAMETERS, got, strict=True))
     assert abs(got[0] - truth[0]) < 2.0
+    # steady arrivals cost the simulator what bursts do: the factor is ~1 (its client's own overhead aside)
+    steady = profile.fit.steady_load
+    assert steady is not None and steady.requests >= 8 and 0.9 < steady.factor < 1.15, steady
+    assert profile.timing.steady_load_factor == steady.factor and "steady_load_factor" in done.stdout
     with SimProcess("--profile", str(output)) as rehearsal:  # the profile stands in for the server
         metrics = metrics_text(rehearsal.url, timeout=5)
     assert 'num_gpu_blocks="512"' in metrics
+
+
+def _steady_requests(factor: float, seed: int = 0) -> list[SteadyRequest]:
+    """Chats sharing three system prompts at 12 req/s for 20 s, as the tiny profile's engine with its
+    step costs × `factor` serves them."""
+    rng = np.random.default_rng(seed)
+    sends = np.cumsum(rng.exponential(1 / 12, 240))
+    systems = [(k, 200 + 200 * k) for k in rng.integers(0, 3, sends.size)]
+    arrivals = [
+        Arrival(float(at), [k * 10_000 + j for j in range(shared)] + [-(i * 10_000 + j) for j in range(100)], 64)
+        for i, (at, (k, shared)) in enumerate(zip(sends, systems, strict=True))
+    ]
+    slower = TINY.model_copy(update={"timing": TINY.timing.model_copy(update={"steady_load_factor": factor})})
+    times = replay(slower, NUM_BLOCKS, arrivals).token_times
+    return [
+        SteadyRequest(a.at_s, k, shared, len(a.prompt_ids), tuple(t))
+        for a, (k, shared), t in zip(arrivals, systems, times, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("factor", [0.8, 1.0, 1.3])
+def test_the_steady_load_factor_is_the_one_the_requests_were_served_with(factor: float) -> None:
+    point = fit_steady_load(TINY, NUM_BLOCKS, _steady_requests(factor), rate_qps=12, duration_s=20)
+    assert point.factor == pytest.approx(factor, rel=0.01)
+    assert point.requests == 240 and point.output_tokens == 64
+    assert (point.burst_fit_e2e_ms < point.measured_e2e_ms) == (factor > 1)
+    assert point.fitted_itl_ms == pytest.approx(point.measured_itl_ms, rel=0.02)
+
+
+def test_the_replay_on_a_virtual_clock_is_the_served_run(tmp_path: Path) -> None:
+    """The simulator serves a Locust run in real time (event loop, HTTP, asyncio timers); replaying
+    the same arrivals through the engine without a clock must give the same latencies and
+    preemptions. An 8-block KV cache (7 usable, ~50 + 160 tokens a request) and no prefix caching:
+    the run queues and preempts."""
+    workload = fixed_output_workload(tmp_path, 160)
+    kv = 8 * 128 * 1024  # tiny-llama: 1 KiB a token
+    engine = ("--profile", "vllm-cpu-tiny", "--kv-cache-memory-bytes", str(kv), "--max-model-len", "768")
+    with SimProcess(*engine, "--no-enable-prefix-caching") as sim:
+        run = run_locust(sim.url, workload, tmp_path / "reports", "served", "--target-qps", "6", "--stages", "100",
+                         "--stage-duration", "15", "--warmup", "0", "--arrival", "poisson")  # fmt: skip
+        served_preemptions = scrape(sim.url)["vllm:num_preemptions_total"]
+    assert run.returncode in (0, 1), run.output[-3000:]
+    records = read_records(run.run_dir / "requests.jsonl")
+    ok = records[records.status == "ok"].sort_values("sent_at")
+    start = float(ok.sent_at.min())
+    arrivals = [
+        Arrival(
+            float(r.sent_at - start), [-(i * 10_000 + j) for j in range(int(r.prompt_tokens))], int(r.output_tokens)
+        )
+        for i, r in enumerate(ok.itertuples())
+    ]
+    profile = TINY.model_copy(
+        update={"kv_cache_memory_bytes": kv, "max_model_len": 1024, "enable_prefix_caching": False}
+    )
+    replayed = replay(profile, profile.plan().cache.num_blocks, arrivals)
+    e2e = np.array([t[-1] - a.at_s for t, a in zip(replayed.token_times, arrivals, strict=True)]) * 1000
+    ttft = np.array([t[0] - a.at_s for t, a in zip(replayed.token_times, arrivals, strict=True)]) * 1000
+    figures = {
+        "preemptions": (replayed.preemptions, served_preemptions),
+        "e2e p50": (float(np.median(e2e)), float(ok.e2e_ms.median())),
+        "ttft mean": (float(np.mean(ttft)), float(ok.ttft_ms.mean())),
+    }
+    assert served_preemptions > 0 and replayed.preemptions == pytest.approx(served_preemptions, abs=3), figures
+    assert figures["e2e p50"][0] == pytest.approx(figures["e2e p50"][1], rel=0.05), figures
+    assert figures["ttft mean"][0] == pytest.approx(figures["ttft mean"][1], rel=0.1), figures
+    assert figures["ttft mean"][1] > 50, figures  # it queued (idle: ~15 ms): what the replay must get right
 
 
 def test_a_profile_with_an_unknown_fit_key_is_refused(tmp_path: Path) -> None:
@@ -188,6 +269,8 @@ def test_calibrating_the_real_vllm_writes_a_profile_that_stands_in_for_it(
     assert fit is not None and fit.rounds >= 1 and {p.kind for p in fit.points} == {"prefill", "decode"}
     assert fit.r2_itl is not None and fit.r2_ttft is not None
     assert ("POOR FIT" in done.stdout) == fit.poor == (done.returncode == 1)
+    steady = fit.steady_load  # 10 of the 40 s: chats sharing system prompts at half the burst fit's saturation
+    assert steady is not None and steady.requests >= 8 and profile.timing.steady_load_factor == steady.factor
     real_blocks = cache_config(metrics_text(vllm_server.url, timeout=5))
     assert real_blocks is not None and profile.plan().cache.num_blocks == int(real_blocks["num_gpu_blocks"])
     with SimProcess("--profile", str(output)) as rehearsal:

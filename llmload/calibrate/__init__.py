@@ -4,12 +4,15 @@ far its predictions hold against that server (`fidelity`).
 The server tells its model, context length and KV pool (`target`); prompts of chosen lengths are
 made with its tokenizer (`prompts`); probes of growing prompts and of concurrent streams are timed
 by its own /metrics, in rounds within a time budget (`measure`); the step-time model is fitted
-through the simulator's own scheduler (`fit`) and written with its points, R² and residuals into
-the profile (`EngineProfile.fit`), which `llmload sim --profile FILE.yaml` loads.
+through the simulator's own scheduler (`fit`); a steady stream of chats sharing system prompts
+then measures what the bursts cannot, and the factor on every step that reproduces it joins the
+timing. All of it goes with its points, R² and residuals into the profile (`EngineProfile.fit`),
+which `llmload sim --profile FILE.yaml` loads.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -18,19 +21,25 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from llmload.calibrate.fit import Fit, Observation, fit_timing
-from llmload.calibrate.measure import Rounds, measure_rounds, probes_for
+from llmload.calibrate.fit import Fit, Observation, fit_steady_load, fit_timing
+from llmload.calibrate.measure import SHORT_PROMPT, Rounds, measure_rounds, measure_steady_load, probes_for
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.target import ServerFacts, kv_sizing, public_url, read_facts
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
-from llmload.sim.profiles import CalibrationFit, EngineProfile, StepTiming
+from llmload.sim.profiles import CalibrationFit, EngineProfile, SteadyLoadPoint, StepTiming
 
 # the dry runs that count steps need no timing: this stands in until the fit gives one
 _UNTIMED = StepTiming(
     frontend_ms=0, prefill_tokens_per_s=1, decode_base_ms=0, decode_per_seq_ms=0, decode_per_kv_token_us=0
 )
 MIN_PREFILL_POINTS, MIN_DECODE_POINTS = 2, 3
+STEADY_LOAD_SHARE = 0.25  # of the budget, by default
+STEADY_LOAD_UTILIZATION = 0.5  # of the rate the burst fit saturates at: busy, yet not queueing without end
+STEADY_SYSTEM_PROMPTS = (0.1, 0.2, 0.3)  # of the longest prompt the server takes: shared by turns
+STEADY_USER_PROMPT = 0.05
+MIN_STEADY_REQUESTS = 8
+FACTOR_NOTE = 0.1  # a steady-load factor further than this from 1 is said in the warnings
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,8 @@ class Options:
     """How long and how wide to calibrate, and what the server does not say itself."""
 
     budget_s: float = 120.0
+    steady_load_s: float | None = None
+    """Of the budget, for the steady-load point; None: a quarter of it; 0: none."""
     max_streams: int = 64
     output_tokens: int = 64
     model_name: str | None = None
@@ -53,6 +64,32 @@ class Calibration:
     facts: ServerFacts
     rounds: Rounds
     fit: Fit
+    steady_load: SteadyLoadPoint | None
+
+
+def _steady_load(
+    url: str, facts: ServerFacts, profile: EngineProfile, *, duration_s: float, output_tokens: int,
+    progress: Callable[[str], None],
+) -> SteadyLoadPoint | None:  # fmt: skip
+    """Chats sharing system prompts at half the rate the burst-fitted profile saturates at, for
+    `duration_s`; None when that is too few requests to average."""
+    longest = min(profile.max_model_len, (facts.num_blocks - 1) * profile.block_size)
+    systems = [max(SHORT_PROMPT, int(f * longest)) for f in STEADY_SYSTEM_PROMPTS]
+    user = max(SHORT_PROMPT, int(STEADY_USER_PROMPT * longest))
+    prompt = sum(systems) / len(systems) + user
+    per_request_blocks = math.ceil((prompt + output_tokens) / profile.block_size)
+    running = max(1, min(profile.max_num_seqs, (facts.num_blocks - 1) // per_request_blocks))
+    rate = STEADY_LOAD_UTILIZATION * profile.timing.saturation_qps(running, prompt, output_tokens)
+    if rate * duration_s < MIN_STEADY_REQUESTS:
+        return None
+    rate = float(f"{rate:.3g}")
+    maker = PromptMaker(url, facts.served_model, seed=1)
+    requests = measure_steady_load(
+        url, facts.served_model, maker, rate_qps=rate, duration_s=duration_s, system_tokens=systems,
+        user_tokens=user, output_tokens=output_tokens,
+    )  # fmt: skip
+    progress(f"steady load: {len(requests)} chats at {rate:g} req/s in {duration_s:g} s")
+    return fit_steady_load(profile, facts.num_blocks, requests, rate_qps=rate, duration_s=duration_s)
 
 
 def serving_profile(facts: ServerFacts, options: Options, name: str) -> EngineProfile:
@@ -124,12 +161,29 @@ def calibrate(url: str, options: Options, progress: Callable[[str], None] = lamb
     profile = serving_profile(facts, options, name)
     probes = probes_for(profile, facts.num_blocks, max_streams=options.max_streams, output_tokens=options.output_tokens)
     maker = PromptMaker(url, facts.served_model)
+    steady_s = STEADY_LOAD_SHARE * options.budget_s if options.steady_load_s is None else options.steady_load_s
     rounds = measure_rounds(
-        url, facts.served_model, probes=probes, maker=maker, budget_s=options.budget_s, progress=progress
+        url, facts.served_model, probes=probes, maker=maker, budget_s=options.budget_s - steady_s, progress=progress
     )
     fit = fit_timing(profile, facts.num_blocks, _observations(rounds))
-    planned = profile.plan().cache.num_blocks
+    timing = fit.timing
     warnings = list(fit.warnings)
+    steady = None
+    if steady_s > 0:
+        fitted = profile.model_copy(update={"timing": timing})
+        steady = _steady_load(
+            url, facts, fitted, duration_s=steady_s, output_tokens=options.output_tokens, progress=progress
+        )
+    if steady is not None:
+        timing = timing.model_copy(update={"steady_load_factor": steady.factor})
+        if abs(steady.factor - 1) > FACTOR_NOTE:
+            warnings.append(
+                f"under steady arrivals ({steady.rate_qps:g} req/s) the server's steps took {steady.factor:.2f}× "
+                "what the bursts fitted: the profile's steady_load_factor keeps that"
+            )
+    elif steady_s > 0:
+        warnings.append(f"no steady-load point: {steady_s:g} s is too short for {MIN_STEADY_REQUESTS} requests")
+    planned = profile.plan().cache.num_blocks
     if planned != facts.num_blocks:
         warnings.append(
             f"the profile's KV sizing gives {planned} blocks, the server has {facts.num_blocks}: "
@@ -152,6 +206,7 @@ def calibrate(url: str, options: Options, progress: Callable[[str], None] = lamb
         warnings=warnings,
         assumed=list(facts.assumed.values()),
         points=fit.points,
+        steady_load=steady,
     )
     quality = "POOR FIT" if fit.poor else "fit"
     r2 = ", ".join(f"R² {k} {v:.3f}" for k, v in (("ITL", fit.r2_itl), ("TTFT", fit.r2_ttft)) if v is not None)
@@ -161,6 +216,6 @@ def calibrate(url: str, options: Options, progress: Callable[[str], None] = lamb
         f"{fit.max_abs_residual_pct:.0f}%"
     )
     calibrated = EngineProfile.model_validate(
-        {**profile.model_dump(), "calibration": summary, "timing": fit.timing.model_dump(), "fit": record.model_dump()}
+        {**profile.model_dump(), "calibration": summary, "timing": timing.model_dump(), "fit": record.model_dump()}
     )
-    return Calibration(calibrated, facts, rounds, fit)
+    return Calibration(calibrated, facts, rounds, fit, steady)

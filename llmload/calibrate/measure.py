@@ -5,17 +5,22 @@ A probe sends its streams at once and reads vLLM's own mean TTFT or ITL for them
 of its /metrics histograms: server-side times, stamped where tokens leave the engine, so a busy
 client does not distort them. A probe during which the server counted requests or tokens that were
 not the probe's (someone else's traffic) is discarded and counted.
+
+Bursts time each kind of step apart; production arrives as a steady stream. The steady-load point
+sends chats that share system prompts at Poisson times for a while and keeps what the client saw
+of each, to be replayed through the simulator's engine (`fit.fit_steady_load`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import gevent
+import numpy as np
 
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.target import public_url
@@ -173,3 +178,72 @@ def measure_rounds(
                 done.discarded += 1
         done.rounds += 1
         progress(f"round {done.rounds}: {len(probes)} probes in {time.monotonic() - round_started:.1f} s")
+
+
+@dataclass(frozen=True)
+class SteadyRequest:
+    """One request of the steady-load point and what the client saw of it (perf_counter seconds)."""
+
+    sent_s: float
+    """After the point's start."""
+    system: int
+    """Which system prompt it shares."""
+    shared_tokens: int
+    """Its prompt's tokens up to the end of that system prompt (the part other requests share)."""
+    prompt_tokens: int
+    token_times_s: tuple[float, ...]
+    """Each output token's arrival, after the point's start."""
+
+
+def measure_steady_load(
+    url: str,
+    model: str,
+    maker: PromptMaker,
+    *,
+    rate_qps: float,
+    duration_s: float,
+    system_tokens: Sequence[int],
+    user_tokens: int,
+    output_tokens: int,
+    seed: int = 0,
+) -> list[SteadyRequest]:
+    """Open loop: a chat every exponential gap (mean 1/rate) for `duration_s`, each a shared system
+    prompt (one of `system_tokens` long, in turn) and a user message of its own; then every one of
+    them to its end."""
+    systems = [f"system prompt {k}: " + maker.body(n) for k, n in enumerate(system_tokens)]
+    shared = [maker.count([{"role": "system", "content": text}]) for text in systems]
+    gaps = np.random.default_rng(seed).exponential(1 / rate_qps, size=int(rate_qps * duration_s * 2) + 10)
+    sends = np.cumsum(gaps)
+    sends = sends[sends < duration_s]
+    limits = Limits(first_token_s=duration_s + 60, between_tokens_s=60.0, total_s=duration_s + 120)
+    started = time.perf_counter()
+    done: list[SteadyRequest] = []
+    failures: list[StreamResult] = []
+
+    def one(at_s: float, system: int, user: str) -> None:
+        gevent.sleep(max(0.0, started + at_s - time.perf_counter()))
+        messages = [{"role": "system", "content": systems[system]}, {"role": "user", "content": user}]
+        client = ChatClient(url, limits=limits)
+        try:
+            result = client.stream_chat(chat_body(model, messages, max_tokens=None, output_tokens=output_tokens))
+        finally:
+            client.close()
+        if not result.ok:
+            failures.append(result)
+            return
+        times = tuple(t - started for t in result.token_times)
+        done.append(SteadyRequest(result.sent_at - started, system, shared[system], result.prompt_tokens or 0, times))
+
+    users = maker.prompts(user_tokens, len(sends))
+    gevent.joinall(
+        [
+            gevent.spawn(one, float(at), i % len(systems), user)
+            for i, (at, user) in enumerate(zip(sends, users, strict=True))
+        ]
+    )
+    if failures:
+        raise InputError(
+            f"{public_url(url)}: {len(failures)} of {len(sends)} steady-load requests failed "
+            f"({failures[0].error_category}: {failures[0].error_message})"
+        )
+    return sorted(done, key=lambda r: r.sent_s)

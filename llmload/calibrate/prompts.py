@@ -41,7 +41,11 @@ class PromptMaker:
 
     def chat_tokens(self, content: str) -> int:
         """The server's count of a one-message chat prompt (with the generation prompt, as served)."""
-        body = {"model": self.model, "messages": [{"role": "user", "content": content}]}
+        return self.count([{"role": "user", "content": content}])
+
+    def count(self, messages: list[dict[str, str]]) -> int:
+        """The server's count of a chat prompt (with the generation prompt, as served)."""
+        body = {"model": self.model, "messages": messages}
         return int(get_json(self.url, "/tokenize", body)["count"])
 
     def _filler(self, tokens: int) -> list[int]:

@@ -43,6 +43,16 @@ def render_fit(profile: EngineProfile, sources: dict[str, str] | None = None) ->
             f"{k} {timing[k]:,.4g} ± {fit.standard_errors.get(k, 0):,.2g} {unit}" for k, unit in TIMING_UNITS.items()
         ),
     ]
+    steady = fit.steady_load
+    if steady is not None:
+        lines.append(
+            f"steady load: {steady.requests} chats at {steady.rate_qps:g} req/s for {steady.duration_s:g} s "
+            f"({steady.prompt_tokens:,}-token prompts sharing system prompts, {steady.output_tokens} out): mean E2E "
+            f"{steady.measured_e2e_ms:,.0f} ms, the burst fit replays {steady.burst_fit_e2e_ms:,.0f} ms: "
+            f"steady_load_factor {steady.factor:.3g}; with it TTFT {steady.fitted_ttft_ms:,.1f} ms "
+            f"(measured {steady.measured_ttft_ms:,.1f}), ITL {steady.fitted_itl_ms:.2f} ms (measured "
+            f"{steady.measured_itl_ms:.2f})"
+        )
     r2 = ", ".join(f"{k} {v:.3f}" for k, v in (("ITL", fit.r2_itl), ("TTFT", fit.r2_ttft)) if v is not None)
     verdict = "POOR FIT: do not trust predictions from this profile" if fit.poor else "good fit"
     lines.append(f"{verdict}: R² {r2 or 'n/a'}; largest residual {fit.max_abs_residual_pct:.1f}%")

@@ -1,11 +1,13 @@
 """`llmload sim calibrate`: fit a simulator profile to a running vLLM server (llmload.calibrate).
 
 Single requests of growing prompts time the prefill, batches of concurrent streams at several
-context lengths time the decode step, all by the server's own /metrics, for --duration; the KV
-pool comes from /metrics (or --vllm-log). The profile written to -o holds the fitted timing and
-the points behind it (R², residuals); `llmload sim --profile FILE.yaml` then stands in for that
-server, and `--vllm-config` on top tries settings it never ran. Run it while nothing else uses the
-server. Exit code 1 when the fit is poor (the profile is written all the same, and says so).
+context lengths time the decode step, all by the server's own /metrics; then a steady stream of
+chats sharing system prompts measures how much longer steps take under steady arrivals; all
+within --duration. The KV pool comes from /metrics (or --vllm-log). The profile written to -o
+holds the fitted timing and the points behind it (R², residuals); `llmload sim --profile
+FILE.yaml` then stands in for that server, and `--vllm-config` on top tries settings it never ran.
+Run it while nothing else uses the server. Exit code 1 when the fit is poor (the profile is
+written all the same, and says so).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--force", action="store_true", help="overwrite --output if it exists")
     add("--model", default=None, help="served model name (default: the only one the server serves)")
     add("--duration", type=_duration, default=120.0, help="measuring time, e.g. 90s, 3m (default: 2m)")
+    add(
+        "--steady-load", type=_duration, default=None, metavar="DURATION",
+        help="of --duration, the steady-arrival point's time (default: a quarter; 0 skips it)",
+    )  # fmt: skip
     add("--name", default=None, help="the profile's name (default: MODEL-calibrated)")
     add("--max-streams", type=int, default=64, help="most concurrent streams in one probe (default: %(default)s)")
     add("--output-tokens", type=int, default=64, help="tokens each decode stream generates (default: %(default)s)")
@@ -55,9 +61,12 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-streams", args.max_streams), ("--output-tokens", args.output_tokens)):
         if value < 1:
             raise InputError(f"{flag} must be at least 1, got {value}")
+    if args.steady_load is not None and not 0 <= args.steady_load < args.duration:
+        raise InputError(f"--steady-load {args.steady_load:g} s must be at least 0 and shorter than --duration")
     serve = read_serve_config(args.vllm_config, args.vllm_args) if args.vllm_config or args.vllm_args else None
     options = Options(
         budget_s=args.duration,
+        steady_load_s=args.steady_load,
         max_streams=args.max_streams,
         output_tokens=args.output_tokens,
         model_name=args.model,

@@ -493,21 +493,26 @@ class DryRun(NamedTuple):
     token_steps: list[list[int]]
 
 
+def _offline_engine(profile: EngineProfile, num_blocks: int) -> Engine:
+    """An engine no server drives: no faults, no clients, the caller steps it."""
+    return Engine(
+        profile,
+        num_blocks=num_blocks,
+        metrics=EngineMetrics("offline"),
+        faults=FaultPlan(),
+        lag=LagStats(),
+        output_ids=(0,),
+        on_death=lambda: None,
+    )
+
+
 def dry_run(profile: EngineProfile, num_blocks: int, requests: Sequence[tuple[int, int]]) -> DryRun:
     """Schedule requests that all arrive together, each (prompt tokens, output tokens), until all
     are done: the same scheduler, KV cache and preemption as a served run, with steps counted
     instead of timed. A latency of the served run is a sum of step times, so it is linear in the
     step-cost model's parameters (what calibration fits). Prompts share no prefix."""
     steps: list[StepLoad] = []
-    engine = Engine(
-        profile,
-        num_blocks=num_blocks,
-        metrics=EngineMetrics("dry-run"),
-        faults=FaultPlan(),
-        lag=LagStats(),
-        output_ids=(0,),
-        on_death=lambda: None,
-    )
+    engine = _offline_engine(profile, num_blocks)
     sinks = []
     for i, (prompt, output) in enumerate(requests):
         sinks.append(_TokenSteps(steps))
@@ -519,3 +524,68 @@ def dry_run(profile: EngineProfile, num_blocks: int, requests: Sequence[tuple[in
         steps.append(step_load(scheduled))
         engine._complete(scheduled, len(steps))
     return DryRun(steps, [sink.token_steps for sink in sinks])
+
+
+class Arrival(NamedTuple):
+    """A request of a virtual-time replay: when it is sent (s), its prompt's token ids, its output."""
+
+    at_s: float
+    prompt_ids: Sequence[int]
+    output_tokens: int
+
+
+class _TokenTimes:
+    """A Sink that notes when each of its request's tokens came."""
+
+    __slots__ = ("times",)
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def token(self, request: EngineRequest, last: bool) -> bool:
+        self.times.append(request.last_token_at)
+        return True
+
+    def fail(self, error: wire.VllmError | None) -> None:
+        raise AssertionError("a replay injects no faults")
+
+
+class Replay(NamedTuple):
+    """What a served run of the arrivals would show on an idle machine."""
+
+    token_times: list[list[float]]
+    """Per arrival (in the order given), the time of each output token, in seconds."""
+    preemptions: int
+    mean_running: float
+    """Requests running, averaged over the time the engine was busy."""
+
+
+def replay(profile: EngineProfile, num_blocks: int, arrivals: Sequence[Arrival]) -> Replay:
+    """The arrivals through the engine on a virtual clock: each reaches the engine `frontend_ms`
+    after it is sent and each step takes what the profile's step model gives, as in a served run,
+    but with no event loop and no sleeping, so a minute of load replays in well under a second.
+    What the calibration compares with a server's own steady-load latencies."""
+    engine = _offline_engine(profile, num_blocks)
+    timing = profile.timing
+    frontend_s = timing.frontend_ms / 1000
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].at_s)
+    sinks = [_TokenTimes() for _ in arrivals]
+    clock = busy = running_time = 0.0
+    admitted = 0
+    while admitted < len(order) or engine.running or engine.waiting:
+        while admitted < len(order) and arrivals[order[admitted]].at_s + frontend_s <= clock:
+            arrival = arrivals[order[admitted]]
+            engine.add(EngineRequest(arrival.prompt_ids, arrival.output_tokens, sinks[order[admitted]], arrival.at_s))
+            admitted += 1
+        if not engine.running and not engine.waiting:
+            clock = arrivals[order[admitted]].at_s + frontend_s
+            continue
+        scheduled = engine._schedule(clock)
+        if not scheduled:
+            raise ValueError("the engine cannot schedule the waiting requests: a prompt longer than the KV cache")
+        step = timing.step_s(*step_load(scheduled))
+        running_time += len(engine.running) * step
+        busy += step
+        clock += step
+        engine._complete(scheduled, clock)
+    return Replay([sink.times for sink in sinks], engine.metrics.preemptions, running_time / busy if busy else 0.0)

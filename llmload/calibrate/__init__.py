@@ -4,10 +4,10 @@ far its predictions hold against that server (`fidelity`).
 The server tells its model, context length and KV pool (`target`); prompts of chosen lengths are
 made with its tokenizer (`prompts`); probes of growing prompts and of concurrent streams are timed
 by its own /metrics, in rounds within a time budget (`measure`); the step-time model is fitted
-through the simulator's own scheduler (`fit`); a steady stream of chats sharing system prompts
-then measures what the bursts cannot, and the factor on every step that reproduces it joins the
-timing. All of it goes with its points, R² and residuals into the profile (`EngineProfile.fit`),
-which `llmload sim --profile FILE.yaml` loads.
+through the simulator's own scheduler (`fit`); a steady stream of chats sharing system prompts,
+in windows between the later rounds, measures what the bursts cannot, and the factor on every
+step that reproduces it joins the timing. All of it goes with its points, R² and residuals into
+the profile (`EngineProfile.fit`), which `llmload sim --profile FILE.yaml` loads.
 """
 
 from __future__ import annotations
@@ -16,13 +16,21 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from llmload.calibrate.fit import Fit, Observation, fit_steady_load, fit_timing
-from llmload.calibrate.measure import SHORT_PROMPT, Rounds, measure_rounds, measure_steady_load, probes_for
+from llmload.calibrate.measure import (
+    SHORT_PROMPT,
+    Probe,
+    Rounds,
+    SteadyRequest,
+    measure_rounds,
+    measure_steady_load,
+    probes_for,
+)
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.target import ServerFacts, kv_sizing, public_url, read_facts
 from llmload.errors import InputError, validation_message
@@ -39,6 +47,9 @@ STEADY_LOAD_UTILIZATION = 0.5  # of the rate the burst fit saturates at: busy, y
 STEADY_SYSTEM_PROMPTS = (0.1, 0.2, 0.3)  # of the longest prompt the server takes: shared by turns
 STEADY_USER_PROMPT = 0.05
 MIN_STEADY_REQUESTS = 8
+STEADY_WINDOW_S = 8.0  # the steady-load point comes in windows at least this long, between burst rounds
+MAX_STEADY_WINDOWS = 4
+WINDOW_GAP_S = 1.0  # between windows in the replay: the engine is idle again by then
 FACTOR_NOTE = 0.1  # a steady-load factor further than this from 1 is said in the warnings
 
 
@@ -67,12 +78,23 @@ class Calibration:
     steady_load: SteadyLoadPoint | None
 
 
-def _steady_load(
-    url: str, facts: ServerFacts, profile: EngineProfile, *, duration_s: float, output_tokens: int,
-    progress: Callable[[str], None],
-) -> SteadyLoadPoint | None:  # fmt: skip
-    """Chats sharing system prompts at half the rate the burst-fitted profile saturates at, for
-    `duration_s`; None when that is too few requests to average."""
+@dataclass(frozen=True)
+class SteadyPlan:
+    """What the steady-load point sends: chats at `rate_qps`, each one of `systems` (shared) and a
+    user message of `user` tokens, in `windows` windows of `window_s` each."""
+
+    rate_qps: float
+    systems: list[int]
+    user: int
+    windows: int
+    window_s: float
+
+
+def _steady_plan(
+    facts: ServerFacts, profile: EngineProfile, *, duration_s: float, output_tokens: int
+) -> SteadyPlan | None:
+    """Half the rate the burst-fitted profile saturates at, with as many requests running as the KV
+    cache holds; None when `duration_s` is too short for enough requests to average."""
     longest = min(profile.max_model_len, (facts.num_blocks - 1) * profile.block_size)
     systems = [max(SHORT_PROMPT, int(f * longest)) for f in STEADY_SYSTEM_PROMPTS]
     user = max(SHORT_PROMPT, int(STEADY_USER_PROMPT * longest))
@@ -82,14 +104,59 @@ def _steady_load(
     rate = STEADY_LOAD_UTILIZATION * profile.timing.saturation_qps(running, prompt, output_tokens)
     if rate * duration_s < MIN_STEADY_REQUESTS:
         return None
-    rate = float(f"{rate:.3g}")
-    maker = PromptMaker(url, facts.served_model, seed=1)
-    requests = measure_steady_load(
-        url, facts.served_model, maker, rate_qps=rate, duration_s=duration_s, system_tokens=systems,
-        user_tokens=user, output_tokens=output_tokens,
-    )  # fmt: skip
-    progress(f"steady load: {len(requests)} chats at {rate:g} req/s in {duration_s:g} s")
-    return fit_steady_load(profile, facts.num_blocks, requests, rate_qps=rate, duration_s=duration_s)
+    windows = max(1, min(MAX_STEADY_WINDOWS, int(duration_s // STEADY_WINDOW_S)))
+    return SteadyPlan(float(f"{rate:.3g}"), systems, user, windows, duration_s / windows)
+
+
+def _after(earlier: list[SteadyRequest], window: list[SteadyRequest]) -> list[SteadyRequest]:
+    """A window's requests on the point's one clock: after the earlier windows' last token and an idle gap."""
+    offset = max((r.token_times_s[-1] for r in earlier), default=-WINDOW_GAP_S) + WINDOW_GAP_S
+    return [
+        replace(r, sent_s=r.sent_s + offset, token_times_s=tuple(t + offset for t in r.token_times_s)) for r in window
+    ]
+
+
+def _measure(
+    url: str, facts: ServerFacts, profile: EngineProfile, probes: list[Probe], *, options: Options,
+    progress: Callable[[str], None],
+) -> tuple[Rounds, Fit, SteadyPlan | None, list[SteadyRequest]]:  # fmt: skip
+    """Burst rounds, and the steady-load point in windows between the later ones: half the bursts'
+    budget first, whose fit sets the point's rate, then a share of rounds before each window."""
+    steady_s = STEADY_LOAD_SHARE * options.budget_s if options.steady_load_s is None else options.steady_load_s
+    bursts_s = options.budget_s - steady_s
+    maker = PromptMaker(url, facts.served_model)
+
+    def rounds_for(budget_s: float, resume: Rounds | None = None) -> Rounds:
+        return measure_rounds(
+            url, facts.served_model, probes=probes, maker=maker, budget_s=budget_s, progress=progress, resume=resume
+        )
+
+    rounds = rounds_for(bursts_s / 2 if steady_s > 0 else bursts_s)
+    plan = None
+    if steady_s > 0:
+        try:
+            early = fit_timing(profile, facts.num_blocks, _observations(rounds)).timing
+        except InputError:  # too few points yet to set a rate: the point is left out, and said so
+            early = None
+        if early is not None:
+            fitted = profile.model_copy(update={"timing": early})
+            plan = _steady_plan(facts, fitted, duration_s=steady_s, output_tokens=options.output_tokens)
+    requests: list[SteadyRequest] = []
+    if plan is None:
+        rounds = rounds_for(options.budget_s - rounds.elapsed_s, rounds) if steady_s > 0 else rounds  # all bursts
+    else:
+        chats = PromptMaker(url, facts.served_model, seed=1)
+        for window in range(plan.windows):
+            rounds = rounds_for((bursts_s - rounds.elapsed_s) / (plan.windows - window), rounds)
+            sent = measure_steady_load(
+                url, facts.served_model, chats, rate_qps=plan.rate_qps, duration_s=plan.window_s,
+                system_tokens=plan.systems, user_tokens=plan.user, output_tokens=options.output_tokens, window=window,
+            )  # fmt: skip
+            requests += _after(requests, sent)
+            progress(
+                f"steady load, window {window + 1} of {plan.windows}: {len(sent)} chats at {plan.rate_qps:g} req/s"
+            )
+    return rounds, fit_timing(profile, facts.num_blocks, _observations(rounds)), plan, requests
 
 
 def serving_profile(facts: ServerFacts, options: Options, name: str) -> EngineProfile:
@@ -160,29 +227,24 @@ def calibrate(url: str, options: Options, progress: Callable[[str], None] = lamb
     name = options.name or f"{facts.served_model}-calibrated"
     profile = serving_profile(facts, options, name)
     probes = probes_for(profile, facts.num_blocks, max_streams=options.max_streams, output_tokens=options.output_tokens)
-    maker = PromptMaker(url, facts.served_model)
-    steady_s = STEADY_LOAD_SHARE * options.budget_s if options.steady_load_s is None else options.steady_load_s
-    rounds = measure_rounds(
-        url, facts.served_model, probes=probes, maker=maker, budget_s=options.budget_s - steady_s, progress=progress
-    )
-    fit = fit_timing(profile, facts.num_blocks, _observations(rounds))
+    rounds, fit, plan, requests = _measure(url, facts, profile, probes, options=options, progress=progress)
     timing = fit.timing
     warnings = list(fit.warnings)
     steady = None
-    if steady_s > 0:
+    if plan is not None and requests:
         fitted = profile.model_copy(update={"timing": timing})
-        steady = _steady_load(
-            url, facts, fitted, duration_s=steady_s, output_tokens=options.output_tokens, progress=progress
-        )
-    if steady is not None:
+        steady = fit_steady_load(
+            fitted, facts.num_blocks, requests, rate_qps=plan.rate_qps, duration_s=plan.window_s * plan.windows,
+            windows=plan.windows,
+        )  # fmt: skip
         timing = timing.model_copy(update={"steady_load_factor": steady.factor})
         if abs(steady.factor - 1) > FACTOR_NOTE:
             warnings.append(
                 f"under steady arrivals ({steady.rate_qps:g} req/s) the server's steps took {steady.factor:.2f}× "
                 "what the bursts fitted: the profile's steady_load_factor keeps that"
             )
-    elif steady_s > 0:
-        warnings.append(f"no steady-load point: {steady_s:g} s is too short for {MIN_STEADY_REQUESTS} requests")
+    elif options.steady_load_s != 0:
+        warnings.append(f"no steady-load point: too short a budget for {MIN_STEADY_REQUESTS} requests")
     planned = profile.plan().cache.num_blocks
     if planned != facts.num_blocks:
         warnings.append(

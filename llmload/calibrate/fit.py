@@ -216,7 +216,13 @@ def _means_ms(arrivals: Sequence[Arrival], token_times: Sequence[Sequence[float]
 
 
 def fit_steady_load(
-    profile: EngineProfile, num_blocks: int, requests: Sequence[SteadyRequest], *, rate_qps: float, duration_s: float
+    profile: EngineProfile,
+    num_blocks: int,
+    requests: Sequence[SteadyRequest],
+    *,
+    rate_qps: float,
+    duration_s: float,
+    windows: int = 1,
 ) -> SteadyLoadPoint:
     """The factor on the profile's step costs that makes its replay of `requests` take the mean E2E
     they took on the server."""
@@ -240,6 +246,7 @@ def fit_steady_load(
     return SteadyLoadPoint(
         rate_qps=rate_qps,
         duration_s=duration_s,
+        windows=windows,
         requests=len(requests),
         prompt_tokens=round(float(np.mean([r.prompt_tokens for r in requests]))),
         output_tokens=len(requests[0].token_times_s),

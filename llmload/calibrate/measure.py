@@ -8,7 +8,9 @@ not the probe's (someone else's traffic) is discarded and counted.
 
 Bursts time each kind of step apart; production arrives as a steady stream. The steady-load point
 sends chats that share system prompts at Poisson times for a while and keeps what the client saw
-of each, to be replayed through the simulator's engine (`fit.fit_steady_load`).
+of each, to be replayed through the simulator's engine (`fit.fit_steady_load`). It comes in
+windows between rounds of bursts, so a server whose speed drifts over minutes (a shared VM's does
+by ±15%) drifts alike under both, and the factor between them is not that drift.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class Rounds:
     discarded: int = 0
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    last_wall_s: dict[Probe, float] = field(default_factory=dict)
+    """How long each probe took last time: the next one runs only if that fits what is left."""
 
 
 def measure_rounds(
@@ -151,27 +155,32 @@ def measure_rounds(
     maker: PromptMaker,
     budget_s: float,
     progress: Callable[[str], None] = lambda line: None,
+    resume: Rounds | None = None,
 ) -> Rounds:
-    """A warm-up, then every probe in turn, round after round, while the next probe fits the budget
-    (its duration last round; a probe never measured yet starts while any time is left)."""
+    """A warm-up (unless resuming earlier rounds), then every probe in turn, round after round,
+    while the next probe fits the budget (its duration last time; a probe never measured yet starts
+    while any time is left)."""
     started = time.monotonic()
     deadline = started + budget_s
     limits = Limits(first_token_s=max(60.0, budget_s), between_tokens_s=60.0, total_s=budget_s + 60.0)
-    done = Rounds({probe: [] for probe in probes})
-    widest = max((p for p in probes if p.kind == "decode"), key=lambda p: p.streams)
-    longest = max((p for p in probes if p.kind == "prefill"), key=lambda p: p.prompt_tokens)
-    for warm in (Probe("decode", widest.streams, SHORT_PROMPT, 4), longest):  # first shapes are slow on some backends
-        measure(url, model, warm, maker.prompts(warm.prompt_tokens, warm.streams), limits)
-    last_wall: dict[Probe, float] = {}
+    done = resume or Rounds({probe: [] for probe in probes})
+    if resume is None:
+        widest = max((p for p in probes if p.kind == "decode"), key=lambda p: p.streams)
+        longest = max((p for p in probes if p.kind == "prefill"), key=lambda p: p.prompt_tokens)
+        for warm in (
+            Probe("decode", widest.streams, SHORT_PROMPT, 4),
+            longest,
+        ):  # first shapes are slow on some backends
+            measure(url, model, warm, maker.prompts(warm.prompt_tokens, warm.streams), limits)
     while True:
         round_started = time.monotonic()
         for probe in probes:
-            if time.monotonic() + last_wall.get(probe, 0.0) > deadline:
-                done.elapsed_s = time.monotonic() - started
+            if time.monotonic() + done.last_wall_s.get(probe, 0.0) > deadline:
+                done.elapsed_s += time.monotonic() - started
                 return done
             prompts = maker.prompts(probe.prompt_tokens, probe.streams)
             result = measure(url, model, probe, prompts, limits)
-            last_wall[probe] = result.wall_s
+            done.last_wall_s[probe] = result.wall_s
             if result.clean:
                 done.measurements[probe].append(result)
             else:
@@ -205,14 +214,16 @@ def measure_steady_load(
     system_tokens: Sequence[int],
     user_tokens: int,
     output_tokens: int,
-    seed: int = 0,
+    window: int = 0,
 ) -> list[SteadyRequest]:
     """Open loop: a chat every exponential gap (mean 1/rate) for `duration_s`, each a shared system
     prompt (one of `system_tokens` long, in turn) and a user message of its own; then every one of
-    them to its end."""
-    systems = [f"system prompt {k}: " + maker.body(n) for k, n in enumerate(system_tokens)]
+    them to its end. Each window has system prompts of its own (numbered on from the last
+    window's), so it starts with a cold prefix cache as its replay does."""
+    first = window * len(system_tokens)
+    systems = [f"system prompt {first + k}: " + maker.body(n) for k, n in enumerate(system_tokens)]
     shared = [maker.count([{"role": "system", "content": text}]) for text in systems]
-    gaps = np.random.default_rng(seed).exponential(1 / rate_qps, size=int(rate_qps * duration_s * 2) + 10)
+    gaps = np.random.default_rng(window).exponential(1 / rate_qps, size=int(rate_qps * duration_s * 2) + 10)
     sends = np.cumsum(gaps)
     sends = sends[sends < duration_s]
     limits = Limits(first_token_s=duration_s + 60, between_tokens_s=60.0, total_s=duration_s + 120)
@@ -232,7 +243,9 @@ def measure_steady_load(
             failures.append(result)
             return
         times = tuple(t - started for t in result.token_times)
-        done.append(SteadyRequest(result.sent_at - started, system, shared[system], result.prompt_tokens or 0, times))
+        done.append(
+            SteadyRequest(result.sent_at - started, first + system, shared[system], result.prompt_tokens or 0, times)
+        )
 
     users = maker.prompts(user_tokens, len(sends))
     gevent.joinall(

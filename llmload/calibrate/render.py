@@ -47,6 +47,7 @@ def render_fit(profile: EngineProfile, sources: dict[str, str] | None = None) ->
     if steady is not None:
         lines.append(
             f"steady load: {steady.requests} chats at {steady.rate_qps:g} req/s for {steady.duration_s:g} s "
+            f"in {steady.windows} window{'s' if steady.windows > 1 else ''} between burst rounds "
             f"({steady.prompt_tokens:,}-token prompts sharing system prompts, {steady.output_tokens} out): mean E2E "
             f"{steady.measured_e2e_ms:,.0f} ms, the burst fit replays {steady.burst_fit_e2e_ms:,.0f} ms: "
             f"steady_load_factor {steady.factor:.3g}; with it TTFT {steady.fitted_ttft_ms:,.1f} ms "

@@ -1,11 +1,12 @@
 """`llmload sim calibrate`: fit a simulator profile to a running vLLM server (llmload.calibrate).
 
 Single requests of growing prompts time the prefill, batches of concurrent streams at several
-context lengths time the decode step, all by the server's own /metrics; then a steady stream of
-chats sharing system prompts measures how much longer steps take under steady arrivals; all
-within --duration. The KV pool comes from /metrics (or --vllm-log). The profile written to -o
-holds the fitted timing and the points behind it (R², residuals); `llmload sim --profile
-FILE.yaml` then stands in for that server, and `--vllm-config` on top tries settings it never ran.
+context lengths time the decode step, all by the server's own /metrics; a steady stream of
+chats sharing system prompts, in windows between the later rounds, measures how much longer
+steps take under steady arrivals; all within --duration. The KV pool comes from /metrics (or
+--vllm-log). The profile written to -o holds the fitted timing and the points behind it (R²,
+residuals); `llmload sim --profile FILE.yaml` then stands in for that server, and
+`--vllm-config` on top tries settings it never ran.
 Run it while nothing else uses the server. Exit code 1 when the fit is poor (the profile is
 written all the same, and says so).
 """

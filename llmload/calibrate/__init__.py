@@ -81,13 +81,17 @@ class Calibration:
 @dataclass(frozen=True)
 class SteadyPlan:
     """What the steady-load point sends: chats at `rate_qps`, each one of `systems` (shared) and a
-    user message of `user` tokens, in `windows` windows of `window_s` each."""
+    user message of `user` tokens, for `duration_s` in all, split into `windows` windows."""
 
     rate_qps: float
-    systems: list[int]
+    systems: tuple[int, ...]
     user: int
+    duration_s: float
     windows: int
-    window_s: float
+
+    @property
+    def window_s(self) -> float:
+        return self.duration_s / self.windows
 
 
 def _steady_plan(
@@ -96,7 +100,7 @@ def _steady_plan(
     """Half the rate the burst-fitted profile saturates at, with as many requests running as the KV
     cache holds; None when `duration_s` is too short for enough requests to average."""
     longest = min(profile.max_model_len, (facts.num_blocks - 1) * profile.block_size)
-    systems = [max(SHORT_PROMPT, int(f * longest)) for f in STEADY_SYSTEM_PROMPTS]
+    systems = tuple(max(SHORT_PROMPT, int(f * longest)) for f in STEADY_SYSTEM_PROMPTS)
     user = max(SHORT_PROMPT, int(STEADY_USER_PROMPT * longest))
     prompt = sum(systems) / len(systems) + user
     per_request_blocks = math.ceil((prompt + output_tokens) / profile.block_size)
@@ -105,7 +109,7 @@ def _steady_plan(
     if rate * duration_s < MIN_STEADY_REQUESTS:
         return None
     windows = max(1, min(MAX_STEADY_WINDOWS, int(duration_s // STEADY_WINDOW_S)))
-    return SteadyPlan(float(f"{rate:.3g}"), systems, user, windows, duration_s / windows)
+    return SteadyPlan(float(f"{rate:.3g}"), systems, user, duration_s, windows)
 
 
 def _after(earlier: list[SteadyRequest], window: list[SteadyRequest]) -> list[SteadyRequest]:
@@ -131,19 +135,22 @@ def _measure(
             url, facts.served_model, probes=probes, maker=maker, budget_s=budget_s, progress=progress, resume=resume
         )
 
-    rounds = rounds_for(bursts_s / 2 if steady_s > 0 else bursts_s)
-    plan = None
-    if steady_s > 0:
+    def plan_from(rounds: Rounds) -> SteadyPlan | None:
         try:
             early = fit_timing(profile, facts.num_blocks, _observations(rounds)).timing
         except InputError:  # too few points yet to set a rate: the point is left out, and said so
-            early = None
-        if early is not None:
-            fitted = profile.model_copy(update={"timing": early})
-            plan = _steady_plan(facts, fitted, duration_s=steady_s, output_tokens=options.output_tokens)
+            return None
+        fitted = profile.model_copy(update={"timing": early})
+        return _steady_plan(facts, fitted, duration_s=steady_s, output_tokens=options.output_tokens)
+
+    if steady_s <= 0:
+        rounds = rounds_for(bursts_s)
+        return rounds, fit_timing(profile, facts.num_blocks, _observations(rounds)), None, []
+    rounds = rounds_for(bursts_s / 2)
+    plan = plan_from(rounds)
     requests: list[SteadyRequest] = []
-    if plan is None:
-        rounds = rounds_for(options.budget_s - rounds.elapsed_s, rounds) if steady_s > 0 else rounds  # all bursts
+    if plan is None:  # the rest of the budget goes to bursts
+        rounds = rounds_for(options.budget_s - rounds.elapsed_s, rounds)
     else:
         chats = PromptMaker(url, facts.served_model, seed=1)
         for window in range(plan.windows):
@@ -234,7 +241,7 @@ def calibrate(url: str, options: Options, progress: Callable[[str], None] = lamb
     if plan is not None and requests:
         fitted = profile.model_copy(update={"timing": timing})
         steady = fit_steady_load(
-            fitted, facts.num_blocks, requests, rate_qps=plan.rate_qps, duration_s=plan.window_s * plan.windows,
+            fitted, facts.num_blocks, requests, rate_qps=plan.rate_qps, duration_s=plan.duration_s,
             windows=plan.windows,
         )  # fmt: skip
         timing = timing.model_copy(update={"steady_load_factor": steady.factor})

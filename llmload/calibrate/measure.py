@@ -167,10 +167,8 @@ def measure_rounds(
     if resume is None:
         widest = max((p for p in probes if p.kind == "decode"), key=lambda p: p.streams)
         longest = max((p for p in probes if p.kind == "prefill"), key=lambda p: p.prompt_tokens)
-        for warm in (
-            Probe("decode", widest.streams, SHORT_PROMPT, 4),
-            longest,
-        ):  # first shapes are slow on some backends
+        # the first shapes are slow on some backends
+        for warm in (Probe("decode", widest.streams, SHORT_PROMPT, 4), longest):
             measure(url, model, warm, maker.prompts(warm.prompt_tokens, warm.streams), limits)
     while True:
         round_started = time.monotonic()

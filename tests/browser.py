@@ -106,7 +106,7 @@ def _chromium(timeout_s: float) -> Iterator[str]:
         command = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"]
         proc = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its renderer and helpers share our group: stopped together
+            process_group=0,  # its renderer and helpers share our group: stopped together
         )  # fmt: skip
         try:
             port_file = Path(profile) / "DevToolsActivePort"

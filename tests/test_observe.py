@@ -166,10 +166,15 @@ def test_state_at_and_summary_over_a_counter_reset(tmp_path: Path) -> None:
     assert observer.latest() == rows[3]
 
 
-def _long_streams(url: str, index: int) -> StreamResult:
-    """Two long streams one after the other; the first that fails, else the second."""
-    first = _long_stream(url, index)
-    return _long_stream(url, index + 100) if first.ok else first
+def _streams_for(url: str, index: int, seconds: float) -> StreamResult:
+    """Long streams one after the other until `seconds` have passed: the first that fails, else the last."""
+    deadline = time.monotonic() + seconds
+    turn = 0
+    while True:
+        result = _long_stream(url, index + 100 * turn)
+        turn += 1
+        if not result.ok or time.monotonic() >= deadline:
+            return result
 
 
 def _long_stream(url: str, index: int) -> StreamResult:
@@ -187,9 +192,9 @@ def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path,
     observer = Observer(vllm_server.url, tmp_path / "server.jsonl").start()
     try:
         gevent.sleep(1.5)
-        # two streams in turn per greenlet: load for ~10 s at the same concurrency (no preemption),
-        # so a sample lands under load even when vLLM answers /metrics late while it streams
-        streams = [gevent.spawn(_long_streams, vllm_server.url, i) for i in range(6)]
+        # streams in turn per greenlet for 12 s at the same concurrency (no preemption); a fast
+        # machine finishes a round of six 1500-token streams in ~3 s
+        streams = [gevent.spawn(_streams_for, vllm_server.url, i, 12.0) for i in range(6)]
         gevent.joinall(streams, timeout=240)
         gevent.sleep(1.5)
     finally:
@@ -197,13 +202,15 @@ def test_real_vllm_metrics_every_second_with_kv_usage_under_load(tmp_path: Path,
     assert all(g.value is not None and g.value.ok for g in streams), [g.value for g in streams]
 
     frame = read_server(tmp_path / "server.jsonl").frame
-    # ~1 s apart: never closer; later when streams and vLLM crowd the 2 cores (a shared machine)
+    # ~1 s apart, never closer, and most of them under load: a server in a scheduler autogroup of
+    # its own (its own session) held this process off the CPU for 2-4 s while it decoded, so the
+    # samples landed late and only between rounds (docs/ARCHITECTURE.md, Timing)
     gaps = np.diff(frame.t)
-    assert len(frame) >= 4 and gaps.min() >= 0.95 and float(np.median(gaps)) <= 3
+    assert len(frame) >= 10 and gaps.min() >= 0.95 and float(np.median(gaps)) <= 1.5
     assert (frame.health == 200).all()
     assert all(not set(CORE) & set(missing) for missing in frame.missing)
     under_load = frame[frame.running > 0]
-    assert len(under_load) >= 1 and (under_load.kv_cache_usage > 0).all() and frame.kv_cache_usage.max() <= 1
+    assert len(under_load) >= 6 and (under_load.kv_cache_usage > 0).all() and frame.kv_cache_usage.max() <= 1
 
     summary = server_summary(read_server(tmp_path / "server.jsonl"))
     assert summary is not None and summary.kv_cache_usage_max is not None and summary.kv_cache_usage_max > 0

@@ -296,7 +296,9 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env=child_env(),
                 cwd=str(self._log_path.parent),
-                start_new_session=True,  # own process group: stop() signals only what we started
+                # own process group: stop() signals only what we started; not own session (autogroup),
+                # which on this kind of VM starved the test's client for seconds at a time
+                process_group=0,
             )
         try:
             self._wait_healthy()
@@ -354,7 +356,7 @@ class VllmServer:
         proc = self._proc
         if proc is None:
             return
-        pgid = proc.pid  # start_new_session made the server its group leader
+        pgid = proc.pid  # process_group=0 made the server its group leader
         if proc.poll() is None or self._group_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)

@@ -158,8 +158,11 @@ class Searcher:
         print(f"llmload search: probe {number} at {qps:g} req/s ({hold:g} s hold) ...", end="", flush=True)
         log = self.directory / f"{run_id}.log"
         with log.open("wb") as output:
-            # its own session: a Ctrl-C at the terminal reaches the search, which stops the probe once
-            proc = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            # its own process group: a Ctrl-C at the terminal reaches the search, which stops the probe
+            # once; the same session, so the probe shares the search's scheduler autogroup
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, process_group=0
+            )
             try:
                 code = proc.wait()
             except KeyboardInterrupt:

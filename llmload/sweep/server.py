@@ -100,7 +100,10 @@ class ServerProcess:
             try:
                 self._proc = subprocess.Popen(
                     self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own group: stop() reaches the engine's children too
+                    # its own process group, so stop() reaches the engine's children too; not its own
+                    # session: a session is a scheduler autogroup, and a CPU server in one of its own
+                    # starved the load generator for seconds at a time (docs/ARCHITECTURE.md, Timing)
+                    process_group=0,
                 )  # fmt: skip
             except OSError as exc:
                 raise InputError(f"--serve: cannot run {self.command[0]!r}: {exc.strerror}") from None

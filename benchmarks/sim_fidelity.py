@@ -11,8 +11,10 @@ both, for the TTFT, ITL and E2E medians and the stage where preemptions start
 tokenizer; the workload is single-turn (a multi-turn replay resends the model's own replies,
 which the simulator does not reproduce token for token).
 
-`--pin` runs each server on core 1 and the load generator on core 0 (2-core machines): the
-calibration then measures the pinned server too. The machine's load average is printed with each
+`--repeat-real` runs the real search and stages a second time, right after the first, and adds
+the second's ratios to the first as a column: how far the server moves by itself, the floor under
+any predicted figure's error. `--pin` runs each server on core 1 and the load generator on core 0
+(2-core machines): the calibration then measures the pinned server too. The machine's load average is printed with each
 result: other work on shared cores slows the real server and not the simulator's clock.
 """
 
@@ -114,6 +116,7 @@ def staged(url: str, workload: Path, reports: Path, run_id: str, *, rate: float,
 class Compared:
     config: ServerConfig
     rows: list[FidelityRow]
+    repeat: list[FidelityRow] | None
     real_load: float
     sim_load: float
 
@@ -143,6 +146,14 @@ def compare(
             if rate is None:
                 raise RuntimeError(f"{config.name}: the real search found no passing rate: {real_search.conclusion}")
             real_run = staged(server.url, workload, reports, "real-stages", rate=rate, args=args)
+            repeat = None
+            if args.repeat_real:
+                again = search(server.url, workload, reports, "real-search-again", args)
+                again_run = staged(server.url, workload, reports, "real-stages-again", rate=rate, args=args)
+                repeat = [
+                    compare_search(again, real_search),
+                    *compare_stages(stage_figures(again_run), stage_figures(real_run)),
+                ]
             real_load = load_average()
     finally:
         server.stop()
@@ -161,7 +172,7 @@ def compare(
     finally:
         sim.stop()
     rows = [compare_search(sim_search, real_search), *compare_stages(stage_figures(sim_run), stage_figures(real_run))]
-    return Compared(config, rows, real_load, sim_load), profile
+    return Compared(config, rows, repeat, real_load, sim_load), profile
 
 
 def main(argv: list[str]) -> None:
@@ -174,6 +185,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--probe-warmup", type=float, default=5.0)
     parser.add_argument("--stage-duration", type=float, default=30.0)
     parser.add_argument("--pin", action="store_true", help="servers on core 1, load generator on core 0")
+    parser.add_argument("--repeat-real", action="store_true", help="the real search and stages twice")
     args = parser.parse_args(argv)
     model = build_tiny_model()
     started = time.monotonic()
@@ -199,7 +211,7 @@ def main(argv: list[str]) -> None:
             f"\n### {compared.config.name} (load average after the real runs {compared.real_load:.1f}, "
             f"after the simulated {compared.sim_load:.1f})\n"
         )
-        print(render_fidelity(compared.rows))
+        print(render_fidelity(compared.rows, compared.repeat))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import orjson
 import pytest
 import yaml
 
+from llmload.calibrate.fidelity import StageFigures, compare_stages, render_fidelity
 from llmload.calibrate.fit import (
     PARAMETERS,
     Observation,
@@ -222,6 +223,30 @@ def test_the_replay_on_a_virtual_clock_is_the_served_run(tmp_path: Path) -> None
     assert figures["e2e p50"][0] == pytest.approx(figures["e2e p50"][1], rel=0.05), figures
     assert figures["ttft mean"][0] == pytest.approx(figures["ttft mean"][1], rel=0.1), figures
     assert figures["ttft mean"][1] > 50, figures  # it queued (idle: ~15 ms): what the replay must get right
+
+
+def test_fidelity_rows_judge_each_median_and_a_repeat_shows_the_servers_own_spread() -> None:
+    def stages(ttft: float, preempt_at_150: float) -> list[StageFigures]:
+        return [
+            StageFigures("50%", ttft, 4.0, 600.0, 0.0),
+            StageFigures("100%", 2 * ttft, 4.4, 700.0, 0.0),
+            StageFigures("150%", 9 * ttft, 5.0, 900.0, preempt_at_150),
+        ]
+
+    measured = stages(40.0, 3)
+    rows = compare_stages(stages(50.0, 0), measured)
+    by_figure = {row.figure: row for row in rows}
+    assert by_figure["50%: TTFT p50 (ms)"].ratio == pytest.approx(1.25) and by_figure["50%: TTFT p50 (ms)"].met is False
+    assert by_figure["100%: ITL p50 (ms)"].ratio == 1 and by_figure["100%: ITL p50 (ms)"].met is True
+    assert by_figure["preemptions start at stage"].model_dump(include={"predicted", "measured", "met"}) == {
+        "predicted": "none", "measured": "150%", "met": False,
+    }  # fmt: skip
+
+    table = render_fidelity(rows, compare_stages(stages(44.0, 1), measured)).splitlines()
+    assert table[0].split("|")[5].strip() == "real again / real" and len(table) == 2 + len(rows)
+    assert [cell.strip() for cell in table[2].split("|")[4:6]] == ["1.25", "1.10"]
+    assert [cell.strip() for cell in table[-1].split("|")[4:6]] == ["–", "150% / 150%"]
+    assert "real again" not in render_fidelity(rows)
 
 
 def test_a_profile_with_an_unknown_fit_key_is_refused(tmp_path: Path) -> None:

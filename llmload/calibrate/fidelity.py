@@ -143,13 +143,27 @@ def _cell(value: float | str | None) -> str:
     return value if isinstance(value, str) else f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
-def render_fidelity(rows: Sequence[FidelityRow]) -> str:
-    """The rows as a Markdown table: figure, predicted, measured, ratio, goal, met."""
-    lines = ["| figure | predicted (sim) | measured (real) | ratio | goal | met |", "|---|---:|---:|---:|---|---|"]
-    for row in rows:
+def _ratio_cell(row: FidelityRow) -> str:
+    return "–" if row.ratio is None else f"{row.ratio:.2f}"
+
+
+def _again_cell(row: FidelityRow) -> str:
+    """A repeat's ratio, or for a stage name the second run's and the first's."""
+    return f"{row.predicted} / {row.measured}" if isinstance(row.predicted, str) else _ratio_cell(row)
+
+
+def render_fidelity(rows: Sequence[FidelityRow], repeat: Sequence[FidelityRow] | None = None) -> str:
+    """The rows as a Markdown table: figure, predicted, measured, ratio, goal, met. `repeat`, the same
+    rows for a second real run against the first, adds its ratios: how far the server moves by itself,
+    the floor under any prediction's error."""
+    head, rule = "| figure | predicted (sim) | measured (real) | ratio |", "|---|---:|---:|---:|"
+    if repeat is not None:
+        head, rule = head + " real again / real |", rule + "---:|"
+    lines = [head + " goal | met |", rule + "---|---|"]
+    for i, row in enumerate(rows):
         met = "–" if row.met is None else "yes" if row.met else "**no**"
-        ratio = "–" if row.ratio is None else f"{row.ratio:.2f}"
-        lines.append(
-            f"| {row.figure} | {_cell(row.predicted)} | {_cell(row.measured)} | {ratio} | {row.goal} | {met} |"
-        )
+        cells = [row.figure, _cell(row.predicted), _cell(row.measured), _ratio_cell(row)]
+        if repeat is not None:
+            cells.append(_again_cell(repeat[i]))
+        lines.append("| " + " | ".join([*cells, row.goal, met]) + " |")
     return "\n".join(lines)

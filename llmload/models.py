@@ -161,6 +161,7 @@ class RunManifest(Strict):
     arrival: str
     burstiness: float
     seed: int
+    first_session: int = Field(default=0, description="the workload's session the replay began with (rate modes)")
     target_qps: float
     time_scale: float = Field(default=1.0, description="trace replay: recorded gaps divided by this")
     stages: list[Stage]

@@ -45,6 +45,7 @@ class PlanFlags:
     time_scale: float = 1.0
     warmup_s: float | None = None
     seed: int = 0
+    first_session: int = 0
     drain_s: float = 30.0
     history_turns: int | None = None
     max_users: int = 2000
@@ -95,6 +96,8 @@ class RunPlan:
             stages = trace_stages(stages, arrivals, workload.sessions)
         else:
             arrivals = ArrivalSchedule(stages, flags.arrival, burstiness=flags.burstiness, seed=flags.seed)
+        if flags.first_session < 0 or (trace and flags.first_session):
+            raise InputError("--first-session must be ≥ 0, and applies to rate modes only (a trace keeps its order)")
         if flags.history_turns is not None and flags.history_turns < 1:
             raise InputError("--history-turns must be ≥ 1")
         goodput_slo = parse_goodput_slo(flags.goodput_slo) if flags.goodput_slo else None
@@ -118,6 +121,7 @@ class RunPlan:
             arrival=self.flags.arrival,
             burstiness=self.flags.burstiness,
             seed=self.flags.seed,
+            first_session=self.flags.first_session,
             target_qps=self.target_qps,
             time_scale=self.flags.time_scale,
             stages=self.stages,

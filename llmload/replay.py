@@ -175,10 +175,12 @@ class RequestDispatcher(Dispatcher):
         sessions: Sequence[Session],
         clock: RunClock,
         share: WorkerShare,
+        first_session: int = 0,
     ) -> None:
         offsets = np.fromiter(schedule.share(share.index, share.count), dtype=float)
         super().__init__(schedule.stages, offsets, clock, share)
         self._sessions = sessions
+        self._first = first_session
         self._opened = 0
         self._ready: list[tuple[float, int, LiveSession]] = []  # heap by ready_at, then order
         self._order = itertools.count()
@@ -187,7 +189,7 @@ class RequestDispatcher(Dispatcher):
         """The session whose next turn has been due longest, else a new one (ids unique across workers)."""
         if self._ready and self._ready[0][0] <= now:
             return heapq.heappop(self._ready)[2]
-        index = self._index + self._opened * self._count
+        index = self._first + self._index + self._opened * self._count
         self._opened += 1
         return LiveSession(_session_copy(self._sessions, index))
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import gevent
 import pytest
 
 from llmload.client import ChatClient
+from llmload.errors import InputError
 from llmload.models import Message, RequestRecord, Session, Turn
+from llmload.plan import PlanFlags, RunPlan
 from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender, WorkerShare
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
 from llmload.workload.tokens import get_tokenizer
+from tests.locust_runs import small_workload
 from tests.wire_server import canned_server, chat_stream
 
 
@@ -109,6 +113,22 @@ def test_worker_shares_open_disjoint_sessions() -> None:
         opened.append([d.session_for(0.0).session.id for _ in range(d.planned)])
     assert opened[0] == ["s0", "s2", "s1~1", "s0~2", "s2~2", "s1~3", "s0~4", "s2~4", "s1~5", "s0~6"]
     assert not set(opened[0]) & set(opened[1])
+
+
+def test_a_first_session_starts_the_replay_further_into_the_workload() -> None:
+    """Two workers from session 4 of 5: the workload cycles from there, still disjoint between them."""
+    sessions = [_session(1, name=f"s{k}") for k in range(5)]
+    schedule = ArrivalSchedule(build_stages(6.0, (100,), 1.0), "constant")
+    opened = []
+    for worker in (0, 1):
+        d = RequestDispatcher(schedule, sessions, RunClock.now(), WorkerShare("t", index=worker, count=2), 4)
+        opened.append([d.session_for(0.0).session.id for _ in range(d.planned)])
+    assert opened == [["s4", "s1~1", "s3~1"], ["s0~1", "s2~1", "s4~1"]]
+
+
+def test_a_negative_first_session_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="--first-session must be ≥ 0"):
+        RunPlan.build(PlanFlags(workload=str(small_workload(tmp_path)), target_qps=1, first_session=-1))
 
 
 def test_too_few_users_show_as_schedule_delay_and_backlog() -> None:

@@ -3,6 +3,7 @@ saturation rate as ground truth), Ctrl-C, exit codes and the refusal of SLOs tha
 
 from __future__ import annotations
 
+import math
 import signal
 from pathlib import Path
 
@@ -131,6 +132,13 @@ def test_the_rate_found_is_the_simulators_saturation_rate(tmp_path: Path) -> Non
     # each probe at a rate met other arrivals (the simulator is deterministic: the same seed, the same run)
     seeds = [orjson.loads((reports / "s" / p["run_id"] / "run.json").read_bytes())["seed"] for p in at_answer]
     assert seeds == list(range(len(at_answer))), seeds
+    # and requests of its own: each probe replays the workload past every session the ones before it
+    # could open (warm-up and hold, one per arrival), so no two probes judge the same sessions
+    starts = [orjson.loads((reports / "s" / p["run_id"] / "run.json").read_bytes())["first_session"]
+              for p in result["probes"]]  # fmt: skip
+    assert starts == [sum(math.ceil(p["qps"] * 10) for p in result["probes"][:k]) for k in range(len(starts))]
+    opened = [set(read_records(reports / "s" / p["run_id"] / "requests.jsonl").session_id) for p in result["probes"]]
+    assert sum(map(len, opened)) == len(set().union(*opened)), "two probes replayed the same session"
     page = (reports / "s" / "search.html").read_text()
     for probe in result["probes"]:
         assert (reports / "s" / probe["run_id"] / "report.html").is_file()

@@ -10,12 +10,15 @@ release gate). A probe failing marginally (on a drift whose slope passes the lim
 but not at its confidence interval's low end, and on nothing else) is a suspicion the next probe
 at the same rate decides: overload drifts again, a false alarm does not (a CI run saw a false p99
 TTFT drift at 88% of saturation move the answer 19% lower). A drift past the limit at the low end
-too is overload, decided at once. The answer is
-always a rate that passed; the boundary is reported as an interval with the checks that failed above it.
+too is overload, decided at once. Each probe replays sessions of its own (`--first-session` past
+every session the earlier probes could open), so a repeat judges another sample of the workload,
+not the same requests at other times. The answer is always a rate that passed; the boundary is
+reported as an interval with the checks that failed above it.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -139,6 +142,13 @@ class Searcher:
     directory: Path
     result: SearchResult
 
+    def _first_session(self) -> int:
+        """Where the next probe's replay begins: past every session the earlier probes could open (one
+        per arrival at most), so each probe, a repeat too, is judged on requests of its own."""
+        flags = self.flags
+        held = (flags.warmup_s + (flags.confirm_s if p.confirm else flags.hold_s) for p in self.result.probes)
+        return sum(math.ceil(p.qps * s) for p, s in zip(self.result.probes, held, strict=True))
+
     def probe(self, qps: float, *, confirm: bool = False) -> Probe:
         number = len(self.result.probes) + 1
         # a repeat with the same arrivals would replay the same run on a deterministic target
@@ -151,7 +161,8 @@ class Searcher:
             sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
             "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
             "--stages", "100", "--stage-duration", f"{hold:g}", "--warmup", f"{flags.warmup_s:g}",
-            "--drain-timeout", f"{flags.drain_s:g}", "--seed", str(seed), "--run-id", run_id,
+            "--drain-timeout", f"{flags.drain_s:g}", "--seed", str(seed), "--first-session", str(self._first_session()),
+            "--run-id", run_id,
             "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
             *(f"--goodput-slo={spec}" for spec in flags.goodput_slo), *self.passthrough,
         ]  # fmt: skip

@@ -38,6 +38,10 @@ def add_arguments(parser: Any) -> None:
         " multi-turn workloads, 0 for single-turn)",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of the arrival process")
+    group.add_argument(
+        "--first-session", type=int, default=0,
+        help="replay the workload from this session on, cycling (rate modes; a search gives each probe its own)",
+    )  # fmt: skip
     group.add_argument("--model", default=None, help="served model name (default: the workload's, else /v1/models)")
     parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
         "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True, help="bearer token (never recorded)"
@@ -86,6 +90,7 @@ def plan_flags(options: argparse.Namespace) -> PlanFlags:
         time_scale=options.time_scale,
         warmup_s=options.warmup,
         seed=options.seed,
+        first_session=options.first_session,
         drain_s=options.drain_timeout,
         history_turns=options.history_turns,
         max_users=options.max_users,

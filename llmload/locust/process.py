@@ -211,7 +211,9 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.worker = index
         share = WorkerShare(run_id, index, count, plan.flags.drain_s)
         if isinstance(plan.arrivals, ArrivalSchedule):
-            run.dispatcher = RequestDispatcher(plan.arrivals, plan.workload.sessions, clock, share)
+            run.dispatcher = RequestDispatcher(
+                plan.arrivals, plan.workload.sessions, clock, share, plan.flags.first_session
+            )
         else:
             run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, clock, share)
         run.greenlets.append(gevent.spawn(_flush_loop, environment, run))

@@ -12,8 +12,6 @@ import base64
 import contextlib
 import itertools
 import json
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import websocket
+
+from llmload.process_group import start_in_group, stop_group
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -104,10 +104,7 @@ def _chromium(timeout_s: float) -> Iterator[str]:
     """A fresh headless Chromium; yields the websocket URL of its page."""
     with tempfile.TemporaryDirectory(prefix="llmload-chromium-") as profile:
         command = [str(CHROMIUM), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"]
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            process_group=0,  # its renderer and helpers share our group: stopped together
-        )  # fmt: skip
+        proc = start_in_group(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # helpers too
         try:
             port_file = Path(profile) / "DevToolsActivePort"
             deadline = time.monotonic() + timeout_s
@@ -120,13 +117,7 @@ def _chromium(timeout_s: float) -> Iterator[str]:
                 targets = json.load(response)
             yield next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_group(proc, timeout_s=5)
 
 
 def inspect_page(

@@ -10,8 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmload.gates.search import Bounds, boundary, next_rate
-from llmload.models import Probe
+from llmload.errors import InputError
+from llmload.gates.passthrough import long_options, refuse_overrides
+from llmload.gates.search import PROBE_FLAGS, Bounds, ProbeFlags, Searcher, boundary, next_rate
+from llmload.models import Probe, SearchResult
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES
@@ -205,12 +207,30 @@ def test_a_rate_below_require_qps_exits_1(tmp_path: Path) -> None:
         (("--min-goodput-ratio", "0.9"), "--min-goodput-ratio needs"),
         (("--slo-ttft-p99-ms", "-5"), "--slo-ttft-p99-ms: Input should be greater than 0"),
         (("--max-qps", "0"), "--max-qps must be > 0"),
+        (("--first-session", "5"), "--first-session is set by the search for every run it starts"),
+        (("--stage-dur=5",), "--stage-dur abbreviates --stage-duration, which is set by the search"),
     ],
 )
 def test_bad_input_exits_2_before_any_probe(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
     code, output, _ = _search(tmp_path / "reports", "--max-qps", "4", *flags, timeout=60)
     assert code == 2 and message in output, output[-2000:]
     assert not (tmp_path / "reports" / "s").exists()
+
+
+def test_every_flag_a_probe_sets_is_refused_when_passed_through(tmp_path: Path) -> None:
+    """Passed through after the probe's own, a flag of PROBE_FLAGS would replace the search's value in
+    every probe; Locust's other flags go through."""
+    flags = ProbeFlags("loadtests/chat.py", "w.yaml", hold_s=30, warmup_s=10, drain_s=10, confirm_s=300,
+                       goodput_slo=("e2e=2000",))  # fmt: skip
+    result = SearchResult(search_id="s", host="http://127.0.0.1:1", workload="w.yaml", max_qps=8, probe_s=30,
+                          repeats=2, started_at=0)  # fmt: skip
+    searcher = Searcher(flags, (), tmp_path, result)
+    for confirm in (False, True):
+        assert set(long_options(searcher.locust_command(4, "probe-01-4qps", confirm=confirm))) == set(PROBE_FLAGS)
+    for name in PROBE_FLAGS:
+        with pytest.raises(InputError, match=f"^{name} is set by the search"):
+            refuse_overrides(PROBE_FLAGS, ["--arrival", "constant", name, "1"], "the search")
+    refuse_overrides(PROBE_FLAGS, ["--arrival=constant", "--metrics-interval", "0.5", "--timeout-total", "60"], "-")
 
 
 def test_a_search_directory_in_use_is_refused_and_left_as_it_was(tmp_path: Path) -> None:

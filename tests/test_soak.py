@@ -6,6 +6,8 @@ from pathlib import Path
 
 import orjson
 
+from llmload.gates.passthrough import long_options
+from llmload.gates.soak import SOAK_FLAGS, SoakRun
 from llmload.sim.process import SimProcess
 from tests.locust_runs import llmload_cli, small_workload
 
@@ -64,3 +66,13 @@ def test_a_run_id_in_use_is_refused_before_locust_starts(tmp_path: Path) -> None
     proc = llmload_cli("soak", "--reports-dir", str(tmp_path / "reports"), "--run-id", "used", timeout=30)
     assert proc.returncode == 2 and "already holds a run (run.json): give another --run-id" in proc.stderr
     assert "PASS" not in proc.stdout and sorted(p.name for p in used.iterdir()) == ["run.json", "summary.json"]
+
+
+def test_a_flag_the_soak_sets_is_refused_before_locust_starts(tmp_path: Path) -> None:
+    """`--stage-d 10` abbreviates --stage-duration: passed through, it would replace the soak's ramp."""
+    soak = SoakRun("loadtests/chat.py", "w.yaml", target_qps=4, ramp_stage_s=60, hold_s=300, host="http://127.0.0.1:1")
+    assert set(long_options(soak.command())) == set(SOAK_FLAGS)
+    proc = llmload_cli("soak", "--reports-dir", str(tmp_path / "reports"), "--stage-d", "10", timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert "--stage-d abbreviates --stage-duration, which is set by the soak" in proc.stderr
+    assert not (tmp_path / "reports").exists()

@@ -109,6 +109,8 @@ def test_bad_input_exits_2_before_any_server_starts(tmp_path: Path) -> None:
     assert code == 2 and "lacks {config} and {port}" in output, output
     code, output = _sweep(tmp_path, "--serve", serve, "--vllm-config", str(base))
     assert code == 2 and "--max-qps" in output, output
+    code, output = _sweep(tmp_path, "--serve", serve, "--vllm-config", str(base), "--max-qps", "4", "--first-session=3")
+    assert code == 2 and "--first-session is set by the sweep's search for every run it starts" in output, output
     assert not (tmp_path / "reports" / "s" / "base" / "server.log").exists()
 
 

@@ -33,6 +33,8 @@ from types import TracebackType
 
 import yaml
 
+from llmload.process_group import start_in_group, stop_group
+
 VLLM_VERSION = "0.32.0"
 CACHE_ROOT = Path(os.environ.get("LLMLOAD_CACHE", "~/.cache/llmload")).expanduser()
 SERVED_MODEL_NAME = "tiny-llama"
@@ -289,17 +291,7 @@ class VllmServer:
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False), encoding="utf-8")
         with self._log_path.open("ab") as log:
             # cwd = log dir: `python -m` puts cwd on sys.path; keep the repo's packages off it.
-            self._proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(),
-                cwd=str(self._log_path.parent),
-                # own process group: stop() signals only what we started; not own session (autogroup),
-                # which on this kind of VM starved the test's client for seconds at a time
-                process_group=0,
-            )
+            self._proc = start_in_group(self.command(), stdout=log, env=child_env(), cwd=str(self._log_path.parent))
         try:
             self._wait_healthy()
         except BaseException:
@@ -342,40 +334,10 @@ class VllmServer:
         except psutil.NoSuchProcess:
             return []
 
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # pgid reused by someone else's process: not ours any more
-            return False
-        return True
-
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM our process group, wait up to ``timeout``, then SIGKILL what is left of it."""
-        proc = self._proc
-        if proc is None:
-            return
-        pgid = proc.pid  # process_group=0 made the server its group leader
-        if proc.poll() is None or self._group_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=timeout)
-            while self._group_alive() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if proc.poll() is None or self._group_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        # Reap/clear orphans (EngineCore) of the group if they outlived a SIGKILL'd leader.
-        deadline = time.monotonic() + 10
-        while self._group_alive() and time.monotonic() < deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            time.sleep(0.2)
+        if self._proc is not None:
+            stop_group(self._proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL the API server process only (simulated crash); stop() still cleans the group."""

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmload.errors import InputError
+from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import (
     PAGE_FILE,
+    PROBE_FLAGS,
     Bounds,
     Interrupted,
     ProbeFlags,
@@ -96,6 +98,7 @@ def search_bounds(args: argparse.Namespace) -> Bounds:
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
     interrupted before one; 2: bad input."""
+    refuse_overrides(PROBE_FLAGS, passthrough, "the search")
     criteria, flags = probe_flags(args)
     goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
     bounds = search_bounds(args)

@@ -12,7 +12,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from llmload.gates.soak import run_soak
+from llmload.gates.soak import SoakRun, run_soak
 from llmload.schedule import parse_duration
 
 HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
@@ -31,9 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
-    return run_soak(
-        locustfile=args.locustfile, workload=args.workload, host=args.host, target_qps=args.target_qps,
-        ramp_stage_s=args.ramp_stage_duration, hold_s=args.duration,
+    soak = SoakRun(
+        locustfile=args.locustfile, workload=args.workload, target_qps=args.target_qps,
+        ramp_stage_s=args.ramp_stage_duration, hold_s=args.duration, host=args.host,
         run_id=args.run_id or time.strftime("soak-%Y%m%d-%H%M%S"), reports_dir=args.reports_dir,
-        passthrough=passthrough,
     )  # fmt: skip
+    return run_soak(soak, passthrough)

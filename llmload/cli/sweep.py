@@ -17,12 +17,14 @@ from types import FrameType
 from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli.search import add_search_arguments, probe_flags, search_bounds
 from llmload.errors import InputError
-from llmload.gates.search import write_criteria
+from llmload.gates.passthrough import refuse_overrides
+from llmload.gates.search import PROBE_FLAGS, write_criteria
+from llmload.gates.soak import SOAK_FLAGS, SoakRun
 from llmload.models import SweepResult, SweepRow
 from llmload.report.sweep_page import HTML_FILE
 from llmload.schedule import parse_duration
 from llmload.sweep.configs import expand
-from llmload.sweep.run import PREDICTED_DIR, RESULT_FILE, SoakFlags, Sweep, load_rows, simulator_serve
+from llmload.sweep.run import PREDICTED_DIR, RESULT_FILE, Sweep, load_rows, simulator_serve
 
 HELP = "launch, gate and compare server configurations: the one that holds the most; unknown flags go to Locust"
 PASSTHROUGH = True
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         raise InputError('give --serve "vllm serve --config {config} --port {port}" (or --predict-only)')
     if args.mode == "search" and args.max_qps is None:
         raise InputError("--mode search needs --max-qps, the highest rate to probe")
+    refuse_overrides(PROBE_FLAGS if args.mode == "search" else SOAK_FLAGS, passthrough, f"the sweep's {args.mode}")
     criteria, probe = probe_flags(args)
     bounds = search_bounds(args) if args.mode == "search" else None
     memory = args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None)
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     directory = Path(args.reports_dir) / sweep_id
     if directory.is_dir() and any(directory.iterdir()) and not args.resume:
         raise InputError(f"{directory} already holds a sweep: give --resume to go on with it, or another --sweep-id")
-    soak = SoakFlags(args.locustfile, args.workload, args.target_qps, args.ramp_stage_duration, args.soak_duration)
+    soak = SoakRun(args.locustfile, args.workload, args.target_qps, args.ramp_stage_duration, args.soak_duration)
     passes: list[tuple[str, Path]] = []
     if args.predict or args.predict_only:
         passes.append((_predictor_serve(args, memory), directory / PREDICTED_DIR))

@@ -32,6 +32,7 @@ import yaml
 from llmload.errors import InputError
 from llmload.gates.verdict import SoakCriteria
 from llmload.models import Probe, SearchOutcome, SearchResult, Summary, Verdict
+from llmload.process_group import start_in_group
 from llmload.report.search_page import render_page
 from llmload.rundir import SUMMARY_FILE, VERDICT_FILE
 from llmload.workload import load_workload
@@ -133,6 +134,14 @@ class ProbeFlags:
     seed: int = 0  # a rate's first probe; the k-th repeat at that rate takes seed + k
 
 
+# every probe sets these (and --goodput-slo from the search's own flag): refused among those passed through
+PROBE_FLAGS = (
+    "--headless", "--only-summary", "--host", "--workload", "--target-qps", "--stages", "--stage-duration", "--warmup",
+    "--drain-timeout", "--seed", "--first-session", "--run-id", "--reports-dir", "--verdict", "--criteria",
+    "--goodput-slo",
+)  # fmt: skip
+
+
 @dataclass
 class Searcher:
     """Runs probes as Locust subprocesses and keeps search.json and search.html up to date."""
@@ -149,31 +158,33 @@ class Searcher:
         held = (flags.warmup_s + (flags.confirm_s if p.confirm else flags.hold_s) for p in self.result.probes)
         return sum(math.ceil(p.qps * s) for p, s in zip(self.result.probes, held, strict=True))
 
+    def locust_command(self, qps: float, run_id: str, *, confirm: bool) -> list[str]:
+        """The probe's Locust run, before the flags passed through (none of PROBE_FLAGS)."""
+        flags = self.flags
+        # a repeat with the same arrivals would replay the same run on a deterministic target
+        seed = flags.seed + sum(p.qps == qps and p.confirm == confirm for p in self.result.probes)
+        criteria = self.directory / ("criteria-confirm.yaml" if confirm else "criteria.yaml")
+        return [
+            sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
+            "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
+            "--stages", "100", "--stage-duration", f"{flags.confirm_s if confirm else flags.hold_s:g}",
+            "--warmup", f"{flags.warmup_s:g}", "--drain-timeout", f"{flags.drain_s:g}", "--seed", str(seed),
+            "--first-session", str(self._first_session()), "--run-id", run_id,
+            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
+            *(f"--goodput-slo={spec}" for spec in flags.goodput_slo),
+        ]  # fmt: skip
+
     def probe(self, qps: float, *, confirm: bool = False) -> Probe:
         number = len(self.result.probes) + 1
-        # a repeat with the same arrivals would replay the same run on a deterministic target
-        seed = self.flags.seed + sum(p.qps == qps and p.confirm == confirm for p in self.result.probes)
         run_id = f"{'confirm' if confirm else 'probe'}-{number:02d}-{qps:g}qps"
         flags = self.flags
         hold = flags.confirm_s if confirm else flags.hold_s
-        criteria = self.directory / ("criteria-confirm.yaml" if confirm else "criteria.yaml")
-        command = [
-            sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
-            "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
-            "--stages", "100", "--stage-duration", f"{hold:g}", "--warmup", f"{flags.warmup_s:g}",
-            "--drain-timeout", f"{flags.drain_s:g}", "--seed", str(seed), "--first-session", str(self._first_session()),
-            "--run-id", run_id,
-            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
-            *(f"--goodput-slo={spec}" for spec in flags.goodput_slo), *self.passthrough,
-        ]  # fmt: skip
+        command = [*self.locust_command(qps, run_id, confirm=confirm), *self.passthrough]
         print(f"llmload search: probe {number} at {qps:g} req/s ({hold:g} s hold) ...", end="", flush=True)
         log = self.directory / f"{run_id}.log"
         with log.open("wb") as output:
-            # its own process group: a Ctrl-C at the terminal reaches the search, which stops the probe
-            # once; the same session, so the probe shares the search's scheduler autogroup
-            proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, process_group=0
-            )
+            # a Ctrl-C at the terminal reaches only the search, which stops the probe once
+            proc = start_in_group(command, stdout=output)
             try:
                 code = proc.wait()
             except KeyboardInterrupt:

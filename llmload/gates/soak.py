@@ -10,44 +10,61 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from llmload import rundir
 from llmload.errors import InputError
+from llmload.gates.passthrough import refuse_overrides
 
 SOAK_STAGES = "25,50,100,150"
 
 
-def run_soak(
-    *,
-    locustfile: str,
-    workload: str,
-    host: str | None,
-    target_qps: float | None,
-    ramp_stage_s: float,
-    hold_s: float,
-    run_id: str,
-    reports_dir: str,
-    passthrough: Sequence[str] = (),
-) -> int:
+# every soak run sets these: refused among the flags passed through
+SOAK_FLAGS = (
+    "--headless", "--only-summary", "--workload", "--stages", "--stage-duration", "--hold-duration", "--run-id",
+    "--reports-dir", "--verdict", "--host", "--target-qps",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SoakRun:
+    """One soak: the Locust run `llmload soak` starts, and `llmload sweep --mode soak` per configuration."""
+
+    locustfile: str
+    workload: str
+    target_qps: float | None  # None: the workload's
+    ramp_stage_s: float
+    hold_s: float
+    host: str | None = None  # None: the embedded target
+    run_id: str = "soak"
+    reports_dir: str = "reports"
+
+    def command(self) -> list[str]:
+        """Its Locust command line, before the flags passed through (none of SOAK_FLAGS)."""
+        command = [
+            sys.executable, "-m", "locust", "-f", self.locustfile, "--headless", "--only-summary",
+            "--workload", self.workload, "--stages", SOAK_STAGES,
+            "--stage-duration", f"{self.ramp_stage_s:g}", "--hold-duration", f"{self.hold_s:g}",
+            "--run-id", self.run_id, "--reports-dir", self.reports_dir, "--verdict",
+        ]  # fmt: skip
+        if self.host:
+            command += ["--host", self.host]
+        if self.target_qps is not None:
+            command += ["--target-qps", f"{self.target_qps:g}"]
+        return command
+
+
+def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
     """Locust's exit code (0 PASS, 1 FAIL, 2 bad input), after printing the verdict and the report's path."""
-    if not Path(locustfile).is_file():
-        raise InputError(f"no locustfile at {locustfile} (run from the repository root)")
-    run_dir = Path(reports_dir) / run_id
+    refuse_overrides(SOAK_FLAGS, passthrough, "the soak")
+    if not Path(soak.locustfile).is_file():
+        raise InputError(f"no locustfile at {soak.locustfile} (run from the repository root)")
+    run_dir = Path(soak.reports_dir) / soak.run_id
     rundir.claim(run_dir)  # before Locust: a used directory's old verdict must not be read as this run's
-    command = [
-        sys.executable, "-m", "locust", "-f", locustfile, "--headless", "--only-summary",
-        "--workload", workload, "--stages", SOAK_STAGES,
-        "--stage-duration", f"{ramp_stage_s:g}", "--hold-duration", f"{hold_s:g}",
-        "--run-id", run_id, "--reports-dir", reports_dir, "--verdict",
-    ]  # fmt: skip
-    if host:
-        command += ["--host", host]
-    if target_qps is not None:
-        command += ["--target-qps", f"{target_qps:g}"]
-    code = subprocess.run([*command, *passthrough], check=False).returncode
+    code = subprocess.run([*soak.command(), *passthrough], check=False).returncode
     summary_path = run_dir / rundir.SUMMARY_FILE
     if summary_path.is_file():
         verdict = orjson.loads(summary_path.read_bytes()).get("verdict") or {}

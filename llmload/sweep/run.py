@@ -9,7 +9,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
@@ -19,7 +19,7 @@ from llmload.capacity.plan import plan_capacity
 from llmload.capacity.serving import serve_inputs, serve_model
 from llmload.errors import InputError
 from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boundary, search
-from llmload.gates.soak import run_soak
+from llmload.gates.soak import SoakRun, run_soak
 from llmload.models import SearchResult, Summary, SweepMode, SweepResult, SweepRow
 from llmload.report.sweep_page import write_pages
 from llmload.serve_config.reader import read_serve_config
@@ -41,15 +41,6 @@ def simulator_serve(*extra: str) -> str:
                      "--vllm-config", "{config}", *extra])  # fmt: skip
 
 
-@dataclass(frozen=True)
-class SoakFlags:
-    locustfile: str
-    workload: str
-    target_qps: float | None
-    ramp_stage_s: float
-    hold_s: float
-
-
 @dataclass
 class Sweep:
     """One sweep's configurations, how each is judged, and where it all goes."""
@@ -61,7 +52,7 @@ class Sweep:
     passthrough: Sequence[str]
     probe: ProbeFlags
     bounds: Bounds | None  # search mode
-    soak: SoakFlags | None  # soak mode
+    soak: SoakRun | None  # soak mode: each configuration's soak, but for its host and directory
     gpu_memory_gib: float | None = None
     predicted: dict[str, SweepRow] = field(default_factory=dict)  # --predict: the simulator's rows by name
 
@@ -153,12 +144,10 @@ class Sweep:
 
     def _soak(self, row: SweepRow, directory: Path, host: str) -> None:
         assert self.soak is not None
-        flags = self.soak
         run_soak(
-            locustfile=flags.locustfile, workload=flags.workload, host=host, target_qps=flags.target_qps,
-            ramp_stage_s=flags.ramp_stage_s, hold_s=flags.hold_s, run_id=SOAK_RUN, reports_dir=str(directory),
+            replace(self.soak, host=host, run_id=SOAK_RUN, reports_dir=str(directory)),
             passthrough=["--criteria", str(self.directory / "criteria-confirm.yaml"), *self.passthrough],
-        )  # fmt: skip
+        )
         run_dir = directory / SOAK_RUN
         row.reports = [f"{row.name}/{SOAK_RUN}/{rundir.HTML_FILE}"]
         summary = _figures(row, run_dir, stage=SOAK_STAGE)

@@ -4,11 +4,8 @@ log, and the whole group stopped afterwards, whatever happened in between."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import time
@@ -19,6 +16,7 @@ from pathlib import Path
 
 from llmload.capacity.vllm_log import FAILURE_KINDS, explain_vllm_log
 from llmload.errors import InputError
+from llmload.process_group import start_in_group, stop_group
 
 PLACEHOLDERS = ("{config}", "{port}")
 STOP_TIMEOUT_S = 20.0  # SIGTERM, then this long before SIGKILL to the group (vLLM shuts down in a few seconds)
@@ -98,13 +96,7 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         with self.log_path.open("wb") as log:
             try:
-                self._proc = subprocess.Popen(
-                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    # its own process group, so stop() reaches the engine's children too; not its own
-                    # session: a session is a scheduler autogroup, and a CPU server in one of its own
-                    # starved the load generator for seconds at a time (docs/ARCHITECTURE.md, Timing)
-                    process_group=0,
-                )  # fmt: skip
+                self._proc = start_in_group(self.command, stdout=log)  # stopped whole, engine included
             except OSError as exc:
                 raise InputError(f"--serve: cannot run {self.command[0]!r}: {exc.strerror}") from None
         self._started = time.monotonic()
@@ -150,29 +142,7 @@ class ServerProcess:
     def _log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def _group_alive(self) -> bool:
-        try:
-            os.killpg(self.pid, 0)
-        except (ProcessLookupError, PermissionError):  # gone, or the group id now belongs to someone else
-            return False
-        return True
-
-    def _signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
     def stop(self) -> None:
         """SIGTERM to the group, up to STOP_TIMEOUT_S for it to go, then SIGKILL; the leader is reaped."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None or self._group_alive():
-            self._signal_group(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while (proc.poll() is None or self._group_alive()) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            while self._group_alive() or proc.poll() is None:
-                self._signal_group(signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(0.2)
-        proc.wait()
+        if self._proc is not None:
+            stop_group(self._proc, STOP_TIMEOUT_S)

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from llmload.format import percent
 from llmload.models import Stage
-from llmload.observe import ServerSample, hit_rate
+from llmload.observe import LAG_WARNING_MS, ServerSample, hit_rate
 
 # seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -40,7 +40,7 @@ METRIC_NAMES = (
     "llmload_requests_total", "llmload_output_tokens_total",
     "llmload_target_qps", "llmload_offered_qps", "llmload_achieved_qps", "llmload_stage_index",
     "llmload_stage_percent", "llmload_schedule_delay_p99_seconds", "llmload_users", "llmload_users_busy",
-    "llmload_prefix_cache_hit_rate",
+    "llmload_prefix_cache_hit_rate", "llmload_load_generator_lag_seconds",
 )  # fmt: skip
 
 
@@ -141,6 +141,9 @@ class LiveStats:
         self._prefix_hit_rate = gauge(
             "llmload_prefix_cache_hit_rate", "the server's prefix-cache hits / queries since the run started"
         )
+        self._lag = gauge(
+            "llmload_load_generator_lag_seconds", "how late the recorder's timer fired before the latest server sample"
+        )
         self._recent = {name: _Ring(RECENT_GAPS if name == "itl" else RECENT_REQUESTS) for name in self._latency}
         self._delays: collections.deque[tuple[float, float]] = collections.deque()
         self._stage_scheduled: collections.Counter[str] = collections.Counter()
@@ -150,12 +153,16 @@ class LiveStats:
         self.statuses: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
         self.server: ServerSample | None = None
+        self.lag_max_ms = 0.0  # the longest the observer's timer fired late so far (ServerSample.client_lag_ms)
         self._prefix_base: tuple[float, float] | None = None  # the counters when the run first saw them
 
     def see_server(self, sample: ServerSample | None) -> None:
         """The server's latest sample. The first one with prefix-cache counters is the base the live
         hit rate counts from (vLLM's counters run from the server's start); a restart re-bases it."""
         self.server = sample
+        if sample is not None and sample.client_lag_ms is not None:
+            self.lag_max_ms = max(self.lag_max_ms, sample.client_lag_ms)
+            self._lag.set(sample.client_lag_ms / 1000)
         if sample is None or sample.prefix_cache_queries_total is None:
             return
         now = (sample.prefix_cache_hits_total or 0.0, sample.prefix_cache_queries_total)
@@ -301,6 +308,7 @@ class LiveStats:
             rows.append({"name": "server waiting requests", "value": "–" if waiting is None else f"{waiting:g}"})
             rows.append({"name": "server prefix-cache hit rate", "value": f"{percent(self.prefix_cache_hit_rate())}"
                          " since the run started"})  # fmt: skip
+            rows.append({"name": "load generator stalls", "value": self.stall_text()})
         # Locust's table sorts rows by their `name`: the row's place, so they read in the flow's order
         return [
             {"p50": "", "p95": "", "p99": "", **row, "name": f"{place:03d}", "what": row["name"]}
@@ -316,7 +324,17 @@ class LiveStats:
             if p is not None:
                 parts.append(f"{name.upper()} p50 {p[0]:,.0f} ms p99 {p[2]:,.0f} ms")
         parts.append(f"{self.statuses['failed']} failed")
+        if self.lag_max_ms > LAG_WARNING_MS:
+            parts.append(f"load generator {self.stall_text()}")
         return "; ".join(parts)
+
+    def stall_text(self) -> str:
+        """How late the observer's timer fired: the longest so far, with the report's warning past its limit."""
+        latest = self.server.client_lag_ms if self.server is not None else None
+        text = f"timer late by {0.0 if latest is None else latest:,.0f} ms now, {self.lag_max_ms:,.0f} ms at most"
+        if self.lag_max_ms > LAG_WARNING_MS:
+            text += f" (> {LAG_WARNING_MS:.0f} ms: latencies measured then include the stall)"
+        return text
 
     def ended_stage_line(self, stage: Stage) -> str:
         """The console's line for a stage that has just ended: its final rates, as the report's."""

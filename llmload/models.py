@@ -397,6 +397,11 @@ class RunInfo(BaseModel):
     workers: int
     load_generator_cpu_max_percent: float | None = None
     cpu_steal_percent: float | None = None
+    load_generator_lag_max_ms: float | None = Field(
+        default=None,
+        description="the longest the recording process's timer fired late (server.jsonl's client_lag_ms): "
+        "a stall that delays every timestamp taken meanwhile; None without samples",
+    )
     goodput_slo: GoodputSLO | None = None
     warnings: list[str] = Field(default_factory=list)
 

@@ -74,6 +74,9 @@ class GpuSample(Strict):
     utilization_percent: float | None = None
 
 
+LAG_WARNING_MS = 250.0  # a timer this late: the process was held off the CPU (gevent's own jitter is a few ms)
+
+
 class ServerSample(BaseModel):
     """One line of server.jsonl: the server's state at unix time `t`."""
 
@@ -91,6 +94,11 @@ class ServerSample(BaseModel):
     host_cpu_steal: float | None = Field(default=None, description="of it, taken by the hypervisor, 0..1")
     host_cpu_run: float | None = Field(
         default=None, description="of it, the run's own: the load generator's processes and a target on this machine"
+    )
+    client_lag_ms: float | None = Field(
+        default=None,
+        description="how much later than asked this sample's timer fired: the recording process was off the CPU "
+        "or its event loop busy, and timestamps it took meanwhile are late by up to as much (None: the first sample)",
     )
     gpus: list[GpuSample] = Field(default_factory=list, description="empty without a GPU source")
     missing: list[str] = Field(
@@ -401,11 +409,15 @@ class Observer:
         return None
 
     def _loop(self) -> None:
+        lag_ms: float | None = None
         while True:
             started = time.monotonic()
-            self._record(self.scrape())
+            self._record(self.scrape(client_lag_ms=lag_ms))
             # from this sample's start: a late wake-up (busy process) delays the series, never bunches it
-            gevent.sleep(max(0.0, started + self.interval_s - time.monotonic()))
+            asked = max(0.0, started + self.interval_s - time.monotonic())
+            slept_from = time.monotonic()
+            gevent.sleep(asked)
+            lag_ms = round(max(0.0, time.monotonic() - slept_from - asked) * 1000, 1)
 
     def _record(self, sample: ServerSample) -> None:
         self._history.append(sample)
@@ -413,7 +425,7 @@ class Observer:
         self._file.write(orjson.dumps(sample.model_dump(mode="json"), option=orjson.OPT_APPEND_NEWLINE))
         self._file.flush()
 
-    def scrape(self) -> ServerSample:
+    def scrape(self, client_lag_ms: float | None = None) -> ServerSample:
         """One sample now; an unreachable server gives health None and no metrics."""
         t = time.time()
         source = self.gpu
@@ -426,7 +438,10 @@ class Observer:
                 reading.kill(block=False)  # stopped mid-scrape: no read outlives the observer
         if source is not None and not gpus:
             missing.extend(source.names)
-        return ServerSample(t=t, health=health, gpus=gpus, missing=missing, **(values or {}), **self.host.read())
+        return ServerSample(
+            t=t, health=health, client_lag_ms=client_lag_ms, gpus=gpus, missing=missing, **(values or {}),
+            **self.host.read(),
+        )  # fmt: skip
 
     def _read_server(self) -> tuple[int | None, dict[str, float] | None, list[str]]:
         """/health's status, the METRICS fields of /metrics (None when unreachable) and those missing."""

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.live import GAP_BUCKETS, METRIC_NAMES, LiveStats
 from llmload.models import RequestRecord
+from llmload.observe import ServerSample
 from llmload.records import read_records
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
@@ -117,6 +118,22 @@ def _watched_run(tmp_path: Path, run_id: str, host: str | None, *extra: str) -> 
         if proc.poll() is None:
             proc.kill()
     return output, scrapes
+
+
+def test_a_stalled_load_generator_shows_live_as_the_report_will_say_it() -> None:
+    """The observer's timer fired 2.6 s late once: the LLM tab keeps the longest, and the headless
+    console line warns from then on, past the report's limit only."""
+    live = LiveStats(build_stages(4, (100,), 60), np.zeros(0), 0)
+    live.see_server(ServerSample(t=0, health=200))  # the first sample has no timer before it
+    assert "timer late by 0 ms now, 0 ms at most" in json.dumps(live.tab_rows())
+    live.see_server(ServerSample(t=1, health=200, client_lag_ms=240))
+    assert "load generator" not in live.console_line()
+    live.see_server(ServerSample(t=2, health=200, client_lag_ms=2600))
+    live.see_server(ServerSample(t=3, health=200, client_lag_ms=3))
+    assert "timer late by 3 ms now, 2,600 ms at most (> 250 ms: latencies" in json.dumps(live.tab_rows())
+    assert live.console_line().endswith("load generator timer late by 3 ms now, 2,600 ms at most "
+                                        "(> 250 ms: latencies measured then include the stall)")  # fmt: skip
+    assert live.registry.get_sample_value("llmload_load_generator_lag_seconds") == 0.003
 
 
 def test_live_rates_are_the_targets_mid_stage_and_at_boundaries(tmp_path: Path) -> None:

@@ -128,6 +128,27 @@ def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
     assert summary.waiting_max is None and summary.preemptions is None
 
 
+def test_a_blocked_event_loop_is_recorded_as_client_lag(
+    tmp_path: Path, loopback: tuple[str, dict[str, str | None]]
+) -> None:
+    """The process held for 1 s (no greenlet runs, as when the scheduler keeps it off the CPU): the
+    sample after it says its timer fired that late; the others are on time."""
+    url, _ = loopback
+    observer = Observer(url, tmp_path / "server.jsonl", interval_s=0.2).start()
+    try:
+        gevent.sleep(0.6)
+        held_until = time.monotonic() + 1.0
+        while time.monotonic() < held_until:  # busy, not sleeping: the event loop cannot run
+            pass
+        gevent.sleep(0.6)
+    finally:
+        observer.stop()
+    lags = [orjson.loads(line)["client_lag_ms"] for line in observer.out_path.read_bytes().splitlines()]
+    assert lags[0] is None  # no timer before the first sample
+    assert max(lags[1:]) >= 800, lags  # at most one 0.2 s interval of the hold was asked for anyway
+    assert sorted(lags[1:])[len(lags) // 2 - 1] < 250, lags  # the others: no stall the report would warn of
+
+
 def test_dead_port_gives_null_health_and_stops_cleanly(tmp_path: Path) -> None:
     observer = Observer(f"http://127.0.0.1:{free_port()}", tmp_path / "server.jsonl", interval_s=0.2)
     samples = observe_for(observer, 1.0)

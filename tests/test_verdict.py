@@ -355,3 +355,12 @@ def test_the_report_warns_when_the_hypervisor_stole_cpu(tmp_path: Path) -> None:
         run = conclude(run_dir).run
         assert run.cpu_steal_percent == steal
         assert any("hypervisor took 7.5%" in w for w in run.warnings) is warned
+
+
+def test_the_report_warns_when_the_load_generator_stalled(tmp_path: Path) -> None:
+    """A timer firing 2.6 s late once in the hold (a process held off the CPU) is named with its length."""
+    for lag, warned in ((flat(3.0), False), (lambda t: np.where(t == 40, 2600.0, 3.0), True)):
+        run_dir = write_run(tmp_path / f"run-{warned}", server={"client_lag_ms": lag})
+        run = conclude(run_dir).run
+        assert run.load_generator_lag_max_ms == (2600.0 if warned else 3.0)
+        assert any("load generator stalled for up to 2.60 s" in w for w in run.warnings) is warned

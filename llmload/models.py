@@ -521,6 +521,10 @@ class SweepRow(BaseModel):
     predicted_qps: float | None = Field(default=None, description="--predict: the simulator's answer for this config")
     predicted_passed: bool | None = None
     predicted_reason: str | None = Field(default=None, description="--predict: why the simulator did not start")
+    prediction_warnings: list[str] = Field(
+        default_factory=list,
+        description="what the simulator said of its prediction for this config (its steps past the KV calibrated)",
+    )
 
     @property
     def prediction_ratio(self) -> float | None:

@@ -21,6 +21,7 @@ import pandas as pd
 
 from llmload.models import Message, Session, Turn, WorkloadSpec
 from llmload.records import read_records
+from llmload.sim.profiles import CalibrationFit, CalibrationPoint, EngineProfile
 from llmload.workload import save_workload
 from llmload.workload.synth import TextSynthesizer, synthesize_chat_workload
 from llmload.workload.tokens import get_tokenizer
@@ -171,3 +172,16 @@ def tiny_llama_config(path: Path, *, length: int, kv: str, seqs: int, extra: str
     """A `vllm serve --config` file of the bundled tiny-llama (max-model-len on line 4, KV on line 5)."""
     path.write_text(TINY_LLAMA_CONFIG.format(length=length, kv=kv, seqs=seqs) + extra)
     return path
+
+
+def calibrated_as(profile: EngineProfile, decode: list[tuple[int, int, int]]) -> EngineProfile:
+    """`profile` as if calibrated on decode points of (streams, prompt tokens, output tokens)."""
+    points = [
+        CalibrationPoint(kind="decode", streams=n, prompt_tokens=p, output_tokens=o, repeats=3, measured_ms=4.0,
+                         spread_pct=5.0, fitted_ms=4.0, residual_pct=0.0)
+        for n, p, o in decode
+    ]  # fmt: skip
+    fit = CalibrationFit(host="http://127.0.0.1:1", served_model="tiny-llama", measured_at="2026-11-25T20:44:52Z",
+                         duration_s=120, rounds=18, r2_itl=0.99, r2_ttft=0.99, max_abs_residual_pct=4,
+                         standard_errors={}, poor=False, points=points)  # fmt: skip
+    return profile.model_copy(update={"fit": fit})

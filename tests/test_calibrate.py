@@ -28,10 +28,11 @@ from llmload.calibrate.target import cache_config, read_facts
 from llmload.errors import InputError
 from llmload.observe import scrape
 from llmload.records import read_records
+from llmload.sim.config import EngineOverrides
 from llmload.sim.engine import Arrival, dry_run, replay
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES, StepTiming, load_profile
-from tests.locust_runs import fixed_output_workload, llmload_cli, metrics_text, run_locust
+from tests.locust_runs import calibrated_as, fixed_output_workload, llmload_cli, metrics_text, run_locust
 from tests.vllm_harness import VllmServer
 
 TINY = PROFILES["vllm-cpu-tiny"]
@@ -247,6 +248,20 @@ def test_fidelity_rows_judge_each_median_and_a_repeat_shows_the_servers_own_spre
     assert [cell.strip() for cell in table[2].split("|")[4:6]] == ["1.25", "1.10"]
     assert [cell.strip() for cell in table[-1].split("|")[4:6]] == ["–", "150% / 150%"]
     assert "real again" not in render_fidelity(rows)
+
+
+def test_a_configuration_whose_steps_hold_more_kv_than_calibrated_is_called_extrapolated() -> None:
+    """The fidelity run's profile: calibrated against 4 MiB of KV (decode points up to 2 x 1,849 = 3,698 KV
+    tokens), asked about 16 MiB and 8 sequences (its B), whose steps it can only extrapolate."""
+    profile = calibrated_as(TINY, [(1, 33, 64), (31, 33, 64), (2, 1785, 64)])
+    a = profile.with_overrides(EngineOverrides(kv_cache_memory_bytes=4 * 2**20), 2048)
+    assert a.plan().cache.num_blocks == 32 and a.extrapolation(a.plan()) is None  # 4,096 tokens: 1.11x
+    b = profile.with_overrides(EngineOverrides(kv_cache_memory_bytes=16 * 2**20, max_num_seqs=8), 2048)
+    warning = b.extrapolation(b.plan())
+    assert warning is not None and "holding up to 3,698 KV tokens" in warning and "can hold 16,384 (4.4x)" in warning
+    one = profile.with_overrides(EngineOverrides(kv_cache_memory_bytes=16 * 2**20, max_num_seqs=1), 2048)
+    assert one.extrapolation(one.plan()) is None  # one 2,048-token sequence is all a step can hold
+    assert TINY.extrapolation(TINY.plan()) is None  # no calibration behind it: nothing to compare
 
 
 def test_a_profile_with_an_unknown_fit_key_is_refused(tmp_path: Path) -> None:

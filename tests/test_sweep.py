@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import psutil
 import pytest
+import yaml
 
 from llmload.errors import InputError
 from llmload.models import SweepRow
@@ -20,6 +21,7 @@ from llmload.sweep.configs import expand
 from llmload.sweep.run import best_config, simulator_serve
 from llmload.sweep.server import read_startup
 from tests.locust_runs import (
+    calibrated_as,
     fixed_output_workload,
     llmload_cli,
     llmload_command,
@@ -147,17 +149,23 @@ def test_the_best_passes_the_highest_rate_and_ties_go_to_less_memory() -> None:
 def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path: Path) -> None:
     """--predict-only: no server, the embedded target sized by each file. Each configuration's
     passing rate lies near the simulator's saturation rate for its max-num-seqs (computed from its
-    step timing), so the ranking is the engine's; the file vLLM would refuse is a row with vLLM's numbers."""
+    step timing), so the ranking is the engine's; the file vLLM would refuse is a row with vLLM's numbers.
+    The profile is the built-in one as if calibrated up to 4,000 KV tokens a step: four 2,048-token
+    sequences reach past that, and that row says its prediction is extrapolated."""
     workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+    profile = tmp_path / "calibrated.yaml"
+    calibrated = calibrated_as(PROFILES["vllm-cpu-tiny"], [(2, 1936, 64)])
+    profile.write_text(yaml.safe_dump(calibrated.model_dump(mode="json")))
     files = [
         _config(tmp_path, "one-seq", seqs=1),
         _config(tmp_path, "four-seqs", seqs=4),
         _config(tmp_path, "too-long", length=8192, kv="4M"),
     ]
     code, output = _sweep(
-        tmp_path, "--predict-only", "--configs", *map(str, files), "--workload", str(workload),
-        "--start-qps", "5", "--max-qps", "20", "--resolution", "0.3", "--repeats", "1", "--probe-duration", "6s",
-        "--probe-warmup", "2s", "--arrival", "constant", "--metrics-interval", "0.5", "--require-qps", "10",
+        tmp_path, "--predict-only", "--profile", str(profile), "--configs", *map(str, files),
+        "--workload", str(workload), "--start-qps", "5", "--max-qps", "20", "--resolution", "0.3", "--repeats", "1",
+        "--probe-duration", "6s", "--probe-warmup", "2s", "--arrival", "constant", "--metrics-interval", "0.5",
+        "--require-qps", "10",
     )  # fmt: skip
     assert code == 0, output[-4000:]
     where = tmp_path / "reports" / "s" / "predicted"
@@ -176,6 +184,9 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
         for link in row["reports"]:
             assert (where / link).is_file(), link
     assert rows["one-seq"]["passed"] is False  # below --require-qps 10
+    assert rows["one-seq"]["prediction_warnings"] == []  # one 2,048-token sequence: within the 4,000 measured
+    (extrapolated,) = rows["four-seqs"]["prediction_warnings"]
+    assert "holding up to 4,000 KV tokens; this configuration's steps can hold 8,192 (2.0x)" in extrapolated
     assert result["best"] == "four-seqs" and "passes at" in result["best_why"]
     refused = rows["too-long"]
     assert refused["server"] == "did_not_start" and refused["passing_qps"] is None
@@ -183,6 +194,7 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
     assert refused["predicted_startup"].startswith("refuses to start: To serve at least one request")
     page, table = (where / "sweep.html").read_text(), (where / "sweep.md").read_text()
     assert "Ship four-seqs" in table and "did not start" in table and "8,192-token request needs" in page
+    assert f"the prediction warns: {extrapolated}" in table
     assert not (tmp_path / "reports" / "s" / "sweep.json").exists()  # no server was swept
     assert not _servers_of(tmp_path)
 

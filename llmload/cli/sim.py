@@ -16,7 +16,7 @@ from llmload.cli import sim_calibrate
 from llmload.errors import InputError, validation_message
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
-from llmload.sim.profiles import PROFILES, StartupRefusal, profile_for, resolve_profile
+from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
 
 
 def _parsed(parse: Any) -> Any:
@@ -213,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if (extrapolated := engine_plan[0].extrapolation(plan)) is not None:
+            print(f"{STARTUP_WARNING}{extrapolated}", file=sys.stderr, flush=True)
     from llmload.sim.server import serve
 
     return serve(config, engine_plan)

@@ -69,6 +69,7 @@ def why(row: SweepRow) -> str:
         parts.append("below --require-qps")
     if row.predicted_reason is not None:
         parts.append(f"the simulator refused it: {row.predicted_reason}")
+    parts += [f"the prediction warns: {warning}" for warning in row.prediction_warnings]
     parts.append(f"capacity had said: {row.predicted_startup}")
     return "; ".join(p for p in parts if p) + "."
 

@@ -30,6 +30,9 @@ from llmload.models import ServeConfig, Strict
 from llmload.sim.config import EngineOverrides
 from llmload.yamlfile import load_yaml_model
 
+EXTRAPOLATION_MARGIN = 1.25  # a configuration's steps may hold this much more KV than calibrated before a warning
+STARTUP_WARNING = "WARNING llmload sim: "  # a line of the simulator's startup log that a sweep carries to its row
+
 
 class StepTiming(Strict):
     """Cost of one engine step: base + per_seq·seqs + per_kv·KV tokens read + prefill tokens / throughput
@@ -127,6 +130,12 @@ class CalibrationFit(Strict):
         default=None, description="the steady-arrival point behind `timing.steady_load_factor` (None: not measured)"
     )
 
+    @property
+    def decode_kv_tokens_max(self) -> int | None:
+        """The most KV tokens a measured decode step held: past it, the per-KV-token cost is extrapolated."""
+        return max((p.streams * (p.prompt_tokens + p.output_tokens) for p in self.points if p.kind == "decode"),
+                   default=None)  # fmt: skip
+
 
 class EngineProfile(Strict):
     """One model served by vLLM on one kind of server: what the simulator's engine needs."""
@@ -153,6 +162,20 @@ class EngineProfile(Strict):
     enable_prefix_caching: bool = True
     timing: StepTiming
     fit: CalibrationFit | None = Field(default=None, description="the calibration behind `timing`, when fitted")
+
+    def extrapolation(self, plan: CapacityReport) -> str | None:
+        """What this configuration's steps reach beyond the KV its calibration measured (None: nothing
+        past EXTRAPOLATION_MARGIN of it, or no calibration): a profile calibrated against a small
+        cache and asked about a large one predicts those steps from a straight line."""
+        measured = self.fit.decode_kv_tokens_max if self.fit is not None else None
+        reachable = min(plan.cache.num_blocks * self.block_size, self.max_num_seqs * plan.max_model_len)
+        if measured is None or reachable <= EXTRAPOLATION_MARGIN * measured:
+            return None
+        return (
+            f"the profile's decode steps were measured holding up to {measured:,} KV tokens; this "
+            f"configuration's steps can hold {reachable:,} ({reachable / measured:.1f}x), and their times are "
+            "extrapolated: calibrate against the configuration with the largest KV cache you will try"
+        )
 
     def with_serve_config(self, config: ServeConfig, gpu_memory_gib: float | None) -> EngineProfile:
         """This profile's timing for the server a `vllm serve` config describes: its model, KV

@@ -89,6 +89,7 @@ class Sweep:
             row.startup_s = round(startup.seconds, 1)
             row.kv_cache_tokens, row.max_concurrency = startup.kv_cache_tokens, startup.max_concurrency
             row.concurrency_tokens, row.kv_cache_gib = startup.concurrency_tokens, startup.kv_cache_gib
+            row.prediction_warnings = list(startup.warnings) if self.result.predicted else []
             if not startup.started:
                 row.server, row.reason = "did_not_start", startup.reason
                 print(f" did not start: {startup.reason}")
@@ -169,6 +170,7 @@ class Sweep:
                 "predicted_qps": predicted.passing_qps,
                 "predicted_passed": predicted.passed,
                 "predicted_reason": predicted.reason,
+                "prediction_warnings": predicted.prediction_warnings,
             }
         )
 

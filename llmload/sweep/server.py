@@ -17,6 +17,7 @@ from pathlib import Path
 from llmload.capacity.vllm_log import FAILURE_KINDS, explain_vllm_log
 from llmload.errors import InputError
 from llmload.process_group import start_in_group, stop_group
+from llmload.sim.profiles import STARTUP_WARNING
 
 PLACEHOLDERS = ("{config}", "{port}")
 STOP_TIMEOUT_S = 20.0  # SIGTERM, then this long before SIGKILL to the group (vLLM shuts down in a few seconds)
@@ -52,6 +53,7 @@ class Startup:
     max_concurrency: float | None = None
     concurrency_tokens: int | None = None  # the request length max_concurrency is quoted for (max_model_len)
     kv_cache_gib: float | None = None  # the memory vLLM gave the KV cache, when it says
+    warnings: tuple[str, ...] = ()  # the simulator's own about its prediction (STARTUP_WARNING lines)
 
 
 def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str | None = None) -> Startup:
@@ -75,6 +77,7 @@ def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str 
         max_concurrency=float(facts["concurrency"]) if "concurrency" in facts else None,
         concurrency_tokens=_int(facts.get("request_tokens")),
         kv_cache_gib=float(memory) if isinstance(memory, int | float) else None,
+        warnings=tuple(line.split(STARTUP_WARNING, 1)[1] for line in log_text.splitlines() if STARTUP_WARNING in line),
     )
 
 

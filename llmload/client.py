@@ -27,7 +27,7 @@ from llmload.failures import (
     clip,
     parse_error_body,
 )
-from llmload.models import FailureCategory, Message
+from llmload.models import FailureCategory
 
 CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"
@@ -66,27 +66,6 @@ class StreamResult:
     @property
     def first_token_at(self) -> float | None:
         return self.token_times[0] if self.token_times else None
-
-
-def chat_body(
-    model: str,
-    messages: list[Message] | list[dict[str, str]],
-    *,
-    max_tokens: int | None,
-    output_tokens: int | None,
-) -> bytes:
-    """The request body: streaming with usage; a forced output length when the workload gives one."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [m.model_dump() if isinstance(m, Message) else m for m in messages],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if output_tokens is not None:
-        body.update(max_tokens=output_tokens, min_tokens=output_tokens, ignore_eos=True)
-    elif max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    return orjson.dumps(body)
 
 
 def _is_token_delta(delta: dict[str, Any]) -> tuple[bool, str]:
@@ -142,8 +121,8 @@ class ChatClient:
     def stream_chat(self, body: bytes, *, deadline: float | None = None) -> StreamResult:
         """Send one streaming chat completion and time every output chunk.
 
-        `deadline` (perf_counter) is the end of the run's drain: a request still in flight then
-        is `cancelled`, so a run always ends by itself.
+        `deadline` (perf_counter) is the end of the run's drain: a request still running then is
+        `unfinished` (the target did not keep up), so a run always ends by itself.
         """
         result = StreamResult(sent_at=time.perf_counter())
         budget = self.limits.total_s
@@ -159,12 +138,19 @@ class ChatClient:
                     message, param = parse_error_body(response.read())
                     result.error_category = classify_http_status(result.http_status, message, param)
                     result.error_message = clip(message, self._api_key)
+                elif not_a_stream(response.get("content-type")):
+                    result.error_category = "malformed"
+                    snippet = response.read(200).decode("utf-8", "replace")
+                    result.error_message = clip(
+                        f"HTTP 200 {response.get('content-type')}, not an event stream: {snippet}", self._api_key
+                    )
                 else:
                     self._read_stream(response, result)
         except gevent.Timeout:
             if run_ends_first:
-                result.error_category = "cancelled"
-                result.error_message = "still in flight when the run's drain time ended"
+                result.error_category = "unfinished"
+                ran = time.perf_counter() - result.sent_at
+                result.error_message = f"still running when the drain after the plan ended, after {ran:.1f} s"
             else:
                 result.error_category = "timeout"
                 result.error_message = f"no complete response within {self.limits.total_s:g} s"
@@ -195,6 +181,10 @@ class ChatClient:
             return self._http.request("POST", self.path, body=body)
 
     def _read_stream(self, response: Any, result: StreamResult) -> None:
+        """Every event until `[DONE]` or the server closes the stream. A stream is complete with a
+        `[DONE]` or a choice's finish_reason (transformers serve never sends `[DONE]`); one that closes
+        with neither lost its end (`incomplete`), one that closes mid-event was cut (`stream_error`), and
+        an event that is not JSON is `malformed`. An error object inside it fails the request."""
         sock = response._sock
         readline = response.readline
         now = time.perf_counter
@@ -202,24 +192,33 @@ class ChatClient:
         token_times = result.token_times
         parts: list[str] = []
         timeout_switched = False
+        finished = False  # a choice's finish_reason came
+        events = 0
         try:
             while True:
                 event = readline(b"\n\n")
-                if not event:
-                    result.error_category = "stream_error"
-                    result.error_message = "stream cut short: connection closed before [DONE]"
+                if not event or event[-2:] != b"\n\n":
+                    if result.error_category is None:
+                        _stream_closed(result, event, events, finished)
                     break
                 t = now()
+                events += 1
                 if not event.startswith(b"data:"):
                     continue  # SSE comment or keep-alive
                 payload = event[5:].strip()
                 if payload == b"[DONE]":
                     response.read()  # the closing chunk, so the connection can be reused
                     break
-                chunk = loads(payload)
+                try:
+                    chunk = loads(payload)
+                except orjson.JSONDecodeError:
+                    result.error_category = "malformed"
+                    result.error_message = clip(f"event {events} is not JSON: {payload[:200]!r}", self._api_key)
+                    break
                 choices = chunk.get("choices")
                 if choices:
-                    is_token, text = _is_token_delta(choices[0].get("delta") or {})
+                    choice = choices[0]
+                    is_token, text = _is_token_delta(choice.get("delta") or {})
                     if is_token:
                         token_times.append(t)
                         if text:
@@ -227,6 +226,8 @@ class ChatClient:
                         if not timeout_switched and sock is not None:
                             sock.settimeout(self.limits.between_tokens_s)
                             timeout_switched = True
+                    if choice.get("finish_reason") is not None:
+                        finished = True
                 elif "error" in chunk:
                     category, code, message = classify_stream_error(chunk["error"])
                     result.error_category = category
@@ -243,3 +244,21 @@ class ChatClient:
             if timeout_switched and sock is not None:
                 sock.settimeout(self.limits.first_token_s)
             result.text = "".join(parts)
+
+
+def not_a_stream(content_type: str | None) -> bool:
+    """A 200 whose body cannot be the stream asked for: an HTML page, a JSON answer (stream ignored)."""
+    return content_type is not None and not content_type.startswith("text/event-stream")
+
+
+def _stream_closed(result: StreamResult, tail: bytes, events: int, finished: bool) -> None:
+    """The server closed the stream before `[DONE]`: complete if a finish_reason came (some servers
+    send no `[DONE]`), else the request failed, and how."""
+    if tail:
+        result.error_category = "stream_error"
+        result.error_message = f"stream cut short mid-event after {events} events: {tail[:120]!r}"
+    elif not finished:
+        result.error_category = "incomplete"
+        result.error_message = (
+            f"the stream closed after {events} events with neither a finish_reason nor [DONE]: its end was lost"
+        )

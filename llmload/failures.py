@@ -94,11 +94,14 @@ HEALTH_PROBED: frozenset[str] = frozenset({"server_down", "stream_error", "http_
 
 
 def refine_with_health(category: FailureCategory, message: str, health: int | None) -> tuple[FailureCategory, str]:
-    """vLLM answers /health 503 once its engine is dead, and stops listening soon after."""
+    """vLLM answers /health 503 once its engine is dead, and stops listening soon after; a server
+    that closed a connection yet answers /health is not down."""
     if health == 503 and category in HEALTH_PROBED:
         return "engine_dead", f"{message} (/health answered 503: engine dead)"
     if health is None and category == "stream_error":
         return "server_down", f"{message} (server unreachable afterwards)"
+    if health == 200 and category == "server_down":
+        return "stream_error", f"{message} (yet /health answered 200: the server is up)"
     return category, message
 
 

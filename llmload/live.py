@@ -23,7 +23,7 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from llmload.format import percent
-from llmload.models import Stage
+from llmload.models import ServerIdentity, Stage
 from llmload.observe import LAG_WARNING_MS, ServerSample, hit_rate
 
 # seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
@@ -106,8 +106,11 @@ class _Histograms(Collector):
 class LiveStats:
     """Every record of the run as it is written, folded into counters, rings and per-stage counts."""
 
-    def __init__(self, stages: Sequence[Stage], plan_offsets: np.ndarray, started_at: float) -> None:
+    def __init__(
+        self, stages: Sequence[Stage], plan_offsets: np.ndarray, started_at: float, server: ServerIdentity | None = None
+    ) -> None:
         self.stages = list(stages)
+        self.identity = server  # which server the run met (llmload/servers)
         self.started_at = started_at
         self._plan = np.sort(plan_offsets)  # every planned request, seconds from the start
         self.registry = CollectorRegistry(auto_describe=True)
@@ -182,10 +185,11 @@ class LiveStats:
         """One record, as written to requests.jsonl."""
         status = row["status"]
         self.statuses[status] += 1
-        category = row["error_category"] or "" if status == "failed" else ""
+        judged_failure = status in ("failed", "unfinished")
+        category = row["error_category"] or "" if judged_failure else ""
         self._requests.labels(status, category).inc()
         self._stage_scheduled[row["stage"]] += 1
-        if status == "failed":
+        if judged_failure:
             self.failures[category] += 1
         sent = row["sent_at"]
         if sent is not None:
@@ -302,6 +306,8 @@ class LiveStats:
         counts = ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items()))
         rows.append({"name": "requests", "value": counts or "none yet"})
         rows += [{"name": f"failed: {k}", "value": f"{v:,}"} for k, v in self.failures.most_common()]
+        if self.identity is not None:
+            rows.append({"name": "server", "value": f"{self.identity.name} (told by {self.identity.evidence})"})
         if self.server is not None:
             kv, waiting = self.server.kv_cache_usage, self.server.waiting
             rows.append({"name": "server KV-cache usage", "value": "–" if kv is None else f"{kv:.0%}"})
@@ -324,6 +330,8 @@ class LiveStats:
             if p is not None:
                 parts.append(f"{name.upper()} p50 {p[0]:,.0f} ms p99 {p[2]:,.0f} ms")
         parts.append(f"{self.statuses['failed']} failed")
+        if self.statuses["unfinished"]:
+            parts.append(f"{self.statuses['unfinished']} unfinished")
         if self.lag_max_ms > LAG_WARNING_MS:
             parts.append(f"load generator {self.stall_text()}")
         return "; ".join(parts)

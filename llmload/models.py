@@ -151,6 +151,21 @@ class Stage(Strict):
         return self.start_s + self.duration_s
 
 
+class ServerIdentity(Strict):
+    """Which server a run met (llmload/servers/detect.py): its kind in llmload/servers/kinds.yaml,
+    its version where it tells one, and what told them."""
+
+    kind: str
+    label: str
+    version: str | None = None
+    evidence: str = Field(description="the probe that told it, or `--server-kind`")
+
+    @property
+    def name(self) -> str:
+        """`vLLM 0.32.0`, `transformers serve`: how reports name it."""
+        return f"{self.label} {self.version}" if self.version else self.label
+
+
 class RunManifest(Strict):
     """run.json: the plan of a run, written at its start, so reports can be rebuilt from records."""
 
@@ -175,6 +190,7 @@ class RunManifest(Strict):
         default=None, description="hypervisor steal on the load generator's machine (the master's) during the run"
     )
     goodput_slo: GoodputSLO | None = Field(default=None, description="per-request SLOs goodput counts against")
+    server: ServerIdentity | None = Field(default=None, description="the kind of server the run met")
 
     @property
     def judged_started_at(self) -> float:
@@ -185,8 +201,11 @@ class RunManifest(Strict):
 
 # --------------------------------------------------------------------------- run records
 
-RequestStatus = Literal["ok", "failed", "cancelled", "not_sent"]
-"""`cancelled`: cut by the operator (Ctrl-C, SIGTERM, -t) or the drain timeout; like `not_sent`, never a failure."""
+RequestStatus = Literal["ok", "failed", "unfinished", "cancelled", "not_sent"]
+"""`unfinished`: still running when the drain after the plan ended: the target did not keep up, judged as a
+failure. `cancelled`: cut by the operator (Ctrl-C, SIGTERM, -t); like `not_sent`, never judged."""
+ANSWERED_STATUSES: tuple[str, ...] = ("ok", "failed", "unfinished")
+"""The statuses the target is judged on: every request it was sent and the run waited for."""
 
 FailureCategory = Literal[
     "context_length",
@@ -194,10 +213,13 @@ FailureCategory = Literal[
     "engine_dead",
     "server_down",
     "stream_error",
+    "incomplete",
+    "malformed",
     "timeout",
     "rate_limited",
     "http_4xx",
     "http_5xx",
+    "unfinished",
     "cancelled",
 ]
 FAILURE_CATEGORIES: tuple[str, ...] = FailureCategory.__args__  # type: ignore[attr-defined]
@@ -227,6 +249,10 @@ class RequestRecord(BaseModel):
     output_tokens: int | None = None
     cached_tokens: int | None = None
     usage_from_server: bool = False
+    requested_output_tokens: int | None = Field(default=None, description="the workload's exact output length")
+    output_tokens_forced: bool = Field(
+        default=False, description="the request asked the server for exactly that length in a way it honours"
+    )
     status: RequestStatus
     error_category: FailureCategory | None = None
     http_status: int | None = None
@@ -259,13 +285,14 @@ class TokenPercentiles(BaseModel):
 
 
 class RequestCounts(BaseModel):
-    """The judged stages' requests (scheduled = ok + failed + cancelled + not_sent); the warm-up's are
-    counted apart, so scheduled + warmup is every record of the run."""
+    """The judged stages' requests (scheduled = ok + failed + unfinished + cancelled + not_sent); the
+    warm-up's are counted apart, so scheduled + warmup is every record of the run."""
 
     scheduled: int
     sent: int
     ok: int
     failed: int
+    unfinished: int = Field(default=0, description="still running when the drain ended: the target fell behind")
     cancelled: int = 0
     not_sent: int
     warmup: int = 0
@@ -286,7 +313,7 @@ class Goodput(BaseModel):
 
     requests_per_s: float
     output_tokens_per_s: float
-    slo_attainment: float | None = Field(description="good / answered (ok + failed); None: none answered")
+    slo_attainment: float | None = Field(description="good / answered (ok + failed + unfinished); None: none answered")
 
 
 class Throughput(BaseModel):
@@ -310,6 +337,7 @@ class StageSummary(BaseModel):
     scheduled: int
     ok: int
     failed: int
+    unfinished: int = 0
     cancelled: int = 0
     not_sent: int
     schedule_delay_p99_ms: float | None
@@ -375,9 +403,15 @@ class ServerSummary(BaseModel):
     gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")
 
 
+CheckKind = Literal["failures", "rate", "keeping_up", "slo", "goodput", "drift", "alert", "hold_length"]
+"""What a verdict's check judges: `hold_length` fails a hold too short for the latencies it saw (a search
+lengthens such a probe); `drift` and `keeping_up` fit a slope, and may fail marginally."""
+
+
 class Verdict(BaseModel):
     passed: bool
     reasons: list[str]
+    failed_kinds: list[CheckKind] = Field(default_factory=list, description="the kind of each check that failed")
     marginal: bool = Field(
         default=False,
         description="failed only on checks a second hold may reverse: a drift past its limit at the slope's "
@@ -403,7 +437,18 @@ class RunInfo(BaseModel):
         "a stall that delays every timestamp taken meanwhile; None without samples",
     )
     goodput_slo: GoodputSLO | None = None
+    server: ServerIdentity | None = Field(default=None, description="the kind of server the run met, and its version")
     warnings: list[str] = Field(default_factory=list)
+
+
+class OutputLengths(BaseModel):
+    """The workload's exact output lengths against what the server gave (the judged stages' successful
+    requests that asked for one): a server that cannot force a length answers as long as it likes."""
+
+    requested: int = Field(description="successful requests whose turn gave an exact output length")
+    forced: int = Field(description="of them, asked for it in a way the server honours")
+    requested_tokens: TokenPercentiles
+    output_tokens: TokenPercentiles = Field(description="what the server gave the same requests")
 
 
 class Summary(BaseModel):
@@ -415,6 +460,7 @@ class Summary(BaseModel):
     stages: list[StageSummary]
     turns: list[TurnSummary]
     failures: FailureSummary
+    output_lengths: OutputLengths | None = Field(default=None, description="when the workload fixed output lengths")
     server: ServerSummary | None = None
     verdict: Verdict | None = None
 
@@ -429,15 +475,35 @@ class Probe(BaseModel):
 
     run_id: str
     qps: float
+    hold_s: float | None = Field(default=None, description="its hold; None: the search's --probe-duration")
     passed: bool | None = Field(description="None: interrupted or unfinished, never judged")
     failed_checks: list[str] = Field(default_factory=list, description="verdict lines of the checks that failed")
+    failed_kinds: list[CheckKind] = Field(default_factory=list, description="the kind of each check that failed")
     marginal: bool = Field(default=False, description="failed only on checks a second hold may reverse")
+    too_short: bool = Field(
+        default=False,
+        description="failed only because its hold was short for its latencies: the next probe at its rate holds longer",
+    )
+    sent: int | None = Field(default=None, description="requests sent in the hold the target is judged on")
+    unfinished: int | None = Field(default=None, description="of those, still running when the drain ended")
     achieved_qps: float | None = None
     goodput_qps: float | None = None
     ttft_p50_ms: float | None = None
     ttft_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None = None
     confirm: bool = Field(default=False, description="the --confirm soak at the rate found")
+
+    def figures(self) -> str:
+        """The latency it measured, as a sentence's end: `TTFT p50 40 / p99 120 ms, E2E p50 ...`."""
+
+        def ms(value: float | None) -> str:
+            return "–" if value is None else f"{value:,.0f}"
+
+        return (
+            f"TTFT p50 {ms(self.ttft_p50_ms)} / p99 {ms(self.ttft_p99_ms)} ms, "
+            f"E2E p50 {ms(self.e2e_p50_ms)} / p99 {ms(self.e2e_p99_ms)} ms"
+        )
 
 
 class SearchResult(BaseModel):
@@ -459,9 +525,28 @@ class SearchResult(BaseModel):
     failing_reason: str | None = None
     confirmed: bool | None = Field(default=None, description="the --confirm soak passed; None: not run")
     required_qps: float | None = None
+    latency_slo: bool = Field(
+        default=False,
+        description="the gate holds latency to an SLO (--slo-ttft-p99-ms, --slo-e2e-p99-ms, --min-goodput-ratio);"
+        " without one, the answer is the highest rate the server keeps up with, however slow",
+    )
 
     def judged(self) -> list[Probe]:
         return [p for p in self.probes if p.passed is not None and not p.confirm]
+
+    @property
+    def answer_probe(self) -> Probe | None:
+        """The last probe that passed at the answer: the figures it is reported with."""
+        return next((p for p in reversed(self.judged()) if p.qps == self.passing_qps and p.passed), None)
+
+    @property
+    def answer(self) -> str:
+        """The answer as a figure that says what it is: `≥ 32 req/s (the cap, --max-qps)` or `9.5 req/s`."""
+        if self.passing_qps is None:
+            return "no passing rate"
+        if self.outcome == "capped":
+            return f"≥ {self.passing_qps:g} req/s (the cap, --max-qps)"
+        return f"{self.passing_qps:g} req/s"
 
     @property
     def conclusion(self) -> str:
@@ -469,7 +554,7 @@ class SearchResult(BaseModel):
         lo, hi = self.passing_qps, self.failing_qps
         boundary = f" It fails at {hi:g} req/s: {self.failing_reason}." if hi is not None else ""
         if self.outcome == "capped":
-            return f"Passes at --max-qps {lo:g} req/s: the limit lies above it."
+            return f"Keeps up with {self.answer}: its limit lies above the highest rate probed."
         if lo is None:
             what = {"none": "No probed rate passed", "interrupted": "Interrupted before any rate passed"}
             return f"{what.get(self.outcome, 'The search stopped before any rate passed')}.{boundary}"
@@ -478,6 +563,21 @@ class SearchResult(BaseModel):
             found += f" (boundary between {lo:g} and {hi:g} req/s)"
         suffix = {"interrupted": " (interrupted: what was learned so far)", "aborted": " (the search was aborted)"}
         return f"{found}{suffix.get(self.outcome, '')}.{boundary}"
+
+    @property
+    def latency_note(self) -> str | None:
+        """Without a latency SLO the answer only says the server keeps up: its latency there, and how to
+        ask for a usable rate."""
+        probe = self.answer_probe
+        if probe is None:
+            return None
+        at = f"At {probe.qps:g} req/s: {probe.figures()}."
+        if self.latency_slo:
+            return at
+        return (
+            f"{at} No latency SLO was given, so this is the highest rate the server keeps up with, however slow:"
+            " give --slo-ttft-p99-ms / --slo-e2e-p99-ms for the highest rate users can live with."
+        )
 
 
 # --------------------------------------------------------------------------- configuration sweep (sweep.json)
@@ -527,6 +627,15 @@ class SweepRow(BaseModel):
     )
 
     @property
+    def answer(self) -> str:
+        """Its passing rate as a figure that says what it is: a search capped at --max-qps found a lower bound."""
+        if self.passing_qps is None:
+            return "no passing rate"
+        if self.outcome == "capped":
+            return f"≥ {self.passing_qps:g} req/s (the cap, --max-qps)"
+        return f"{self.passing_qps:g} req/s"
+
+    @property
     def prediction_ratio(self) -> float | None:
         """Measured / predicted passing rate: 1.0 is a perfect prediction."""
         if self.passing_qps is None or not self.predicted_qps or self.server != "started":
@@ -544,6 +653,7 @@ class SweepResult(BaseModel):
     workload: str
     target_qps: float | None = None
     required_qps: float | None = None
+    latency_slo: bool = Field(default=False, description="the gate holds latency to an SLO (SearchResult's)")
     started_at: float
     finished_at: float | None = None
     interrupted: bool = False

@@ -21,7 +21,7 @@ import shutil
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
@@ -40,23 +40,13 @@ from prometheus_client.samples import Sample
 from pydantic import BaseModel, Field
 
 from llmload.models import GpuSummary, ServerSummary, Strict
+from llmload.servers.kinds import METRIC_FIELDS, MetricField, ServerKind, kind
 
 log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 3600  # what state_at can look back over: an hour at the default interval
 
-# sample field -> Prometheus sample names, preferred first (vLLM renamed some across versions)
-METRICS: dict[str, tuple[str, ...]] = {
-    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "running": ("vllm:num_requests_running",),
-    "waiting": ("vllm:num_requests_waiting",),
-    "preemptions_total": ("vllm:num_preemptions_total",),
-    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
-    "generation_tokens_total": ("vllm:generation_tokens_total",),
-}
-_WANTED = frozenset(name for names in METRICS.values() for name in names)
+VLLM = kind("vllm")  # what an observer reads when nobody says which server it watches
 # NVIDIA DCGM exporter fields (default counters), one series per GPU labelled `gpu`: MiB, MiB, %
 DCGM_USED, DCGM_FREE, DCGM_UTIL = "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"
 DCGM_FIELDS = (DCGM_USED, DCGM_FREE, DCGM_UTIL)
@@ -129,17 +119,18 @@ def scrape(url: str, timeout_s: float = 5.0) -> dict[str, float]:
         return metric_totals(response.read().decode())
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """The fields of METRICS found in a Prometheus text exposition.
+def parse_metrics(text: str, metrics: Mapping[MetricField, Sequence[str]] = VLLM.metrics) -> dict[str, float]:
+    """The fields of `metrics` (field -> sample names, preferred first: a server kind's, kinds.yaml)
+    found in a Prometheus text exposition.
 
     Values are summed over label sets (several models or engines), except KV usage, a fraction,
     where the fullest engine is the one that runs out.
     """
     found: dict[str, list[float]] = {}
-    for sample in _samples(text, _WANTED):
+    for sample in _samples(text, frozenset(name for names in metrics.values() for name in names)):
         found.setdefault(sample.name, []).append(float(sample.value))
     values: dict[str, float] = {}
-    for field, names in METRICS.items():
+    for field, names in metrics.items():
         name = next((n for n in names if n in found), None)
         if name is not None:
             values[field] = max(found[name]) if field == "kv_cache_usage" else sum(found[name])
@@ -351,7 +342,8 @@ class Observer:
     """Scrape `base_url`'s /health and /metrics, and `gpu`'s GPUs, every `interval_s` into `out_path`
     (JSON lines, flushed).
 
-    `api_key` goes out as a bearer token (gateways may guard /metrics) and is never written.
+    `api_key` goes out as a bearer token (gateways may guard /metrics) and is never written. `server`:
+    the kind of server watched (kinds.yaml): where its health and metrics are and what they are named.
     """
 
     def __init__(
@@ -361,6 +353,8 @@ class Observer:
         interval_s: float = 1.0,
         api_key: str | None = None,
         gpu: GpuReader | None = None,
+        *,
+        server: ServerKind = VLLM,
     ) -> None:
         self.url = base_url.rstrip("/").removesuffix("/v1")  # the OpenAI base URL may be given
         url = URL(self.url)
@@ -373,6 +367,7 @@ class Observer:
             url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s, headers=headers
         )
         self.gpu = gpu
+        self.server = server
         self.host = HostMeter(self.url)
         self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
         self._noted: set[str] = set()
@@ -444,10 +439,13 @@ class Observer:
         )  # fmt: skip
 
     def _read_server(self) -> tuple[int | None, dict[str, float] | None, list[str]]:
-        """/health's status, the METRICS fields of /metrics (None when unreachable) and those missing."""
-        health, _ = self._get("/health")
+        """Health's status, the server's metrics (None when unreachable or it exports none) and those missing."""
+        health, _ = self._get(self.server.health_path)
         self._set_reachable(health is not None)
-        values = self._read_metrics() if health is not None else None
+        if not self.server.metrics_path or not self.server.metrics:
+            self._note("none", f"{self.server.label} exports no metrics llmload reads: server.jsonl holds its health")
+            return health, None, []
+        values = self._read_metrics(self.server.metrics_path) if health is not None else None
         missing = self._missing(values or {})
         unnoted = [name for name in missing if name not in self._noted]
         if values is not None and unnoted:
@@ -467,24 +465,25 @@ class Observer:
             log.warning("llmload: GPU metrics read again from %s", source.url)
         return gpus
 
-    def _read_metrics(self) -> dict[str, float] | None:
-        """The METRICS fields /metrics gives; None when it gives no Prometheus text at all."""
-        status, body = self._get("/metrics")
+    def _read_metrics(self, path: str) -> dict[str, float] | None:
+        """The server's metrics on `path`; None when it gives no Prometheus text at all."""
+        status, body = self._get(path)
+        where = f"{self.url}{path}"
         if status != 200:
-            self._note("status", f"{self.url}/metrics answered {status or 'nothing'}: no server metrics")
+            note = f" ({self.server.metrics_note})" if self.server.metrics_note else ""
+            self._note("status", f"{where} answered {status or 'nothing'}: no server metrics{note}")
             return None
         try:
-            return parse_metrics(body.decode(errors="replace"))
+            return parse_metrics(body.decode(errors="replace"), self.server.metrics)
         except ValueError as exc:
-            self._note("parse", f"{self.url}/metrics is not Prometheus text ({exc}): no server metrics")
+            self._note("parse", f"{where} is not Prometheus text ({exc}): no server metrics")
             return None
 
     def _get(self, path: str) -> tuple[int | None, bytes]:
         return _fetch(self._http, self._prefix + path, self.timeout_s)
 
-    @staticmethod
-    def _missing(values: dict[str, float]) -> list[str]:
-        return [names[0] for field, names in METRICS.items() if field not in values]
+    def _missing(self, values: dict[str, float]) -> list[str]:
+        return [names[0] for field, names in self.server.metrics.items() if field not in values and names]
 
     def _note(self, key: str, message: str) -> None:
         if key not in self._noted:
@@ -594,7 +593,7 @@ def server_summary(samples: ServerSamples, judged_from: float = -math.inf) -> Se
     """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl).
     The prefix-cache figures count from `judged_from` (the first judged stage's start)."""
     frame, gpus = samples.frame, samples.gpus
-    if frame[list(METRICS)].isna().all().all() and gpus.empty:
+    if frame[list(METRIC_FIELDS)].isna().all().all() and gpus.empty:
         return None
     hits = window_increase(frame, "prefix_cache_hits_total", judged_from)
     queries = window_increase(frame, "prefix_cache_queries_total", judged_from)

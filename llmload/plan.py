@@ -12,7 +12,7 @@ import numpy as np
 
 from llmload.client import Limits
 from llmload.errors import InputError
-from llmload.models import GoodputSLO, RunManifest, Stage
+from llmload.models import GoodputSLO, RunManifest, ServerIdentity, Stage
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
     ArrivalProcess,
@@ -111,7 +111,16 @@ class RunPlan:
     def history_turns(self) -> int | None:
         return self.flags.history_turns or self.workload.spec.history_turns
 
-    def manifest(self, *, run_id: str, host: str, model: str, started_at: float, workers: int) -> RunManifest:
+    def manifest(
+        self,
+        *,
+        run_id: str,
+        host: str,
+        model: str,
+        started_at: float,
+        workers: int,
+        server: ServerIdentity | None = None,
+    ) -> RunManifest:
         """run.json of a run of this plan started at `started_at` (unix seconds)."""
         return RunManifest(
             run_id=run_id,
@@ -130,6 +139,7 @@ class RunPlan:
             workers=workers,
             limits={k: float(v) for k, v in vars(self.flags.limits).items()},
             goodput_slo=self.goodput_slo,
+            server=server,
         )
 
     def planned(self) -> int:

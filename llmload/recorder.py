@@ -15,9 +15,10 @@ from llmload.conclude import conclude
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
 from llmload.models import RequestRecord, RunManifest, Summary
-from llmload.observe import GpuReader, Observer
+from llmload.observe import VLLM, GpuReader, Observer
 from llmload.plan import RunPlan
 from llmload.records import RecordWriter, with_server_state
+from llmload.servers.kinds import kind
 
 log = logging.getLogger("llmload")
 
@@ -38,15 +39,18 @@ class RunRecorder:
         run_dir.mkdir(parents=True, exist_ok=True)
         rundir.write_model(run_dir / rundir.MANIFEST_FILE, manifest)
         self.writer = RecordWriter(run_dir / rundir.RECORDS_FILE)
-        self.observer = Observer(manifest.host, run_dir / rundir.SERVER_FILE, metrics_interval_s, api_key, gpu).start()
-        self.live = LiveStats(plan.stages, plan.offsets(), manifest.started_at)
+        server = kind(manifest.server.kind) if manifest.server is not None else VLLM
+        self.observer = Observer(
+            manifest.host, run_dir / rundir.SERVER_FILE, metrics_interval_s, api_key, gpu, server=server
+        ).start()
+        self.live = LiveStats(plan.stages, plan.offsets(), manifest.started_at, manifest.server)
 
     def add(self, records: Iterable[RequestRecord]) -> None:
         """Records into requests.jsonl and the live statistics."""
         rows = []
         for record in records:
             at = record.finished_at or record.scheduled_at
-            sample = self.observer.state_at(at) if record.status == "failed" else None
+            sample = self.observer.state_at(at) if record.status in ("failed", "unfinished") else None
             rows.append(with_server_state(record, sample).model_dump())
         self.writer.write(rows)
         for row in rows:

@@ -32,8 +32,8 @@ from llmload.stats.sketch import Histograms
 # what reports, gates and the verdict read of each record; ITL gaps are streamed apart (gap_batches)
 FRAME_COLUMNS = (
     "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
-    "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server", "error_category",
-    "error_message",
+    "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server", "requested_output_tokens",
+    "output_tokens_forced", "error_category", "error_message",
 )  # fmt: skip
 # a failure as the report tells it: its category and the server's state the run recorded with it
 FAILURE_COLUMNS = ("error_category", "server_health", "server_kv_cache_usage", "server_waiting")
@@ -55,7 +55,8 @@ def request_record(
     clock: RunClock,
 ) -> RequestRecord:
     """The record of one scheduled request (times on the perf clock): `not_sent` without a result,
-    `cancelled` when the run cut it, else `ok` or `failed` with its category."""
+    `unfinished` when the drain ended first, `cancelled` when the operator stopped the run, else `ok` or
+    `failed` with its category."""
     record = RequestRecord(
         run_id=run_id,
         worker=worker,
@@ -72,7 +73,8 @@ def request_record(
     tpot = None
     if first is not None and output_tokens > 1:
         tpot = (times[-1] - first) * 1000 / (output_tokens - 1)
-    status = "ok" if result.ok else "cancelled" if result.error_category == "cancelled" else "failed"
+    category = result.error_category
+    status = "ok" if category is None else category if category in ("unfinished", "cancelled") else "failed"
     return record.model_copy(
         update={
             "sent_at": clock.wall(result.sent_at),
@@ -105,7 +107,7 @@ def with_health(record: RequestRecord, health: int | None) -> RequestRecord:
 
 def with_server_state(record: RequestRecord, sample: ServerSample | None) -> RequestRecord:
     """A failure with the server's state when it happened (the last scrape before it)."""
-    if record.status != "failed" or sample is None:
+    if record.status not in ("failed", "unfinished") or sample is None:
         return record
     update: dict[str, object] = {"server_kv_cache_usage": sample.kv_cache_usage, "server_waiting": sample.waiting}
     if record.server_health is None:
@@ -255,7 +257,11 @@ def read_frame(parquet: Path) -> pd.DataFrame:
     stage and status as categories (a byte a row, not ~14)."""
     file = pq.ParquetFile(parquet, read_dictionary=["stage", "status"], pre_buffer=False)
     columns = {}
+    written = set(file.schema_arrow.names)
     for name in FRAME_COLUMNS:
+        if name not in written:  # a file of an earlier llmload: the field's default (null)
+            columns[name] = pd.Series([None] * file.metadata.num_rows, dtype=object)
+            continue
         column = file.read(columns=[name]).column(0)
         columns[name] = (column.cast(pa.int32()) if name == "turn" else column).to_pandas()
     return pd.DataFrame(columns, copy=False)
@@ -289,8 +295,9 @@ class RunRecords:
         return cls(parquet, read_frame(parquet))
 
     def failures(self) -> pd.DataFrame:
-        """FAILURE_COLUMNS of the failed records only (a run may hold millions of the others)."""
-        table = pq.read_table(self.parquet, columns=list(FAILURE_COLUMNS), filters=[("status", "==", "failed")])
+        """FAILURE_COLUMNS of the failed and unfinished records only (a run may hold millions of the others)."""
+        judged = [("status", "in", ["failed", "unfinished"])]
+        table = pq.read_table(self.parquet, columns=list(FAILURE_COLUMNS), filters=judged)
         return table.to_pandas()
 
     def itl(self, selected: np.ndarray, groups: np.ndarray, count: int) -> Histograms:

@@ -26,11 +26,12 @@ import gevent
 import numpy as np
 import psutil
 
-from llmload.client import ChatClient, StreamResult, chat_body
+from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.models import Message, RequestRecord, Session, Stage
 from llmload.records import request_record, with_health
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, stage_at, trace_session_starts
+from llmload.servers.request import RequestShape
 from llmload.workload.tokens import Tokenizer
 
 RecordSink = Callable[[RequestRecord], None]
@@ -257,6 +258,7 @@ class TurnSender:
         sink: RecordSink,
         *,
         model: str,
+        shape: RequestShape,
         tokenizer: Tokenizer,
         history_turns: int | None = None,
     ) -> None:
@@ -264,6 +266,7 @@ class TurnSender:
         self.dispatcher = dispatcher
         self.sink = sink
         self.model = model
+        self.shape = shape
         self.tokenizer = tokenizer
         self.history_turns = history_turns
 
@@ -317,16 +320,28 @@ class TurnSender:
             raise
 
     def _send(self, live: LiveSession, scheduled: float) -> StreamResult:
-        """One turn: history + the turn's messages, streamed and recorded; the reply joins the history."""
+        """One turn: history + the turn's messages, streamed and recorded; the reply joins the history.
+        Refused for a field llmload added, it is sent once more without it (timed from its schedule:
+        the first try shows as schedule delay)."""
         index = live.next_turn
         turn = live.session.turns[index]
         messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
-        body = chat_body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
         self.dispatcher.sends.append(self.dispatcher.clock.offset(time.perf_counter()))
-        result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
+        while True:
+            forced = turn.output_tokens is not None and self.shape.forces_length
+            body = self.shape.body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
+            result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
+            if (
+                result.ok
+                or result.stopped
+                or not self.shape.refused(result.http_status, result.error_message or "", body)
+            ):
+                break
         if result.prompt_tokens is None and result.ok:
             result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)
-        record = self.dispatcher.record(live.session.id, index, scheduled, result)
+        record = self.dispatcher.record(live.session.id, index, scheduled, result).model_copy(
+            update={"requested_output_tokens": turn.output_tokens, "output_tokens_forced": forced}
+        )
         if record.error_category in HEALTH_PROBED and not result.stopped:
             record = with_health(record, self.client.probe_health())
         self.sink(record)

@@ -17,7 +17,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,11 @@ PAGE_STATE = """({
   text: document.body.innerText,
   images: Array.from(document.images).map(i => ({
     complete: i.complete, width: i.naturalWidth, height: i.naturalHeight, shown: i.getBoundingClientRect().width})),
+  page_width: document.documentElement.scrollWidth,
+  viewport_width: window.innerWidth,
+  tables: Array.from(document.querySelectorAll("table")).map(t => ({
+    right: t.getBoundingClientRect().right,
+    row_heights: Array.from(t.rows).map(r => r.getBoundingClientRect().height)})),
 })"""
 
 
@@ -43,6 +48,9 @@ class PageReport:
     images: list[dict[str, Any]]  # complete, natural width/height, shown width (CSS px)
     errors: list[str]  # console errors, uncaught exceptions, refused loads (CSP, missing files)
     screenshot: Path | None
+    page_width: int = 0  # the document's width (CSS px): wider than the viewport scrolls sideways
+    viewport_width: int = 0
+    tables: list[dict[str, Any]] = field(default_factory=list)  # each table's right edge and row heights (CSS px)
 
 
 class _Cdp:
@@ -145,4 +153,7 @@ def inspect_page(
                 errors.insert(0, f"navigation: {navigated['errorText']}")
         finally:
             cdp.close()
-    return PageReport(state["title"], state["text"], state["images"], errors, screenshot)
+    return PageReport(
+        state["title"], state["text"], state["images"], errors, screenshot, state["page_width"],
+        state["viewport_width"], state["tables"],
+    )  # fmt: skip

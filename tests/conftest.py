@@ -1,7 +1,8 @@
-# --- real vLLM fixtures (tests/vllm_harness.py) -------------------------------------------------
-# Self-contained block: the session server is shared by all `@pytest.mark.vllm` tests; the factory
-# starts extra servers with custom flags. Only LLMLOAD_SKIP_VLLM=1 skips; a failed venv/model/start
-# is an error, never a silent skip.
+# --- real server fixtures (tests/*_harness.py) --------------------------------------------------
+# The session vLLM server is shared by all `@pytest.mark.vllm` tests; the factory starts extra
+# servers with custom flags; transformers serve and llama.cpp's llama-server are started once each
+# for the tests of other servers. Only LLMLOAD_SKIP_VLLM=1 skips them; a failed venv, build, model or
+# start is an error, never a silent skip.
 from __future__ import annotations
 
 import os
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.llama_cpp_harness import LlamaServer, build_tiny_gguf
+from tests.transformers_harness import TransformersServer
 from tests.vllm_harness import VllmServer, build_tiny_model, ensure_vllm_venv
 
 VllmServerFactory = Callable[..., VllmServer]
@@ -69,4 +72,21 @@ def vllm_server_factory(vllm_tiny_model: Path) -> Iterator[VllmServerFactory]:
             server.stop()
 
 
-# --- end of real vLLM fixtures ------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def transformers_server(vllm_tiny_model: Path) -> Iterator[TransformersServer]:
+    """`transformers serve` of the tiny model with continuous batching, its KV cache sized for the
+    sample workload's longest chats (about 8k tokens each); ~8 s to start."""
+    with TransformersServer(vllm_tiny_model, cb_num_blocks=1024) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[LlamaServer]:
+    """llama.cpp's llama-server (built from source on first use, ~5 min, then cached) with 4 slots of
+    8k tokens: the sample workload's longest chat fits one."""
+    _skip_if_vllm_disabled()
+    with LlamaServer(build_tiny_gguf(), ctx_size=32_768, parallel=4) as server:
+        yield server
+
+
+# --- end of real server fixtures ----------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -101,6 +100,42 @@ def run_locust(
     return LocustRun(proc.returncode, proc.stdout + proc.stderr, reports / run_id)
 
 
+@dataclass(frozen=True)
+class KeepsUp:
+    """Ground truth for a search's answer: a longer constant-rate run at it, judged by what finished
+    (not by llmload's verdict): the share of its requests that finished ok, and its E2E p50 in the
+    first and the last quarter of its hold."""
+
+    sent: int
+    finished_ok: int
+    e2e_p50_first_ms: float
+    e2e_p50_last_ms: float
+
+    @classmethod
+    def of(cls, run_dir: Path) -> KeepsUp:
+        """From a run's records: the requests of its last stage (the hold)."""
+        records = read_records(run_dir / "requests.jsonl")
+        hold = records[(records.stage == records.stage.iloc[-1]) & (records.status != "not_sent")]
+        offset = hold.sent_at - hold.sent_at.min()
+        seconds = float(offset.max())
+        ok = hold[hold.status == "ok"]
+        first = ok.e2e_ms[offset[ok.index] < seconds / 4]
+        last = ok.e2e_ms[offset[ok.index] >= seconds * 3 / 4]
+        return cls(len(hold), len(ok), float(first.median()), float(last.median()))
+
+    @property
+    def finished_share(self) -> float:
+        return self.finished_ok / self.sent if self.sent else 0.0
+
+    @property
+    def e2e_growth(self) -> float:
+        return self.e2e_p50_last_ms / self.e2e_p50_first_ms
+
+    def holds(self) -> bool:
+        """≥ 97% of the requests finished ok, and E2E p50 did not double from the first quarter to the last."""
+        return self.finished_share >= 0.97 and self.e2e_growth <= 2.0
+
+
 def llmload_command(*args: str) -> list[str]:
     """`llmload ARGS` run by this interpreter, so that it is this checkout's llmload, not the PATH's."""
     return [sys.executable, "-m", "llmload.cli", *args]
@@ -122,12 +157,6 @@ def metrics_text(url: str, timeout: float = 10) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=timeout) as response:
         text: str = response.read().decode()
     return text
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

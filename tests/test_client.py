@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from llmload.client import ChatClient, Limits, chat_body
+from llmload.client import ChatClient, Limits
+from llmload.servers.request import chat_body
 from llmload.sim.process import SimProcess
 
 MODEL = "llmload-sim"  # the name the embedded target serves
@@ -89,6 +90,30 @@ def test_each_fault_is_classified(fault: str, category: str, status: int) -> Non
         # the connection is left usable or closed: a following request on the same client works or fails cleanly
         follow = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=2))
         assert follow.error_category == category
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("fault", "category", "message"),
+    [
+        # transformers serve: finish_reason and usage on the last chunk, then the stream closes
+        ("no_done", None, None),
+        ("no_end", "incomplete", "neither a finish_reason nor [DONE]"),
+        ("error_chunk", "stream_error", "in-stream error: No requests can be scheduled"),
+        ("bad_json", "malformed", "is not JSON"),
+        ("html", "malformed", "HTTP 200 text/html; charset=utf-8, not an event stream: <!DOCTYPE html>"),
+    ],
+)
+def test_a_stream_ends_honestly(fault: str, category: str | None, message: str | None) -> None:
+    """Complete: a [DONE] or a finish_reason. A clean close with neither lost its end; an error object
+    in the stream, an event that is not JSON, or an HTML page is a failure with its message."""
+    with SimProcess("--fault", f"{fault}:1.0", "--ttft-ms", "5", "--itl-ms", "2") as sim:
+        client = ChatClient(sim.url, limits=Limits(first_token_s=2.0, between_tokens_s=0.5, total_s=5.0))
+        result = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=20))
+        assert result.error_category == category, result.error_message
+        assert message is None or message in (result.error_message or ""), result.error_message
+        if category is None:
+            assert len(result.token_times) == 20 and result.completion_tokens == 20
         client.close()
 
 

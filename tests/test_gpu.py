@@ -36,7 +36,8 @@ from llmload.observe import (
     read_server,
     server_summary,
 )
-from tests.locust_runs import free_port, llmload_cli, run_locust, small_workload
+from llmload.sweep.server import free_port
+from tests.locust_runs import llmload_cli, run_locust, small_workload
 from tests.test_observe import observe_for
 from tests.wire_server import serve, text_pages
 

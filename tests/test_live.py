@@ -24,8 +24,9 @@ from llmload.observe import ServerSample
 from llmload.records import read_records
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
+from llmload.sweep.server import free_port
 from tests.browser import CHROMIUM, inspect_page
-from tests.locust_runs import REPO, free_port, locust_command, metrics_text, small_workload
+from tests.locust_runs import REPO, locust_command, metrics_text, small_workload
 
 
 def _scrape(url: str) -> dict[str, float]:

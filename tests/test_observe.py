@@ -15,17 +15,19 @@ import numpy as np
 import orjson
 import pytest
 
-from llmload.client import ChatClient, Limits, StreamResult, chat_body
-from llmload.observe import METRICS, Observer, ServerSample, parse_metrics, read_server, server_summary
+from llmload.client import ChatClient, Limits, StreamResult
+from llmload.observe import VLLM, Observer, ServerSample, parse_metrics, read_server, server_summary
 from llmload.rundir import SERVER_FILE
+from llmload.servers.request import chat_body
 from llmload.sim.process import SimProcess
-from tests.locust_runs import REPO, free_port, locust_command, small_workload
+from llmload.sweep.server import free_port
+from tests.locust_runs import REPO, locust_command, small_workload
 from tests.vllm_harness import VllmServer
 from tests.wire_server import serve, text_pages
 
 CORE = ["vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
         "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"]  # fmt: skip
-ALL_NAMES = [names[0] for names in METRICS.values()]
+ALL_NAMES = [names[0] for names in VLLM.metrics.values()]
 
 # vLLM 0.32's exposition (trimmed), with a second engine added: values add up over label sets
 VLLM_TEXT = """\

@@ -15,6 +15,8 @@ from llmload.models import Message, RequestRecord, Session, Turn
 from llmload.plan import PlanFlags, RunPlan
 from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender, WorkerShare
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
+from llmload.servers.kinds import kind
+from llmload.servers.request import RequestShape
 from llmload.workload.tokens import get_tokenizer
 from tests.locust_runs import small_workload
 from tests.wire_server import canned_server, chat_stream
@@ -45,7 +47,8 @@ def _play_all(dispatcher: Dispatcher, url: str, users: int = 1, **kw: Any) -> li
     """`users` greenlets claim arrivals in order until the plan is over, as Locust users do."""
     records: list[RequestRecord] = []
     client = ChatClient(url)
-    sender = TurnSender(client, dispatcher, records.append, model="m", tokenizer=get_tokenizer(), **kw)
+    shape = RequestShape(kind("vllm"))
+    sender = TurnSender(client, dispatcher, records.append, model="m", shape=shape, tokenizer=get_tokenizer(), **kw)
 
     def user() -> None:
         while (arrival := dispatcher.claim()) is not None:

@@ -25,8 +25,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmload.client import ChatClient, Limits, StreamResult, chat_body
+from llmload.client import ChatClient, Limits, StreamResult
 from llmload.observe import scrape
+from llmload.servers.request import chat_body
 from llmload.sim import SimProcess
 from llmload.sim.config import FaultSpec
 from llmload.sim.faults import FaultPicker

@@ -46,6 +46,7 @@ def summary_shape(summary: dict[str, Any]) -> dict[str, Any]:
         "scheduled",
         "ok",
         "failed",
+        "unfinished",
         "cancelled",
         "not_sent",
         "warmup",

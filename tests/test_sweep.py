@@ -14,12 +14,14 @@ import pytest
 import yaml
 
 from llmload.errors import InputError
-from llmload.models import SweepRow
+from llmload.models import SweepResult, SweepRow
 from llmload.records import read_records
+from llmload.report.sweep_page import write_pages
 from llmload.sim.profiles import PROFILES
 from llmload.sweep.configs import expand
 from llmload.sweep.run import best_config, simulator_serve
 from llmload.sweep.server import read_startup
+from tests.browser import CHROMIUM, inspect_page
 from tests.locust_runs import (
     calibrated_as,
     fixed_output_workload,
@@ -144,6 +146,56 @@ def test_the_best_passes_the_highest_rate_and_ties_go_to_less_memory() -> None:
     assert best == "b" and why == "passes at 6 req/s, the highest (next: a at 4 req/s)"
     refused = SweepRow(name="e", varied={}, server="did_not_start", passing_qps=None)
     assert best_config([refused, rows[3]], "search") == (None, None)
+    # equal figures are never called "less memory"; a search capped at --max-qps says so
+    same = [row("f", 6, 1.0), row("g", 6, 1.0)]
+    best, why = best_config(same, "search")
+    assert best == "f" and why is not None and "less memory" not in why and "nothing measured tells them apart" in why
+    capped = [row("h", 32, 1.0).model_copy(update={"outcome": "capped"}), row("i", 8, 1.0)]
+    assert best_config(capped, "search") == (
+        "h",
+        "keeps up with ≥ 32 req/s (the cap, --max-qps), the highest probed (next: i at 8 req/s)",
+    )
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install -y chromium)")
+def test_the_sweep_page_fits_its_page_and_reads_its_reasons_as_sentences(tmp_path: Path) -> None:
+    """Six configurations with long verdict lines, as a real sweep writes them: in headless Chromium
+    at 1280 px the table fits the page (no sideways scroll), no row is taller than two lines, and the
+    reasons follow as sentences; the verdict line names the cap as a lower bound."""
+    reason = (
+        "keeping up: in flight grew from 1.59 to 6.3 during the hold (mean of its first and last 1.66667 s windows);"
+        " 100 requests completed in it against 106 sent (10.00 vs 10.60 req/s); trend +5.65 requests in flight over"
+        " the 10 s hold (and 3 more check(s))"
+    )
+    rows = [
+        SweepRow(name=f"max-num-seqs-{seqs}-max-model-len-{length}", varied={"max-num-seqs": seqs,
+                 "max-model-len": length}, server="started", startup_s=33, kv_cache_tokens=65_536,
+                 max_concurrency=32.0, outcome="capped" if seqs == 16 else "found", passing_qps=4.0 * seqs,
+                 failing_qps=None if seqs == 16 else 4.5 * seqs, failing_reason=None if seqs == 16 else reason,
+                 passed=True, measured_at_qps=4.0 * seqs, output_tokens_per_s=1234.5, ttft_p50_ms=25,
+                 ttft_p99_ms=1400, e2e_p50_ms=310, e2e_p99_ms=2900, kv_cache_usage_max=0.93, preemptions=12,
+                 predicted_qps=4.2 * seqs, predicted_passed=True,
+                 reports=[f"c{seqs}/search/probe-0{k}-4qps/report.html" for k in range(1, 9)])
+        for seqs in (1, 2, 4, 8, 16) for length in (2048,)
+    ]  # fmt: skip
+    rows.append(SweepRow(name="too-long", varied={"max-model-len": 8192}, server="did_not_start", reason=(
+        "one 8,192-token request needs 5.62 GiB of KV per GPU, more than the 4.5 GiB available; the longest that"
+        " fits is 3,968 tokens"), predicted_startup="refuses to start: To serve at least one request ..."))  # fmt: skip
+    result = SweepResult(sweep_id="s", mode="search", serve="vllm serve --config {config} --port {port}",
+                         workload="workloads/chat-multiturn.yaml", started_at=0, rows=rows)  # fmt: skip
+    result.best, result.best_why = best_config(rows, "search")
+    write_pages(result, tmp_path)
+    page = inspect_page(tmp_path / "sweep.html", screenshot=tmp_path / "sweep.png")
+    assert page.errors == [], page.errors
+    assert page.page_width <= page.viewport_width, (page.page_width, page.viewport_width)
+    (table,) = page.tables
+    assert table["right"] <= page.viewport_width
+    assert max(table["row_heights"]) < 3 * min(table["row_heights"][1:]) and max(table["row_heights"]) < 90, table
+    assert "Ship max-num-seqs-16-max-model-len-2048: keeps up with ≥ 64 req/s (the cap, --max-qps)" in page.text
+    assert "≥ 64 (the cap)" in page.text and "passes at 64 req/s" not in page.text.lower()
+    assert "give --slo-ttft-p99-ms / --slo-e2e-p99-ms" in page.text
+    assert f"Passes at 16 req/s (measured at 16 req/s); fails at 18 req/s: {reason}" in page.text
+    assert "Did not start: one 8,192-token request needs" in page.text
 
 
 def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path: Path) -> None:

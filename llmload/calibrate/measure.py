@@ -26,9 +26,10 @@ import numpy as np
 
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.target import public_url
-from llmload.client import ChatClient, Limits, StreamResult, chat_body
+from llmload.client import ChatClient, Limits, StreamResult
 from llmload.errors import InputError
 from llmload.observe import scrape
+from llmload.servers.request import chat_body
 from llmload.sim.profiles import EngineProfile
 
 SHORT_PROMPT = 32  # tokens: the shortest probes' prompts (a chat template and a head take ~15)

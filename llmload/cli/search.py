@@ -88,6 +88,11 @@ def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
     return criteria, flags
 
 
+def holds_latency(criteria: SoakCriteria) -> bool:
+    """Whether the gate holds latency to an SLO: without one a search finds where the server keeps up."""
+    return any(v is not None for v in (criteria.slo_ttft_p99_ms, criteria.slo_e2e_p99_ms, criteria.min_goodput_ratio))
+
+
 def search_bounds(args: argparse.Namespace) -> Bounds:
     return bounds_from(
         args.workload, max_qps=args.max_qps, start_qps=args.start_qps, min_qps=args.min_qps,
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         result = SearchResult(
             search_id=search_id, host=host, workload=args.workload, max_qps=bounds.max_qps,
             probe_s=args.probe_duration, repeats=bounds.repeats, started_at=time.time(), goodput_slo=goodput_slo,
-            required_qps=args.require_qps,
+            required_qps=args.require_qps, latency_slo=holds_latency(criteria),
         )  # fmt: skip
         searcher = Searcher(flags, passthrough, directory, result)
         try:
@@ -132,6 +137,8 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         result.finished_at = time.time()
         searcher.save()
     print(f"\nllmload search: {result.conclusion}")
+    if result.latency_note:
+        print(f"  {result.latency_note}")
     if result.confirmed is not None:
         print(f"  confirming soak at {result.passing_qps:g} req/s: {'PASS' if result.confirmed else 'FAIL'}")
     print(f"page: {directory / PAGE_FILE}")

@@ -147,6 +147,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="usage carries prompt_tokens_details.cached_tokens, like vLLM's flag of that name",
     )
+    add(
+        "--refuse-fields",
+        type=lambda text: tuple(name for name in text.split(",") if name),
+        default=None,
+        metavar="NAME,...",
+        help="answer a request carrying one of these fields with OpenAI's HTTP 400 'Unrecognized request argument'",
+    )
     subcommands = parser.add_subparsers(dest="sim_command", title="subcommands", metavar="calibrate")
     calibrate = subcommands.add_parser("calibrate", help=sim_calibrate.HELP, description=sim_calibrate.__doc__)
     sim_calibrate.add_arguments(calibrate)

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from llmload.calibrate.render import render_fit
     from llmload.errors import InputError
     from llmload.serve_config.reader import read_serve_config
+    from llmload.servers.detect import require_calibrating_server
 
     if args.output.exists() and not args.force:
         raise InputError(f"--output {args.output} exists: give --force to replace it, or another file")
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         vllm_log=args.vllm_log,
         name=args.name,
     )
+    require_calibrating_server(args.host)
     print(f"llmload sim calibrate: measuring {args.host} for {args.duration:g} s ...", flush=True)
     result = calibrate(args.host, options, progress=lambda line: print(f"  {line}", flush=True))
     header = f"# {result.profile.calibration}\n# use: llmload sim --profile {args.output}\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from llmload.capacity.serving import GPUS, gpu_memory_gib
-from llmload.cli.search import add_search_arguments, probe_flags, search_bounds
+from llmload.cli.search import add_search_arguments, holds_latency, probe_flags, search_bounds
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import PROBE_FLAGS, write_criteria
@@ -102,7 +102,8 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         for serve, where in passes:
             result = SweepResult(
                 sweep_id=sweep_id, mode=args.mode, serve=serve, predicted=where != directory, workload=args.workload,
-                target_qps=args.target_qps, required_qps=args.require_qps, started_at=time.time(),
+                target_qps=args.target_qps, required_qps=args.require_qps, latency_slo=holds_latency(criteria),
+                started_at=time.time(),
                 rows=load_rows(where, configs) if args.resume else [],
             )  # fmt: skip
             sweep = Sweep(
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
 def _print(result: SweepResult, where: Path) -> None:
     for row in result.rows:
         answer = "did not start" if row.server == "did_not_start" else (
-            f"passes at {row.passing_qps:g} req/s" if row.passing_qps is not None else "no passing rate"
+            f"passes at {row.answer}" if row.passing_qps is not None else "no passing rate"
         )  # fmt: skip
         ratio = f", measured/predicted {row.prediction_ratio:.2f}" if row.prediction_ratio is not None else ""
         print(f"  {row.name}: {answer}{ratio}")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, Positiv
 
 from llmload import rundir
 from llmload.errors import InputError
-from llmload.models import GoodputSLO, RunManifest, Strict, Summary
+from llmload.models import ANSWERED_STATUSES, GoodputSLO, RequestCounts, RunManifest, Strict, Summary
 from llmload.observe import server_summary
 from llmload.report.goodput import good_requests
 from llmload.report.summary import summarize
@@ -70,7 +70,9 @@ class Thresholds(Strict):
     latency_rise: LatencyRise = LatencyRise()
     latency_floor_ms: LatencyFloorMs = LatencyFloorMs()
     throughput_drop: NonNegativeFloat = Field(default=0.05, description="relative drop of req/s and output tok/s")
-    error_rate_rise: NonNegativeFloat = Field(default=0.01, description="rise of failed/(ok + failed), as a fraction")
+    error_rate_rise: NonNegativeFloat = Field(
+        default=0.01, description="rise of (failed + unfinished) / answered, as a fraction"
+    )
     oom_family_rise: NonNegativeInt = Field(default=0, description="more oom+engine_dead+server_down failures")
     prefix_cache_hit_rate_drop: NonNegativeFloat = Field(
         default=0.10, description="drop of the prefix-cache hit rate, as a fraction (0.10 = 10 points)"
@@ -160,8 +162,8 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
     per_record = [
         ok,
         np.where(ok, tokens, 0.0),
-        judged & (frame.status == "failed").to_numpy(dtype=bool),
-        judged & frame.status.isin(["ok", "failed"]).to_numpy(dtype=bool),  # cancelled: not an error
+        judged & frame.status.isin(["failed", "unfinished"]).to_numpy(dtype=bool),
+        judged & frame.status.isin(ANSWERED_STATUSES).to_numpy(dtype=bool),  # cancelled: not an error
     ]
     if good is not None:
         met = judged & good.to_numpy(dtype=bool)
@@ -237,6 +239,9 @@ class Comparison(BaseModel):
     confidence: float
     rows: list[Row]
     warnings: list[str]
+    requests: tuple[RequestCounts, RequestCounts] | None = Field(
+        default=None, description="each run's judged requests (baseline, current): the error rate's split"
+    )
 
     @property
     def regressions(self) -> list[Row]:
@@ -298,8 +303,11 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
         b, c = (r.throughput[key] for r in (baseline, current))
         diffs = cur_boot[key] - base_boot[key]
         rows.append(judge(name, unit, -1, values=(b, c), diffs=diffs, limit=thresholds.throughput_drop * b))
-    answered = (s.requests.ok + s.requests.failed for s in (base, cur))  # cancelled: never an error
-    b, c = (s.requests.failed / n if n else None for s, n in zip((base, cur), answered, strict=True))
+    answered = (s.requests.ok + s.requests.failed + s.requests.unfinished for s in (base, cur))  # cancelled: never
+    b, c = (
+        (s.requests.failed + s.requests.unfinished) / n if n else None
+        for s, n in zip((base, cur), answered, strict=True)
+    )
     diffs = cur_boot["error_rate"] - base_boot["error_rate"]
     rows.append(judge("error rate", "%", 1, values=(b, c), diffs=diffs, limit=thresholds.error_rate_rise))
     oom = (float(base.failures.oom_family), float(cur.failures.oom_family))
@@ -321,6 +329,7 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
         confidence=settings.confidence,
         rows=rows,
         warnings=_plan_warnings(baseline.manifest, current.manifest),
+        requests=(base.requests, cur.requests),
     )
 
 
@@ -364,6 +373,15 @@ def _verdict_lines(comparison: Comparison) -> list[str]:
         "Latency of successful requests, from send; throughput per second of the planned stages "
         f"(start-up and drain excluded); CI: {conf} bootstrap interval of current − baseline."
     )
+    if comparison.requests is not None:
+        note += (
+            " Requests judged: "
+            + "; ".join(
+                f"{name} {r.ok} ok, {r.failed} failed, {r.unfinished} unfinished (still running when the drain ended)"
+                for name, r in zip(("baseline", "current"), comparison.requests, strict=True)
+            )
+            + " — the error rate counts failed and unfinished."
+        )
     if not comparison.regressions:
         return [note, "", f"No regression: no metric's {conf} interval of degradation lies beyond its limit."]
     return [

@@ -42,6 +42,8 @@ PAGE_FILE = "search.html"
 DRIFT_WINDOWS = 6  # drift windows per probe hold: the fewest a slope is judged on, so each holds the most requests
 DRIFT_CONFIDENCE = 0.99  # a search judges many holds: at 95% one in four searches would meet a false drift
 STOP_GRACE_S = 60.0  # a probe told to stop gets this long (plus its drain) to write its report
+E2E_SHARE_OF_HOLD = 1 / 3  # a probe whose E2E p99 is over this share of its hold is too short to judge
+LONGEST_HOLD = 8  # a probe too short for its latencies is lengthened, up to this many times --probe-duration
 
 # --------------------------------------------------------------------------- the search
 
@@ -60,12 +62,15 @@ class Bounds:
 
 def _verdicts(probes: Sequence[Probe]) -> tuple[dict[float, list[bool]], set[float]]:
     """Each judged rate's verdicts, and the rates whose last probe failed marginally (on a drift only
-    its estimate put over the limit): a suspicion the next probe at that rate decides (its verdict
-    counts; the suspicion's does not)."""
+    its estimate put over the limit) or too short for its latencies: a suspicion the next probe at
+    that rate decides (its verdict counts; the suspicion's does not)."""
     out: dict[float, list[bool]] = {}
     suspected: set[float] = set()
     for probe in probes:
         if probe.passed is None or probe.confirm:
+            continue
+        if probe.too_short:  # the next probe at this rate holds longer
+            suspected.add(probe.qps)
             continue
         if not probe.passed and probe.qps not in suspected and probe.marginal:
             suspected.add(probe.qps)
@@ -155,8 +160,26 @@ class Searcher:
         """Where the next probe's replay begins: past every session the earlier probes could open (one
         per arrival at most), so each probe, a repeat too, is judged on requests of its own."""
         flags = self.flags
-        held = (flags.warmup_s + (flags.confirm_s if p.confirm else flags.hold_s) for p in self.result.probes)
+        held = (
+            flags.warmup_s + (flags.confirm_s if p.confirm else p.hold_s or flags.hold_s) for p in self.result.probes
+        )
         return sum(math.ceil(p.qps * s) for p, s in zip(self.result.probes, held, strict=True))
+
+    def hold_and_drain(self, qps: float, *, confirm: bool) -> tuple[float, float]:
+        """The next probe's hold and drain at `qps`: the search's, or longer after a probe at this rate
+        whose answers were too long for its hold (twice its hold, or enough for its E2E p99, at most
+        LONGEST_HOLD times --probe-duration; a drain of twice that p99)."""
+        flags = self.flags
+        if confirm:
+            return flags.confirm_s, flags.drain_s
+        short = [p for p in self.result.probes if p.qps == qps and not p.confirm]
+        if not short or not short[-1].too_short:
+            return flags.hold_s, flags.drain_s
+        last = short[-1]
+        held = last.hold_s or flags.hold_s
+        e2e_s = (last.e2e_p99_ms or 0.0) / 1000
+        hold = min(LONGEST_HOLD * flags.hold_s, max(2 * held, math.ceil(1.5 * e2e_s / E2E_SHARE_OF_HOLD)))
+        return hold, max(flags.drain_s, math.ceil(2 * e2e_s))
 
     def locust_command(self, qps: float, run_id: str, *, confirm: bool) -> list[str]:
         """The probe's Locust run, before the flags passed through (none of PROBE_FLAGS)."""
@@ -164,11 +187,12 @@ class Searcher:
         # a repeat with the same arrivals would replay the same run on a deterministic target
         seed = flags.seed + sum(p.qps == qps and p.confirm == confirm for p in self.result.probes)
         criteria = self.directory / ("criteria-confirm.yaml" if confirm else "criteria.yaml")
+        hold, drain = self.hold_and_drain(qps, confirm=confirm)
         return [
             sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
             "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
-            "--stages", "100", "--stage-duration", f"{flags.confirm_s if confirm else flags.hold_s:g}",
-            "--warmup", f"{flags.warmup_s:g}", "--drain-timeout", f"{flags.drain_s:g}", "--seed", str(seed),
+            "--stages", "100", "--stage-duration", f"{hold:g}",
+            "--warmup", f"{flags.warmup_s:g}", "--drain-timeout", f"{drain:g}", "--seed", str(seed),
             "--first-session", str(self._first_session()), "--run-id", run_id,
             "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
             *(f"--goodput-slo={spec}" for spec in flags.goodput_slo),
@@ -177,8 +201,7 @@ class Searcher:
     def probe(self, qps: float, *, confirm: bool = False) -> Probe:
         number = len(self.result.probes) + 1
         run_id = f"{'confirm' if confirm else 'probe'}-{number:02d}-{qps:g}qps"
-        flags = self.flags
-        hold = flags.confirm_s if confirm else flags.hold_s
+        hold, _ = self.hold_and_drain(qps, confirm=confirm)
         command = [*self.locust_command(qps, run_id, confirm=confirm), *self.passthrough]
         print(f"llmload search: probe {number} at {qps:g} req/s ({hold:g} s hold) ...", end="", flush=True)
         log = self.directory / f"{run_id}.log"
@@ -190,42 +213,72 @@ class Searcher:
             except KeyboardInterrupt:
                 proc.send_signal(signal.SIGINT)
                 try:
-                    proc.wait(flags.drain_s + STOP_GRACE_S)
+                    proc.wait(self.flags.drain_s + STOP_GRACE_S)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-                self._add(Probe(run_id=run_id, qps=qps, passed=None, confirm=confirm))
+                self._add(Probe(run_id=run_id, qps=qps, hold_s=hold, passed=None, confirm=confirm))
                 print(" interrupted")
                 raise Interrupted from None
         if code == 2:
             tail = log.read_text(errors="replace").strip().splitlines()[-5:]
             raise InputError(f"probe {run_id} refused its configuration:\n  " + "\n  ".join(tail))
-        probe = self._read(run_id, qps, confirm)
+        probe = self._read(run_id, qps, hold, confirm)
         self._add(probe)
-        status = "unfinished" if probe.passed is None else "PASS" if probe.passed else "FAIL"
-        if qps in _verdicts(self.result.probes)[1]:
+        status = "not judged" if probe.passed is None else "PASS" if probe.passed else "FAIL"
+        if probe.too_short:
+            status += " (its answers are long for its hold: the next probe at this rate holds longer)"
+        elif qps in _verdicts(self.result.probes)[1]:
             status += " (marginal drift: the next probe at this rate decides)"
+        if probe.unfinished:
+            status += f"; {probe.unfinished} of {probe.sent} sent in the hold still running when the drain ended"
         print(f" {status}" + "".join(f"\n    {line}" for line in probe.failed_checks))
         return probe
 
-    def _read(self, run_id: str, qps: float, confirm: bool) -> Probe:
+    def _read(self, run_id: str, qps: float, hold_s: float, confirm: bool) -> Probe:
         run_dir = self.directory / run_id
         if not (run_dir / VERDICT_FILE).is_file() or not (run_dir / SUMMARY_FILE).is_file():
-            return Probe(run_id=run_id, qps=qps, passed=None, confirm=confirm)
+            return Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
         verdict = Verdict.model_validate_json((run_dir / VERDICT_FILE).read_bytes())
         hold = Summary.model_validate_json((run_dir / SUMMARY_FILE).read_bytes()).stages[-1]
+        failed_checks = [r for r in verdict.reasons if r.startswith("FAIL")]
+        only_short = bool(verdict.failed_kinds) and set(verdict.failed_kinds) == {"hold_length"}
+        queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if only_short else None
+        if queue is not None:
+            failed_checks.append(f"FAIL hold length: {queue}")
         return Probe(
             run_id=run_id,
             qps=qps,
+            hold_s=hold_s,
             passed=verdict.passed,
-            failed_checks=[r for r in verdict.reasons if r.startswith("FAIL")],
+            failed_checks=failed_checks,
+            failed_kinds=verdict.failed_kinds,
             marginal=verdict.marginal,
+            too_short=only_short and queue is None and not confirm and hold_s < LONGEST_HOLD * self.flags.hold_s,
+            sent=hold.ok + hold.failed + hold.unfinished,
+            unfinished=hold.unfinished,
             achieved_qps=hold.achieved_qps,
             goodput_qps=hold.goodput.requests_per_s if hold.goodput else None,
             ttft_p50_ms=hold.ttft_p50_ms,
             ttft_p99_ms=hold.ttft_p99_ms,
+            e2e_p50_ms=hold.e2e_p50_ms,
             e2e_p99_ms=hold.e2e_p99_ms,
             confirm=confirm,
+        )
+
+    def _grows_with_hold(self, qps: float, hold_s: float, e2e_p99_ms: float | None) -> str | None:
+        """Why a longer hold would not help: the E2E p99 grew about as much as the hold did since the
+        last probe at this rate (a queue grows with time, a long answer does not); None when it did not."""
+        earlier = next((p for p in reversed(self.result.probes) if p.qps == qps and p.too_short), None)
+        if earlier is None or not earlier.e2e_p99_ms or not e2e_p99_ms:
+            return None
+        before, now = earlier.e2e_p99_ms / 1000, e2e_p99_ms / 1000
+        held = earlier.hold_s or self.flags.hold_s
+        if now / hold_s < 0.75 * before / held:
+            return None
+        return (
+            f"the E2E p99 grew with the hold ({before:.1f} s in {held:g} s, then {now:.1f} s in {hold_s:g} s):"
+            f" requests queue longer the longer the hold, so the server does not keep up at {qps:g} req/s"
         )
 
     def _add(self, probe: Probe) -> None:
@@ -271,15 +324,17 @@ def bounds_from(
 
 def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float) -> None:
     """The probes' criteria: the user's, with drift windows short enough for a probe's hold to be
-    judged for drift, at 99% confidence at least; the confirming soak gets the user's unchanged."""
+    judged for drift, at 99% confidence at least, and a hold too short for its E2E p99 (over a third)
+    failed, unless the user chose that share; the confirming soak gets the user's unchanged."""
     drift = criteria.drift.model_copy(
         update={
             "window_s": min(criteria.drift.window_s, probe_s / DRIFT_WINDOWS),
             "confidence": max(criteria.drift.confidence, DRIFT_CONFIDENCE),
         }
     )
+    share = criteria.max_e2e_share_of_hold or E2E_SHARE_OF_HOLD
     for name, chosen in (
-        ("criteria.yaml", criteria.model_copy(update={"drift": drift})),
+        ("criteria.yaml", criteria.model_copy(update={"drift": drift, "max_e2e_share_of_hold": share})),
         ("criteria-confirm.yaml", criteria),
     ):
         (directory / name).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))

@@ -16,12 +16,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from llmload.errors import InputError, validation_message
-from llmload.models import OOM_FAMILY, RunManifest, Stage, StageSummary, Strict, Summary, Verdict
+from llmload.models import (
+    ANSWERED_STATUSES,
+    OOM_FAMILY,
+    CheckKind,
+    RunManifest,
+    Stage,
+    StageSummary,
+    Strict,
+    Summary,
+    Verdict,
+)
 from llmload.rundir import SERVER_FILE, Run
+from llmload.servers.kinds import kind as server_kind
 from llmload.stats import windows
 from llmload.stats.trend import Trend
 from llmload.yamlfile import load_yaml_model
@@ -32,6 +44,7 @@ NO_GPU = (
     " with nvidia-smi on the PATH)"
 )
 
+NO_SAMPLES = f"no {SERVER_FILE} samples in the hold"
 NO_PREFIX_CACHE = "no prefix-cache queries in the hold (vLLM's prefix_cache_queries counter)"
 
 # --------------------------------------------------------------------------- criteria
@@ -45,6 +58,7 @@ class DriftMinRise(Strict):
     kv_cache_usage: NonNegativeFloat = Field(default=0.02, description="fraction of the KV cache (0..1)")
     waiting: NonNegativeFloat = Field(default=1.0, description="requests")
     preemptions_per_s: NonNegativeFloat = 0.05
+    in_flight: NonNegativeFloat = Field(default=2.0, description="requests the client had sent and not seen finish")
 
 
 class DriftCriteria(Strict):
@@ -101,6 +115,12 @@ class SoakCriteria(Strict):
     min_goodput_ratio: float | None = Field(
         default=None, ge=0, le=1, description="goodput / achieved req/s in the hold; the run needs --goodput-slo"
     )
+    max_e2e_share_of_hold: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="E2E p99 / the hold's length above which the hold is too short to judge (a search sets 1/3)",
+    )
     drift: DriftCriteria = DriftCriteria()
     alerts: AlertCriteria = AlertCriteria()
 
@@ -110,6 +130,7 @@ class SoakCriteria(Strict):
 
 class Check(BaseModel):
     name: str
+    kind: CheckKind
     status: Literal["pass", "fail", "warn", "skip"]
     detail: str
     marginal: bool = False
@@ -132,6 +153,7 @@ class SoakResult(BaseModel):
         return Verdict(
             passed=not failed,
             reasons=[c.line for c in self.checks],
+            failed_kinds=[c.kind for c in failed],
             marginal=bool(failed) and all(c.marginal for c in failed),
         )
 
@@ -145,12 +167,19 @@ class SoakResult(BaseModel):
 
 @dataclass(frozen=True)
 class Hold:
-    """The hold: where it starts (unix seconds), its successful requests and the server samples in it."""
+    """The hold: where it starts (unix seconds), its requests and the server samples in it."""
 
     stage: Stage
     start: float
+    drain_s: float
     ok: pd.DataFrame  # ok records sent during the hold
+    judged: pd.DataFrame  # the hold's requests the target is judged on: ok, failed or unfinished
+    spans: pd.DataFrame  # sent_at and finished_at of every request the run sent: what was in flight when
     server: pd.DataFrame  # server samples taken during the hold (columns may be all null)
+
+    @property
+    def unfinished(self) -> int:
+        return int((self.judged.status == "unfinished").sum())
 
     def disturbed(self, criteria: DriftCriteria) -> pd.Series:
         """Windows (by their middle, as `windows` indexes them) in which other work on the load
@@ -177,8 +206,12 @@ class Hold:
         """`reduce` of the values in each full window of the hold, indexed by the window's middle in
         seconds from the hold's start; empty windows are left out."""
         return windows.per_window(
-            times, values, window_s, reduce, origin=self.start, windows=int(self.duration_s // window_s)
+            times, values, window_s, reduce, origin=self.start, windows=self.window_count(window_s)
         )
+
+    def window_count(self, window_s: float) -> int:
+        """Full windows in the hold: a 10 s hold holds six of 10/6 s, whatever the float rounding says."""
+        return int(self.duration_s / window_s + 1e-9)
 
 
 def _preemption_rate(samples: pd.DataFrame) -> pd.DataFrame:
@@ -193,26 +226,47 @@ def _preemption_rate(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def _drift(
-    name: str, unit: str, series: pd.Series | None, floor: float, *, hold: Hold, criteria: DriftCriteria
+    name: str,
+    unit: str,
+    series: pd.Series | None,
+    floor: float,
+    *,
+    hold: Hold,
+    criteria: DriftCriteria,
+    kind: CheckKind = "drift",
+    starved: str | None = None,
+    keep_disturbed: bool = False,
+    unmeasured: str = "",
 ) -> Check:
+    """`starved`: why windows lack values although requests were sent in them (they did not finish):
+    then too few windows is a failure, not a skip. `keep_disturbed`: windows where other work took the
+    machine's CPU are judged too (and named)."""
     window = f"{criteria.window_s:g} s"
     if series is None:
-        return Check(name=name, status="skip", detail=f"not measured (no {SERVER_FILE} samples in the hold)")
+        return Check(name=name, kind=kind, status="skip", detail=f"not measured ({unmeasured or NO_SAMPLES})")
     disturbed = hold.disturbed(criteria)
     left_out = series.index.isin(disturbed.index)
-    note = (
-        f"; {int(left_out.sum())} window(s) left out: other work took up to {disturbed.max():.0%} of this "
-        f"machine's CPU (limit {criteria.max_other_cpu:.0%}, steal {criteria.max_steal:.0%})"
-        if left_out.any()
-        else ""
-    )
-    series = series[~left_out]
+    note = ""
+    if left_out.any():
+        took = f"other work took up to {disturbed.max():.0%} of this machine's CPU"
+        note = (
+            f"; in {int(left_out.sum())} window(s) {took}: a target on this machine slowed by it falls behind too"
+            if keep_disturbed
+            else f"; {int(left_out.sum())} window(s) left out: {took} (limit {criteria.max_other_cpu:.0%}, steal"
+            f" {criteria.max_steal:.0%})"
+        )
+        if not keep_disturbed:
+            series = series[~left_out]
     if len(series) < criteria.min_windows:
+        counted = f"{len(series)} window(s) of {window} with data in the {hold.duration_s:g} s hold"
+        if starved is not None:
+            return Check(
+                name=name, kind=kind, status="fail",
+                detail=f"{counted}, a slope needs {criteria.min_windows}: {starved}; a check that cannot be"
+                f" measured because requests did not finish is not a pass{note}",
+            )  # fmt: skip
         return Check(
-            name=name,
-            status="skip",
-            detail=f"{len(series)} window(s) of {window} with data in the {hold.duration_s:g} s hold; "
-            f"a slope needs {criteria.min_windows}{note}",
+            name=name, kind=kind, status="skip", detail=f"{counted}; a slope needs {criteria.min_windows}{note}"
         )
     trend = Trend.fit(series, criteria.confidence)
     rise = trend.slope * hold.duration_s
@@ -224,6 +278,7 @@ def _drift(
     u = f" {unit}" if unit else ""
     return Check(
         name=name,
+        kind=kind,
         status="fail" if drifting else "pass",
         marginal=marginal,
         detail=f"{rise:+.3g}{u} over the {hold.duration_s:g} s hold from {trend.start:.3g}{u}{relative}, slope "
@@ -232,6 +287,47 @@ def _drift(
         f"({criteria.relative_rise:.0%} of the start, at least {floor:g}){note}"
         + (f"; marginal: {low_rise:+.3g}{u} at the CI's low end" if marginal else ""),
     )
+
+
+def _keeping_up(hold: Hold, criteria: DriftCriteria) -> Check:
+    """Server-agnostic: the requests in flight (sent and not yet seen to finish, whatever the server
+    exports) over the hold. A target that keeps up holds them level (Little's law: rate × E2E); one
+    that does not queues the surplus, and they grow through the hold. After a step up in rate they
+    rise for about one E2E before they settle, so the windows of the hold's first E2E p50 are left
+    out of the slope while enough windows remain."""
+    count = hold.window_count(criteria.window_s)
+    if not count:
+        return Check(
+            name="keeping up", kind="keeping_up", status="skip",
+            detail=f"the hold is shorter than one {criteria.window_s:g} s window",
+        )  # fmt: skip
+    end = hold.start + hold.duration_s
+    spans = hold.spans
+    series = windows.in_flight(
+        spans.sent_at.to_numpy(), spans.finished_at.to_numpy(), criteria.window_s, origin=hold.start, windows=count
+    )
+    values, _ = _censored(hold.judged, "e2e_ms")
+    settle_s = float(np.median(values)) / 1000 if len(values) else 0.0
+    settled = series[series.index - criteria.window_s / 2 >= settle_s]
+    skipped = ""
+    if 0 < len(settled) < len(series) and len(settled) >= criteria.min_windows:
+        skipped = f" from +{settled.index[0] - criteria.window_s / 2:g} s (after the hold's E2E p50, {settle_s:.1f} s)"
+        series = settled
+    check = _drift(
+        "keeping up", "requests in flight", series, criteria.min_rise.in_flight,
+        hold=hold, criteria=criteria, kind="keeping_up", keep_disturbed=True,
+    )  # fmt: skip
+    sent = int(((spans.sent_at >= hold.start) & (spans.sent_at < end)).sum())
+    done = hold.spans.loc[spans.status.isin(["ok", "failed"])]
+    completed = int(((done.finished_at >= hold.start) & (done.finished_at < end)).sum())
+    first, last = float(series.iloc[0]), float(series.iloc[-1])
+    moved = "grew" if check.status == "fail" else "went"
+    story = (
+        f"in flight {moved} from {first:.3g} to {last:.3g} during the hold (mean of its first and last"
+        f" {criteria.window_s:g} s windows{skipped}); {completed} requests completed in it against {sent} sent"
+        f" ({completed / hold.duration_s:.2f} vs {sent / hold.duration_s:.2f} req/s)"
+    )
+    return check.model_copy(update={"detail": f"{story}; trend {check.detail}"})
 
 
 # --------------------------------------------------------------------------- checks
@@ -244,14 +340,16 @@ def _oom_check(by_category: Mapping[Hashable, int]) -> Check:
     kinds = f" ({', '.join(f'{k}: {v}' for k, v in oom.items())})" if oom else ""
     return Check(
         name="OOM-family failures",
+        kind="failures",
         status="fail" if count else "pass",
         detail=f"{count} in the run{kinds}; limit 0 ({' + '.join(sorted(OOM_FAMILY))})",
     )
 
 
-def _rate_checks(stage: StageSummary, criteria: SoakCriteria) -> list[Check]:
-    sent = stage.ok + stage.failed
-    rate = stage.failed / sent if sent else 1.0
+def _rate_checks(stage: StageSummary, criteria: SoakCriteria, hold: Hold) -> list[Check]:
+    sent = stage.ok + stage.failed + stage.unfinished
+    failures = stage.failed + stage.unfinished
+    rate = failures / sent if sent else 1.0
     ratio = stage.achieved_qps / stage.target_qps if stage.target_qps else 0.0
     # in whole requests, as the report's shortfall flag counts: 29 of a 30-request hold is 96.7%, yet
     # the most a 98% limit can ask of 30 requests is 29
@@ -260,12 +358,15 @@ def _rate_checks(stage: StageSummary, criteria: SoakCriteria) -> list[Check]:
     return [
         Check(
             name="error rate",
+            kind="failures",
             status="fail" if rate > criteria.max_error_rate or not sent else "pass",
-            detail=f"{rate:.2%} ({stage.failed} of {sent} sent failed) in the hold; "
-            f"limit {criteria.max_error_rate:.2%}",
+            detail=f"{rate:.2%} ({stage.failed} failed + {stage.unfinished} unfinished of {sent} sent) in the hold;"
+            f" limit {criteria.max_error_rate:.2%}",
         ),
+        _finished_check(stage, criteria, hold),
         Check(
             name="achieved rate",
+            kind="rate",
             status="fail" if sent_in_hold < needed else "pass",
             detail=f"{stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target in the hold ({ratio:.1%}; "
             f"offered {stage.offered_qps:.2f}; {sent_in_hold} requests sent); limit ≥ "
@@ -274,29 +375,109 @@ def _rate_checks(stage: StageSummary, criteria: SoakCriteria) -> list[Check]:
     ]
 
 
-def _slo_check(name: str, measured: float | None, slo: float | None, flag: str) -> Check:
+def _finished_check(stage: StageSummary, criteria: SoakCriteria, hold: Hold) -> Check:
+    """Every request sent in the hold is judged: one still running when the drain ended is a request
+    the target did not answer in time, never left out."""
+    sent = stage.ok + stage.failed + stage.unfinished
+    finished = stage.ok + stage.failed
+    if not stage.unfinished:
+        return Check(
+            name="finished", kind="failures", status="pass",
+            detail=f"{finished} of {sent} sent in the hold finished before the {hold.drain_s:g} s drain ended",
+        )  # fmt: skip
+    ran = (hold.judged.finished_at - hold.judged.sent_at)[hold.judged.status == "unfinished"]
+    behind = stage.unfinished / sent > criteria.max_error_rate
+    verdict = f": the server did not keep up at {stage.target_qps:g} req/s" if behind else ""
+    return Check(
+        name="finished",
+        kind="failures",
+        status="fail" if behind else "pass",
+        detail=f"{finished} of {sent} sent in the hold; {stage.unfinished} still running after the {hold.drain_s:g} s"
+        f" drain (they had run {ran.min():.1f}–{ran.max():.1f} s){verdict}; limit {criteria.max_error_rate:.2%} of"
+        " those sent",
+    )
+
+
+def _censored(judged: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A latency of the hold's answered requests, and which values are only lower bounds: an ok request's
+    is exact, an unfinished one's is at least as long as it had run (its TTFT exact if a token came)."""
+    rows = judged[judged.status.isin(["ok", "unfinished"])]
+    known = rows[column].notna() & ((rows.status == "ok") | (column == "ttft_ms"))
+    values = rows[column].where(known, (rows.finished_at - rows.sent_at) * 1000)
+    return values.to_numpy(dtype=float), (~known).to_numpy(dtype=bool)
+
+
+def _p99_bounds(values: np.ndarray, censored: np.ndarray) -> tuple[float, float]:
+    """The p99 with every lower bound taken as it is, and with every lower bound unbounded: the true
+    p99 lies between them (inf when an unfinished request decides it)."""
+    low = float(np.percentile(values, 99))
+    with np.errstate(invalid="ignore"):
+        high = float(np.percentile(np.where(censored, np.inf, values), 99))
+    return low, high if math.isfinite(high) else math.inf
+
+
+def _slo_check(name: str, hold: Hold, column: str, slo: float | None, flag: str) -> Check:
     if slo is None:
-        return Check(name=name, status="skip", detail=f"no SLO given ({flag})")
-    if measured is None:
-        return Check(name=name, status="fail", detail=f"no successful request in the hold; SLO {slo:g} ms")
-    status: Literal["pass", "fail"] = "fail" if measured > slo else "pass"
-    return Check(name=name, status=status, detail=f"{measured:.1f} ms in the hold; SLO {slo:g} ms")
+        return Check(name=name, kind="slo", status="skip", detail=f"no SLO given ({flag})")
+    values, censored = _censored(hold.judged, column)
+    if not len(values):
+        return Check(name=name, kind="slo", status="fail", detail=f"no successful request in the hold; SLO {slo:g} ms")
+    low, high = _p99_bounds(values, censored)
+    if low > slo:
+        at_least = "≥ " if censored.any() else ""
+        return Check(name=name, kind="slo", status="fail", detail=f"{at_least}{low:.1f} ms in the hold; SLO {slo:g} ms")
+    if high <= slo:
+        return Check(name=name, kind="slo", status="pass", detail=f"{high:.1f} ms in the hold; SLO {slo:g} ms")
+    return Check(
+        name=name, kind="slo", status="fail",
+        detail=f"cannot be judged: {int(censored.sum())} request(s) of the hold did not finish, so the p99 is"
+        f" {low:.1f} ms or more, unbounded; SLO {slo:g} ms: not a pass",
+    )  # fmt: skip
 
 
 def _goodput_check(stage: StageSummary, minimum: float | None, manifest: RunManifest) -> Check:
     name = "goodput ratio"
     if minimum is None:
-        return Check(name=name, status="skip", detail="no minimum given (--min-goodput-ratio)")
+        return Check(name=name, kind="goodput", status="skip", detail="no minimum given (--min-goodput-ratio)")
     if manifest.goodput_slo is None or stage.goodput is None:
-        return Check(name=name, status="fail", detail="the run has no goodput SLO (--goodput-slo) to count against")
+        return Check(
+            name=name,
+            kind="goodput",
+            status="fail",
+            detail="the run has no goodput SLO (--goodput-slo) to count against",
+        )
     ratio = stage.goodput.slo_attainment
     if ratio is None:
-        return Check(name=name, status="fail", detail=f"no request answered in the hold; limit ≥ {minimum:.0%}")
+        return Check(
+            name=name, kind="goodput", status="fail", detail=f"no request answered in the hold; limit ≥ {minimum:.0%}"
+        )
     return Check(
         name=name,
+        kind="goodput",
         status="fail" if ratio < minimum else "pass",
-        detail=f"{ratio:.1%} of the answered requests met every SLO ({manifest.goodput_slo.describe()}): goodput "
-        f"{stage.goodput.requests_per_s:.2f} req/s in the hold; limit ≥ {minimum:.0%}",
+        detail=f"{ratio:.1%} of the answered requests met every SLO ({manifest.goodput_slo.describe()}; an unfinished"
+        f" one never does): goodput {stage.goodput.requests_per_s:.2f} req/s in the hold; limit ≥ {minimum:.0%}",
+    )
+
+
+def _hold_length_check(hold: Hold, share: float | None) -> Check:
+    """A hold only judges requests much shorter than itself: a probe of 10 s whose answers take 5 s
+    has seen two generations of them, too few to tell a level queue from a growing one."""
+    name = "hold length"
+    if share is None:
+        return Check(name=name, kind="hold_length", status="skip", detail="off (max_e2e_share_of_hold)")
+    values, censored = _censored(hold.judged, "e2e_ms")
+    if not len(values):
+        return Check(name=name, kind="hold_length", status="skip", detail="no request answered in the hold")
+    p99_s = float(np.percentile(values, 99)) / 1000
+    at_least = "≥ " if censored.any() else ""
+    long = p99_s > share * hold.duration_s
+    return Check(
+        name=name,
+        kind="hold_length",
+        status="fail" if long else "pass",
+        detail=f"E2E p99 {at_least}{p99_s:.2f} s is {p99_s / hold.duration_s:.0%} of the {hold.duration_s:g} s hold"
+        f" (limit {share:.0%})" + (": a hold this short cannot judge requests this long" if long else ""),
     )
 
 
@@ -312,9 +493,9 @@ def _alert(
 ) -> Check:
     """Fires when a window's value passes the level: above it, or `below` it."""
     if level is None:
-        return Check(name=name, status="skip", detail="off (no level set)")
+        return Check(name=name, kind="alert", status="skip", detail="off (no level set)")
     if series is None or series.empty:
-        return Check(name=name, status="skip", detail=f"not measured: {unmeasured}")
+        return Check(name=name, kind="alert", status="skip", detail=f"not measured: {unmeasured}")
     at = int(series.argmin() if below else series.argmax())
     worst_at, worst = float(series.index[at]), float(series.iloc[at])
     fired = worst < level if below else worst > level
@@ -322,6 +503,7 @@ def _alert(
     fired_side = "<" if below else ">"
     return Check(
         name=name,
+        kind="alert",
         status=action if fired else "pass",
         detail=f"worst {window_s:g} s window {worst:.3g} (+{worst_at:g} s into the hold) "
         f"{fired_side if fired else passed_side} level {level:g}{f' ({action})' if fired else ''}",
@@ -345,8 +527,34 @@ def _hold(run: Run, stage: Stage) -> Hold:
     start = run.manifest.started_at + stage.start_s
     end = start + stage.duration_s
     df, server = run.records.frame, run.server.frame
-    ok = df.loc[(df.status == "ok") & (df.sent_at >= start) & (df.sent_at < end), ["sent_at", "ttft_ms", "e2e_ms"]]
-    return Hold(stage, start, ok, server[(server.t >= start) & (server.t < end)])
+    in_window = (df.sent_at >= start) & (df.sent_at < end)
+    return Hold(
+        stage=stage,
+        start=start,
+        drain_s=run.manifest.drain_s,
+        ok=df.loc[(df.status == "ok") & in_window, ["sent_at", "ttft_ms", "e2e_ms"]],
+        judged=df.loc[
+            (df.stage == stage.name) & df.status.isin(ANSWERED_STATUSES),
+            ["status", "sent_at", "finished_at", "ttft_ms", "e2e_ms"],
+        ],
+        spans=df.loc[df.sent_at.notna(), ["status", "sent_at", "finished_at"]],
+        server=server[(server.t >= start) & (server.t < end)],
+    )
+
+
+def _starved(hold: Hold, criteria: DriftCriteria) -> str | None:
+    """Why the latency drifts may lack windows although the hold sent requests in enough of them: some
+    did not finish. None when nothing is unfinished or too few windows had sends anyway."""
+    if not hold.unfinished:
+        return None
+    judged = hold.judged
+    sent = hold.windows(judged.sent_at, pd.Series(1.0, index=judged.index), criteria.window_s, windows.total)
+    if len(sent) < criteria.min_windows:
+        return None
+    return (
+        f"requests were sent in {len(sent)} windows, but {hold.unfinished} of {len(judged)} were still running"
+        f" after the {hold.drain_s:g} s drain"
+    )
 
 
 def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
@@ -372,25 +580,45 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
     preemptions = hold.windows(rates.t, rates.value, drift.window_s, windows.mean) if len(rates) else None
     floors, levels, actions = drift.min_rise, alerts.levels, alerts.actions
     drift_check = functools.partial(_drift, hold=hold, criteria=drift)
+    unexported = set(server_kind(manifest.server.kind).not_exported()) if manifest.server else set()
+
+    def unmeasured(field: str, otherwise: str = NO_SAMPLES) -> str:
+        """Why a server figure is missing: a kind that does not export it is named."""
+        return f"not exported by {manifest.server.label}" if manifest.server and field in unexported else otherwise
+
+    starved = _starved(hold, drift)
+    judged_failures = df[df.status.isin(["failed", "unfinished"])].error_category.value_counts().to_dict()
     checks = [
-        _oom_check(df[df.status == "failed"].error_category.value_counts().to_dict()),
-        *_rate_checks(hold_summary, criteria),
-        _slo_check("p99 TTFT SLO", hold_summary.ttft_p99_ms, criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
-        _slo_check("p99 E2E SLO", hold_summary.e2e_p99_ms, criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
+        _oom_check(judged_failures),
+        *_rate_checks(hold_summary, criteria, hold),
+        _keeping_up(hold, drift),
+        _hold_length_check(hold, criteria.max_e2e_share_of_hold),
+        _slo_check("p99 TTFT SLO", hold, "ttft_ms", criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
+        _slo_check("p99 E2E SLO", hold, "e2e_ms", criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
         _goodput_check(hold_summary, criteria.min_goodput_ratio, manifest),
-        drift_check("p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms),
-        drift_check("p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms),
         drift_check(
-            "KV-cache usage drift", "", server_series("kv_cache_usage", drift.window_s), floors.kv_cache_usage
+            "p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms, starved=starved
         ),
-        drift_check("waiting-queue drift", "requests", server_series("waiting", drift.window_s), floors.waiting),
-        drift_check("preemption-rate drift", "/s", preemptions, floors.preemptions_per_s),
+        drift_check("p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms, starved=starved),
+        drift_check(
+            "KV-cache usage drift", "", server_series("kv_cache_usage", drift.window_s), floors.kv_cache_usage,
+            unmeasured=unmeasured("kv_cache_usage"),
+        ),
+        drift_check(
+            "waiting-queue drift", "requests", server_series("waiting", drift.window_s), floors.waiting,
+            unmeasured=unmeasured("waiting"),
+        ),
+        drift_check(
+            "preemption-rate drift", "/s", preemptions, floors.preemptions_per_s,
+            unmeasured=unmeasured("preemptions_total"),
+        ),
         _alert(
             "KV-cache usage alert", server_series("kv_cache_usage", alert_window),
-            levels.kv_cache_usage, actions.kv_cache_usage, alert_window,
+            levels.kv_cache_usage, actions.kv_cache_usage, alert_window, unmeasured=unmeasured("kv_cache_usage"),
         ),
         _alert(
-            "waiting-queue alert", server_series("waiting", alert_window), levels.waiting, actions.waiting, alert_window
+            "waiting-queue alert", server_series("waiting", alert_window), levels.waiting, actions.waiting,
+            alert_window, unmeasured=unmeasured("waiting"),
         ),
         _alert(
             "p99 E2E alert", latency_p99("e2e_ms", alert_window), levels.e2e_p99_ms, actions.e2e_p99_ms, alert_window
@@ -401,7 +629,8 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
         ),
         _alert(
             "prefix-cache hit-rate alert", _hit_rates(hold, alert_window), levels.prefix_cache_hit_rate,
-            actions.prefix_cache_hit_rate, alert_window, unmeasured=NO_PREFIX_CACHE, below=True,
+            actions.prefix_cache_hit_rate, alert_window, below=True,
+            unmeasured=unmeasured("prefix_cache_queries_total", NO_PREFIX_CACHE),
         ),
     ]  # fmt: skip
     return SoakResult(run_id=manifest.run_id, hold=stage.name, checks=checks)

@@ -13,6 +13,7 @@ from llmload.gates.verdict import add_criteria_arguments
 from llmload.plan import PlanFlags
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.schedule import ARRIVAL_PROCESSES, parse_duration
+from llmload.servers.kinds import kinds
 
 DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
 
@@ -43,6 +44,15 @@ def add_arguments(parser: Any) -> None:
         help="replay the workload from this session on, cycling (rate modes; a search gives each probe its own)",
     )  # fmt: skip
     group.add_argument("--model", default=None, help="served model name (default: the workload's, else /v1/models)")
+    group.add_argument(
+        "--server-kind", default=None, choices=list(kinds()),
+        help="the kind of server (default: found by probing it): what its requests carry, how its streams end,"
+        " which metrics it exports (llmload/servers/kinds.yaml)",
+    )  # fmt: skip
+    group.add_argument(
+        "--extra-body", default=None, metavar="JSON",
+        help='fields of your own added to every request, e.g. \'{"top_k": 20}\' (never dropped)',
+    )  # fmt: skip
     parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
         "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True, help="bearer token (never recorded)"
     )

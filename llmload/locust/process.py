@@ -30,12 +30,15 @@ from llmload.live import LiveStats
 from llmload.locust import messaging, views
 from llmload.locust.flags import plan_flags
 from llmload.locust.messaging import WorkerState
-from llmload.models import RequestRecord
+from llmload.models import RequestRecord, ServerIdentity
 from llmload.observe import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
 from llmload.schedule import ArrivalSchedule, RunClock
+from llmload.servers.detect import identify
+from llmload.servers.kinds import kind
+from llmload.servers.request import RequestShape, parse_extra_body, server_line
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 from llmload.workload import Workload
 
@@ -57,6 +60,7 @@ class ProcessRun:
     model: str
     worker: int
     api_key: str | None
+    shape: RequestShape  # what this server kind is sent
     dispatcher: Dispatcher | None = None  # processes that run users
     recorder: RunRecorder | None = None  # the process that writes the run directory
     outbox: list[RequestRecord] = field(default_factory=list)
@@ -187,20 +191,26 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     try:
         plan = STATE.plan if not worker else None
         plan = plan or RunPlan.build(plan_flags(options))
+        server: ServerIdentity | None = None
         if worker:  # the master's choices, sent with the spawn message
             model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
+            server_kind = kind(options.llmload_server_kind)
         else:
+            server = identify(environment.host, options.api_key or None, options.server_kind)
+            server_kind = kind(server.kind)
             model = _resolve_model(environment.host, options, plan.workload)
             start_wall = time.time() + START_LEAD_S
             # --run-id itself stays as given: a second start from the web UI names its own run
             run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
             options.llmload_run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
+            options.llmload_server_kind = server.kind
             rundir.claim(Path(options.reports_dir) / run_id)
+        shape = RequestShape(server_kind, extra=parse_extra_body(options.extra_body))
     except InputError as exc:
         _refuse_start(environment, str(exc))
         return
     clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
-    run = ProcessRun(plan, clock, run_id, model, 0, options.api_key or None)
+    run = ProcessRun(plan, clock, run_id, model, 0, options.api_key or None, shape)
     if isinstance(runner, MasterRunner):
         indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
         options.llmload_worker_indexes = indexes
@@ -219,8 +229,9 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
     if not worker:
         manifest = plan.manifest(
-            run_id=run_id, host=environment.host, model=model, started_at=start_wall, workers=max(1, len(run.workers))
-        )
+            run_id=run_id, host=environment.host, model=model, started_at=start_wall, workers=max(1, len(run.workers)),
+            server=server,
+        )  # fmt: skip
         gpu = gpu_reader(options.gpu_metrics, environment.host)
         if gpu is not None:
             log.info("llmload: GPU memory and utilisation from %s", gpu.url)
@@ -235,6 +246,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             "llmload: run %s -> %s (%d planned %s; %g s unjudged warm-up)",
             run_id, run_dir, plan.planned(), what, warmup,
         )  # fmt: skip
+        if server is not None:
+            log.info("llmload: %s", server_line(server, shape))
     STATE.run = run
 
 
@@ -247,7 +260,7 @@ def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> No
     if record.status in ("not_sent", "cancelled"):  # neither a response nor a failure of the target
         return
     exception = None
-    if record.status == "failed":
+    if record.status != "ok":  # failed, or unfinished: the target did not answer in time
         status = f" HTTP {record.http_status}" if record.http_status else ""
         exception = RuntimeError(f"{record.error_category}{status}")
     # one Locust event per request, so its RPS and failure ratio are the run's; TTFT, ITL and TPOT
@@ -351,8 +364,10 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
             log.info("llmload:   %s", reason)
     r = summary.requests
     log.info(
-        "llmload: %d scheduled = %d ok + %d failed + %d cancelled + %d not sent (+ %d in the warm-up); report: %s",
-        r.scheduled, r.ok, r.failed, r.cancelled, r.not_sent, r.warmup, run.recorder.run_dir / rundir.REPORT_FILE,
+        "llmload: %d scheduled = %d ok + %d failed + %d unfinished + %d cancelled + %d not sent (+ %d in the warm-up);"
+        " report: %s",
+        r.scheduled, r.ok, r.failed, r.unfinished, r.cancelled, r.not_sent, r.warmup,
+        run.recorder.run_dir / rundir.REPORT_FILE,
     )  # fmt: skip
     for warning in summary.run.warnings:
         log.warning("llmload: %s", warning)

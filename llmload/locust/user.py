@@ -26,6 +26,7 @@ class ChatUser(User):
             run.dispatcher,
             lambda record: sink(self.environment, run, record),
             model=run.model,
+            shape=run.shape,
             tokenizer=get_tokenizer(plan.workload.spec.tokenizer),
             history_turns=plan.history_turns,
         )

@@ -29,7 +29,7 @@ from matplotlib.typing import RcKeyType
 from llmload.format import fmt, percent
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe import GPU_SOURCES, series_max
-from llmload.report.markdown import turn_depths
+from llmload.report.markdown import server_facts, turn_depths
 from llmload.report.summary import RunItl
 from llmload.rundir import HTML_FILE
 from llmload.rundir import Run as FinishedRun
@@ -44,7 +44,21 @@ NICE_WINDOWS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 CATEGORY_COLORS = dict(
     zip(
         FAILURE_CATEGORIES,
-        ("#9467bd", "#7f0000", "#d62728", "#ff7f0e", "#8c564b", "#bcbd22", "#17becf", "#1f77b4", "#e377c2", "#7f7f7f"),
+        (
+            "#9467bd",
+            "#7f0000",
+            "#d62728",
+            "#ff7f0e",
+            "#8c564b",
+            "#bcbd22",
+            "#17becf",
+            "#1f77b4",
+            "#e377c2",
+            "#7f7f7f",
+            "#393b79",
+            "#637939",
+            "#843c39",
+        ),
         strict=True,
     )
 )
@@ -262,7 +276,7 @@ def _gpu_chart(run: Page) -> Figure | str | None:
 
 
 def _failures_chart(run: Page) -> Figure | str:
-    failed = run.records[run.records.status == "failed"]
+    failed = run.records[run.records.status.isin(["failed", "unfinished"])]
     if failed.empty:
         return "No failures."
     at = run.rel(failed.finished_at.fillna(failed.sent_at).fillna(failed.scheduled_at))
@@ -391,7 +405,8 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <style>
 {{ style | safe }}</style></head><body>
 <h1>llmload run <code>{{ s.run.run_id }}</code></h1>
-<p class="meta">Target {{ s.run.host }} (model {{ s.run.model or "?" }}), workload {{ s.run.workload }},
+<p class="meta">Target {{ s.run.host }}{% if s.run.server %}, {{ s.run.server.name }}{% endif %} (model
+{{ s.run.model or "?" }}), workload {{ s.run.workload }},
 {{ s.run.arrival }} arrivals, target {{ s.run.target_qps | fmt(2) }} req/s, {{ s.run.workers }} load-generator
 process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 {% if s.verdict %}
@@ -401,24 +416,23 @@ process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 {% endif %}
 {% for w in s.run.warnings %}<div class="warn">{{ w }}</div>{% endfor %}
 <h2>Requests</h2>
-<table><tr><th>scheduled</th><th>sent</th><th>ok</th><th>failed</th><th>cancelled</th><th>not sent</th>
-<th>OOM family</th><th>warm-up (not judged)</th></tr>
+<table><tr><th>scheduled</th><th>sent</th><th>ok</th><th>failed</th><th>unfinished</th><th>cancelled</th>
+<th>not sent</th><th>OOM family</th><th>warm-up (not judged)</th></tr>
 <tr><td>{{ s.requests.scheduled }}</td><td>{{ s.requests.sent }}</td><td>{{ s.requests.ok }}</td>
-<td>{{ s.requests.failed }}</td><td>{{ s.requests.cancelled }}</td><td>{{ s.requests.not_sent }}</td>
+<td>{{ s.requests.failed }}</td><td>{% if s.requests.unfinished %}<b>{{ s.requests.unfinished }}</b>{% else
+%}0{% endif %}</td><td>{{ s.requests.cancelled }}</td><td>{{ s.requests.not_sent }}</td>
 <td>{{ s.failures.oom_family }}</td><td>{{ s.requests.warmup }}</td></tr></table>
-<p class="note">Cancelled: cut by the operator or the drain timeout, never a failure. Every figure but the stage
-table leaves out the warm-up.</p>
+<p class="note">Unfinished: still running when the drain after the plan ended; the target did not keep up, and
+they count as failures. Cancelled: cut by the operator (Ctrl-C, SIGTERM), never judged. Every figure but the
+stage table leaves out the warm-up.</p>
 <h2>Latency (ms, successful requests, from send)</h2>
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
 <td>{{ p.p99 | fmt }}</td><td>{{ p.max | fmt }}</td><td>{{ p.count }}</td></tr>{% endfor %}</table>
 <p class="meta">ITL: every gap of every successful request, pooled; {{ itl_method }}.</p>
 <p>Throughput {{ s.throughput.requests_per_s | fmt(2) }} req/s, {{ s.throughput.output_tokens_per_s | fmt(0) }}
-output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% if s.server %} Server: KV cache
-usage max {{ (s.server.kv_cache_usage_max * 100) | fmt(0) if s.server.kv_cache_usage_max is not none else "–" }}%,
-preemptions {{ s.server.preemptions | fmt(0) }}, waiting max {{ s.server.waiting_max | fmt(0) }}.{% if
-s.server.prefix_cache_hit_rate is not none %} Prefix-cache hit rate {{ s.server.prefix_cache_hit_rate | percent }} of
-{{ s.server.prefix_cache_queries | fmt(0) }} prompt tokens looked up in the judged stages.{% endif %}{% endif %}
+output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% for fact in server_facts %}
+{{ fact }}{% endfor %}
 {% if s.turns | selectattr("cached_share", "ne", none) | list %}Prompt tokens from the prefix cache, by turn:
 {% for t in s.turns %}{{ t.turn }}: {{ t.cached_share | percent }}{{ "; " if not loop.last else "." }}{% endfor %}
 {% endif %}</p>
@@ -433,7 +447,7 @@ s.server.prefix_cache_hit_rate is not none %} Prefix-cache hit rate {{ s.server.
 <h2>Goodput</h2>
 <p>Requests meeting every SLO ({{ s.run.goodput_slo.describe() }}): {{ g.requests_per_s | fmt(2) }} req/s,
 {{ g.output_tokens_per_s | fmt(0) }} output tok/s, {{ g.slo_attainment | percent(1) }} of the answered requests.
-Failed requests count against it; cancelled ones are left out.</p>
+Failed and unfinished requests count against it; cancelled ones are left out.</p>
 <table><tr><th class="l">stage</th><th>achieved req/s</th><th>goodput req/s</th><th>goodput output tok/s</th>
 <th>SLO met</th></tr>
 {% for st in s.stages if st.goodput %}<tr><td class="l">{{ st.name }}{% if st.warmup %} (not judged){% endif %}</td>
@@ -447,12 +461,14 @@ Failed requests count against it; cancelled ones are left out.</p>
 {% endfor %}
 <h2>Stages</h2>
 <table><tr><th class="l">stage</th><th>target req/s</th><th>offered</th><th>achieved</th><th>ok</th><th>failed</th>
-<th>cancelled</th><th>not sent</th><th>delay p99 ms</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p99 ms</th>
+<th>unfinished</th><th>cancelled</th><th>not sent</th><th>delay p99 ms</th><th>TTFT p50 ms</th><th>TTFT p99 ms</th>
+<th>E2E p99 ms</th>
 <th>prompt tok p50</th><th>prompt tok p99</th><th>turns 1/2/3/4+ %</th></tr>
 {% for st in s.stages %}<tr><td class="l">{{ st.name }}{% if st.warmup %} (not judged){% endif %}{% if st.shortfall
 %} <b>(shortfall)</b>{% endif %}</td>
 <td>{{ st.target_qps | fmt(2) }}</td><td>{{ st.offered_qps | fmt(2) }}</td><td>{{ st.achieved_qps | fmt(2) }}</td>
-<td>{{ st.ok }}</td><td>{{ st.failed }}</td><td>{{ st.cancelled }}</td><td>{{ st.not_sent }}</td>
+<td>{{ st.ok }}</td><td>{{ st.failed }}</td><td>{{ st.unfinished }}</td><td>{{ st.cancelled }}</td>
+<td>{{ st.not_sent }}</td>
 <td>{{ st.schedule_delay_p99_ms | fmt }}</td><td>{{ st.ttft_p50_ms | fmt }}</td><td>{{ st.ttft_p99_ms | fmt }}</td>
 <td>{{ st.e2e_p99_ms | fmt }}</td><td>{{ st.prompt_tokens_p50 | fmt(0) }}</td>
 <td>{{ st.prompt_tokens_p99 | fmt(0) }}</td><td>{{ st.turn_mix | turn_depths }}</td></tr>
@@ -500,6 +516,7 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
         latency=[("TTFT", lat.ttft), ("ITL", lat.itl), ("TPOT", lat.tpot), ("E2E", lat.e2e)],
         charts=charts,
         failures=_failure_rows(run),
+        server_facts=server_facts(run.summary),
         itl_method=ITL_METHOD,
         style=STYLE,
     )

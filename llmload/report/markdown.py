@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmload.format import fmt, percent
 from llmload.models import ServerSummary, Summary
+from llmload.servers.kinds import kind
 from llmload.stats.sketch import METHOD as ITL_METHOD
 
 
@@ -19,20 +20,43 @@ def turn_depths(mix: dict[str, float]) -> str:
     return "/".join(f"{100 * v:.0f}" for v in (share("1"), share("2"), share("3"), deep))
 
 
-def _server_lines(server: ServerSummary | None) -> list[str]:
-    """The server's own figures: KV cache, queue, preemptions (whole run) and prefix-cache hits (judged)."""
-    if server is None:
-        return []
-    line = (
-        f"Server (its /metrics, whole run): KV-cache usage max {percent(server.kv_cache_usage_max)}, "
-        f"waiting max {fmt(server.waiting_max, 0)}, preemptions {fmt(server.preemptions, 0)}."
-    )
-    if server.prefix_cache_hit_rate is not None:
-        line += (
-            f" Prefix-cache hit rate {percent(server.prefix_cache_hit_rate)} of "
-            f"{fmt(server.prefix_cache_queries, 0)} prompt tokens looked up in the judged stages."
+def server_facts(summary: Summary) -> list[str]:
+    """Sentences on the server: which it is, its own figures (KV cache, queue, preemptions over the
+    whole run; prefix-cache hits of the judged stages), a figure its kind does not export said so
+    (never a blank that reads as zero), and whether the workload's output lengths were forced."""
+    identity, server = summary.run.server, summary.server
+    lines = []
+    if identity is not None:
+        lines.append(f"Server: {identity.name} (told by {identity.evidence}).")
+    label = identity.label if identity is not None else "the server"
+    missing = set(kind(identity.kind).not_exported()) if identity is not None else set()
+
+    def figure(field: str, value: str) -> str:
+        return f"not exported by {label}" if field in missing else value
+
+    if server is not None or missing:
+        kv, waiting, preemptions = (
+            (server.kv_cache_usage_max, server.waiting_max, server.preemptions) if server else (None, None, None)
         )
-    return ["", line]
+        line = (
+            f"Its metrics (whole run): KV-cache usage max {figure('kv_cache_usage', percent(kv))}, waiting max"
+            f" {figure('waiting', fmt(waiting, 0))}, preemptions {figure('preemptions_total', fmt(preemptions, 0))}."
+        )
+        if server is not None and server.prefix_cache_hit_rate is not None:
+            line += (
+                f" Prefix-cache hit rate {percent(server.prefix_cache_hit_rate)} of "
+                f"{fmt(server.prefix_cache_queries, 0)} prompt tokens looked up in the judged stages."
+            )
+        lines.append(line)
+    lengths = summary.output_lengths
+    if lengths is not None:
+        asked, got = lengths.requested_tokens, lengths.output_tokens
+        lines.append(
+            f"Output lengths: {lengths.requested} successful requests fixed one (p50 {fmt(asked.p50, 0)} / p99"
+            f" {fmt(asked.p99, 0)} tokens); {lengths.forced} asked the server to keep to it; the server gave p50"
+            f" {fmt(got.p50, 0)} / p99 {fmt(got.p99, 0)}."
+        )
+    return lines
 
 
 def _gpu_lines(server: ServerSummary | None) -> list[str]:
@@ -66,7 +90,7 @@ def _goodput_markdown(summary: Summary) -> list[str]:
         "",
         f"Requests meeting every SLO ({slo.describe()}): {overall.requests_per_s:.2f} req/s, "
         f"{overall.output_tokens_per_s:,.0f} output tok/s, {percent(overall.slo_attainment, 1)} of the answered"
-        " requests. Failed requests count against it; cancelled ones are left out.",
+        " requests. Failed and unfinished requests count against it; cancelled ones are left out.",
         "",
         "| stage | achieved req/s | goodput req/s | goodput output tok/s | SLO met |",
         "|---|---:|---:|---:|---:|",
@@ -86,7 +110,8 @@ def render_markdown(summary: Summary) -> str:
     lines = [
         f"# llmload run `{run.run_id}`",
         "",
-        f"Target `{run.host}` (model `{run.model or '?'}`), workload `{run.workload}`, {run.arrival} arrivals, "
+        f"Target `{run.host}`{f', {run.server.name}' if run.server else ''} (model `{run.model or '?'}`), workload"
+        f" `{run.workload}`, {run.arrival} arrivals, "
         f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
         f"{run.finished_at - run.started_at:.0f} s.",
         "",
@@ -97,12 +122,13 @@ def render_markdown(summary: Summary) -> str:
     lines += [
         "## Requests",
         "",
-        "| scheduled | sent | ok | failed | cancelled | not sent | OOM family | warm-up (not judged) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.cancelled} | {req.not_sent} "
-        f"| {summary.failures.oom_family} | {req.warmup} |",
+        "| scheduled | sent | ok | failed | unfinished | cancelled | not sent | OOM family | warm-up (not judged) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.unfinished} | {req.cancelled} "
+        f"| {req.not_sent} | {summary.failures.oom_family} | {req.warmup} |",
         "",
-        "Cancelled requests were cut by the operator or the drain timeout: not failures, not in the error rate."
+        "Unfinished requests were still running when the drain after the plan ended: the target did not keep up,"
+        " and they count as failures. Cancelled requests were cut by the operator (Ctrl-C, SIGTERM): never judged."
         " Warm-up requests are counted apart and left out of every figure but the stage table.",
         "",
         "## Latency (ms, successful requests, from send)",
@@ -130,20 +156,22 @@ def render_markdown(summary: Summary) -> str:
         f"{fmt(tok.prompt.p50, 0)}/{fmt(tok.prompt.p95, 0)}/{fmt(tok.prompt.p99, 0)}/{fmt(tok.prompt.max, 0)}; "
         f"output: {fmt(tok.output.p50, 0)}/{fmt(tok.output.p95, 0)}/{fmt(tok.output.p99, 0)}/"
         f"{fmt(tok.output.max, 0)}.",
-        *_server_lines(summary.server),
+        *(line for fact in server_facts(summary) for line in ("", fact)),
         *_gpu_lines(summary.server),
         "",
         "## Stages",
         "",
-        "| stage | target req/s | offered | achieved | scheduled | ok | failed | cancelled | not sent | delay p99 ms "
-        "| TTFT p50 | TTFT p99 | E2E p99 | prompt tok p50 | prompt tok p99 | turns 1/2/3/4+ % | shortfall |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| stage | target req/s | offered | achieved | scheduled | ok | failed | unfinished | cancelled | not sent "
+        "| delay p99 ms | TTFT p50 | TTFT p99 | E2E p99 | prompt tok p50 | prompt tok p99 | turns 1/2/3/4+ % "
+        "| shortfall |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for s in summary.stages:
         name = f"{s.name} (not judged)" if s.warmup else s.name
         lines.append(
             f"| {name} | {s.target_qps:.2f} | {s.offered_qps:.2f} | {s.achieved_qps:.2f} | {s.scheduled} | {s.ok} "
-            f"| {s.failed} | {s.cancelled} | {s.not_sent} | {fmt(s.schedule_delay_p99_ms)} | {fmt(s.ttft_p50_ms)} "
+            f"| {s.failed} | {s.unfinished} | {s.cancelled} | {s.not_sent} | {fmt(s.schedule_delay_p99_ms)} "
+            f"| {fmt(s.ttft_p50_ms)} "
             f"| {fmt(s.ttft_p99_ms)} | {fmt(s.e2e_p99_ms)} | {fmt(s.prompt_tokens_p50, 0)} "
             f"| {fmt(s.prompt_tokens_p99, 0)} | {turn_depths(s.turn_mix)} | {'**yes**' if s.shortfall else 'no'} |"
         )

@@ -59,8 +59,8 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <p class="meta">Target {{ r.host }}, workload {{ r.workload }}, rates up to {{ r.max_qps | fmt(2) }} req/s,
 {{ r.probe_s | fmt(0) }} s holds, the answer passed {{ r.repeats }} probe(s){% if r.goodput_slo %}, goodput SLO
 {{ r.goodput_slo.describe() }}{% endif %}; {{ r.probes | length }} probe(s).</p>
-<div class="verdict {{ 'pass' if ok else 'fail' }}"><strong>{% if r.passing_qps is not none
-%}{{ r.passing_qps | fmt(2) }} req/s{% else %}no passing rate{% endif %}</strong><ul><li>{{ r.conclusion }}</li>
+<div class="verdict {{ 'pass' if ok else 'fail' }}"><strong>{{ r.answer }}</strong><ul><li>{{ r.conclusion }}</li>
+{% if r.latency_note %}<li>{{ r.latency_note }}</li>{% endif %}
 {% if r.confirmed is not none %}<li>Confirming soak at the rate found: {{ 'PASS' if r.confirmed else 'FAIL' }}</li>
 {% endif %}
 {% if r.required_qps is not none %}<li>Required: {{ r.required_qps | fmt(2) }} req/s</li>{% endif %}</ul></div>
@@ -71,16 +71,22 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <p class="meta">Shaded: the boundary interval, between the highest passing and the lowest failing rate.</p>
 {% else %}<p class="note">No probe finished yet.</p>{% endif %}
 <h2>Probes</h2>
-<table><tr><th>#</th><th>rate req/s</th><th class="l">verdict</th><th>achieved</th><th>goodput</th>
-<th>TTFT p50 ms</th><th>TTFT p99 ms</th><th>E2E p99 ms</th><th class="l">why it failed</th>
-<th class="l">report</th></tr>
+<table><tr><th>#</th><th>rate req/s</th><th>hold s</th><th class="l">verdict</th><th>sent</th><th>unfinished</th>
+<th>achieved</th><th>goodput</th><th>TTFT p50 / p99 ms</th><th>E2E p50 / p99 ms</th><th class="l">report</th></tr>
 {% for p in r.probes %}<tr><td>{{ loop.index }}</td><td>{{ p.qps | fmt(2) }}</td>
+<td>{{ (p.hold_s or r.probe_s) | fmt(0) }}</td>
 <td class="l">{% if p.passed is none %}not judged{% elif p.passed %}PASS{% else %}<b>FAIL</b>{% endif
-%}{% if p.confirm %} (confirming soak){% endif %}</td><td>{{ p.achieved_qps | fmt(2) }}</td>
-<td>{{ p.goodput_qps | fmt(2) }}</td><td>{{ p.ttft_p50_ms | fmt }}</td><td>{{ p.ttft_p99_ms | fmt }}</td>
-<td>{{ p.e2e_p99_ms | fmt }}</td><td class="msg">{% for line in p.failed_checks %}{{ line }}<br>{% endfor %}</td>
-<td class="l"><a href="{{ p.run_id }}/report.html">{{ p.run_id }}</a></td></tr>
+%}{% if p.confirm %} (confirming soak){% endif %}{% if p.too_short %} (held longer next){% endif %}</td>
+<td>{{ p.sent | fmt(0) }}</td><td>{% if p.unfinished %}<b>{{ p.unfinished }}</b>{% else %}{{ p.unfinished | fmt(0)
+}}{% endif %}</td><td>{{ p.achieved_qps | fmt(2) }}</td><td>{{ p.goodput_qps | fmt(2) }}</td>
+<td>{{ p.ttft_p50_ms | fmt(0) }} / {{ p.ttft_p99_ms | fmt(0) }}</td><td>{{ p.e2e_p50_ms | fmt(0) }} /
+{{ p.e2e_p99_ms | fmt(0) }}</td><td class="l"><a href="{{ p.run_id }}/report.html">{{ p.run_id }}</a></td></tr>
 {% endfor %}</table>
+<p class="meta">Sent: requests of the hold the server is judged on; unfinished: of those, still running when the
+drain after the hold ended (each counts as a failure).</p>
+{% if r.probes | selectattr("failed_checks") | list %}<h2>Why probes failed</h2>
+<ul>{% for p in r.probes if p.failed_checks %}<li><b>{{ p.run_id }}</b> at {{ p.qps | fmt(2) }} req/s:<ul>{% for line
+in p.failed_checks %}<li>{{ line }}</li>{% endfor %}</ul></li>{% endfor %}</ul>{% endif %}
 </body></html>
 """)
 

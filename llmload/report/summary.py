@@ -15,14 +15,17 @@ import numpy as np
 import pandas as pd
 
 from llmload.models import (
+    ANSWERED_STATUSES,
     OOM_FAMILY,
     FailureSummary,
     Goodput,
     LatencySummary,
+    OutputLengths,
     Percentiles,
     RequestCounts,
     RunInfo,
     RunManifest,
+    ServerIdentity,
     StageSummary,
     Summary,
     Throughput,
@@ -33,6 +36,7 @@ from llmload.observe import LAG_WARNING_MS, series_max, server_summary
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
 from llmload.rundir import Run
+from llmload.servers.kinds import kind
 from llmload.stats.percentiles import percentiles, quantile, token_percentiles
 from llmload.stats.sketch import Histograms
 
@@ -54,10 +58,11 @@ def _turn_mix(turns: pd.Series) -> dict[str, float]:
 
 def goodput(rows: pd.DataFrame, good: pd.Series | None, seconds: float) -> Goodput | None:
     """Goodput of `rows` (status and output_tokens; None without an SLO): the good ones per second,
-    and their share of the answered ones; cancelled and never-sent requests are in neither."""
+    and their share of the answered ones (an unfinished request never met its SLO); cancelled and
+    never-sent requests are in neither."""
     if good is None:
         return None
-    answered = rows.status.isin(["ok", "failed"]).to_numpy(dtype=bool)
+    answered = rows.status.isin(ANSWERED_STATUSES).to_numpy(dtype=bool)
     met = answered & good.loc[rows.index].to_numpy(dtype=bool)
     return Goodput(
         requests_per_s=int(met.sum()) / seconds,
@@ -93,6 +98,7 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest, good: pd.Series | 
                 scheduled=len(rows),
                 ok=len(ok),
                 failed=int((rows.status == "failed").sum()),
+                unfinished=int((rows.status == "unfinished").sum()),
                 cancelled=int((rows.status == "cancelled").sum()),
                 not_sent=int((rows.status == "not_sent").sum()),
                 schedule_delay_p99_ms=delay_p99,
@@ -120,6 +126,21 @@ def shortfall_reason(stage: StageSummary) -> str:
         f" {stage.offered_qps:.2f}, schedule delay p99 {stage.schedule_delay_p99_ms or 0:.0f} ms"
         f" (limit {SHORTFALL_DELAY_MS:g} ms)"
     )
+
+
+def unfinished_warning(unfinished: int, sent: int, drain_s: float, e2e_p99_ms: float | None) -> str:
+    """Requests the target had not finished when the drain ended: a failure to keep up, unless the
+    drain was shorter than the answers take (then the advice is a longer drain)."""
+    text = (
+        f"{unfinished} of {sent} requests sent were still running when the {drain_s:g} s drain after the plan ended:"
+        " the target did not keep up; they count as failures"
+    )
+    if e2e_p99_ms is not None and e2e_p99_ms / 1000 > drain_s / 2:
+        text += (
+            f" (the finished requests' E2E p99 is {e2e_p99_ms / 1000:.1f} s: if answers this long are expected,"
+            f" give --drain-timeout {math.ceil(2 * e2e_p99_ms / 1000):d} or more)"
+        )
+    return text
 
 
 def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
@@ -162,10 +183,13 @@ def summarize(
     # only the columns used: a run can hold 10M records, each copy of the frame a gigabyte
     ok = df.loc[
         (df.status == "ok").to_numpy(dtype=bool),
-        ["ttft_ms", "tpot_ms", "e2e_ms", "schedule_delay_ms", "prompt_tokens", "output_tokens", "usage_from_server"],
-    ]
+        ["ttft_ms", "tpot_ms", "e2e_ms", "schedule_delay_ms", "prompt_tokens", "output_tokens", "usage_from_server",
+         "requested_output_tokens", "output_tokens_forced"],
+    ]  # fmt: skip
     sent = df.schedule_delay_ms[(df.status != "not_sent").to_numpy(dtype=bool)]
-    failed = df.loc[(df.status == "failed").to_numpy(dtype=bool), ["error_category", "error_message"]]
+    # what the target is judged to have failed: errors, and requests it had not finished when the drain ended
+    failed = df.loc[df.status.isin(["failed", "unfinished"]).to_numpy(dtype=bool), ["error_category", "error_message"]]
+    unfinished = int((failed.error_category == "unfinished").sum())
     finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
     # over the judged stages (or less, when stopped early): warm-up, start-up and drain would make
     # throughput depend on how a run began and wound down rather than on the target
@@ -195,8 +219,16 @@ def summarize(
             f"> {LAG_WARNING_MS:.0f} ms): latencies measured then include the stall; give it cores of its own "
             "(taskset, away from a local server) or more Locust workers (--processes)"
         )
+    if unfinished:
+        warnings.append(unfinished_warning(unfinished, len(sent), manifest.drain_s, quantile(ok.e2e_ms, 99)))
     if len(ok) and not ok.usage_from_server.all():
-        warnings.append("some responses carried no usage: their token counts were counted client-side")
+        warnings.append(
+            "some responses carried no usage: their output tokens were counted from the stream's chunks and their"
+            " prompt tokens with the workload's tokenizer (estimates)"
+        )
+    lengths = _output_lengths(ok)
+    if lengths is not None and lengths.forced < lengths.requested:
+        warnings.append(_unforced_warning(lengths, manifest.server))
     return Summary(
         run=RunInfo(
             run_id=manifest.run_id,
@@ -212,13 +244,15 @@ def summarize(
             cpu_steal_percent=steal,
             load_generator_lag_max_ms=lag_max_ms,
             goodput_slo=manifest.goodput_slo,
+            server=manifest.server,
             warnings=warnings,
         ),
         requests=RequestCounts(
             scheduled=len(df),
             sent=len(sent),
             ok=len(ok),
-            failed=len(failed),
+            failed=len(failed) - unfinished,
+            unfinished=unfinished,
             cancelled=int((df.status == "cancelled").sum()),
             not_sent=int((df.status == "not_sent").sum()),
             warmup=int(in_warmup.sum()),
@@ -246,6 +280,34 @@ def summarize(
             oom_family=int(sum(v for k, v in categories.items() if k in OOM_FAMILY)),
             examples={str(k): str(v) for k, v in examples.items()},
         ),
+        output_lengths=lengths,
+    )
+
+
+def _output_lengths(ok: pd.DataFrame) -> OutputLengths | None:
+    """The requested exact lengths of the successful requests that had one, against what they got."""
+    asked = ok[ok.requested_output_tokens.notna()]
+    if asked.empty:
+        return None
+    return OutputLengths(
+        requested=len(asked),
+        forced=int(asked.output_tokens_forced.fillna(False).astype(bool).sum()),
+        requested_tokens=token_percentiles(asked.requested_output_tokens.astype(float)),
+        output_tokens=token_percentiles(asked.output_tokens.astype(float)),
+    )
+
+
+def _unforced_warning(lengths: OutputLengths, server: ServerIdentity | None) -> str:
+    """Which server, why, and the workload's lengths against the measured ones."""
+    why = server.name if server is not None else "the server"
+    note = kind(server.kind).force_note if server is not None else None
+    asked, got = lengths.requested_tokens, lengths.output_tokens
+    return (
+        f"output lengths not forced for {lengths.requested - lengths.forced} of {lengths.requested} requests that fix"
+        f" one: {why}"
+        + (f" ({note})" if note else " refused the fields that force it")
+        + f"; the workload asked p50 {asked.p50:.0f} / p99 {asked.p99:.0f} output tokens, the server gave"
+        f" p50 {got.p50:.0f} / p99 {got.p99:.0f}"
     )
 
 

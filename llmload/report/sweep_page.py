@@ -1,6 +1,7 @@
 """sweep.md and sweep.html: the postmortem's table made by the tool, one row per configuration
 with vLLM's startup figures, the gate's answer and the figures at it, the prediction beside the
-measurement, and which configuration to ship. Both pages print the same columns (COLUMNS)."""
+measurement, and which configuration to ship. Both pages print the same columns (COLUMNS); the
+reasons follow the table as sentences, one per configuration, so no cell has to hold a paragraph."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from llmload.report.html import ENV, STYLE
 
 MARKDOWN_FILE = "sweep.md"
 HTML_FILE = "sweep.html"
+NO_SLO_ADVICE = (
+    "No latency SLO was given, so each answer is the highest rate the configuration keeps up with, however slow"
+    " (its TTFT and E2E at that rate are beside it): give --slo-ttft-p99-ms / --slo-e2e-p99-ms for the highest"
+    " rate users can live with."
+)
 
 
 def _server(row: SweepRow) -> str:
@@ -22,60 +28,82 @@ def _server(row: SweepRow) -> str:
 
 
 def _passes(row: SweepRow) -> str:
+    """The interval: `9.5 – 10.5` (passes – fails), `≥ 32 (the cap)` or `none`."""
     if row.server != "started":
         return "–"
     if row.passing_qps is None:
-        return "none"
-    return f"{row.passing_qps:g}" + (f" – {row.failing_qps:g}" if row.failing_qps is not None else "+")
+        return "none" + (f" (fails at {row.failing_qps:g})" if row.failing_qps is not None else "")
+    if row.outcome == "capped":
+        return f"≥ {row.passing_qps:g} (the cap)"
+    return f"{row.passing_qps:g}" + (f" – {row.failing_qps:g}" if row.failing_qps is not None else "")
 
 
-def _ratio(row: SweepRow) -> str:
-    ratio = row.prediction_ratio
-    return "–" if ratio is None else f"{ratio:.2f}"
+def _kv(row: SweepRow) -> str:
+    if row.kv_cache_tokens is None:
+        return "–"
+    concurrency = f", {row.max_concurrency:.2f}x" if row.max_concurrency is not None else ""
+    return f"{row.kv_cache_tokens:,}{concurrency}"
+
+
+def _peaks(row: SweepRow) -> str:
+    return f"{percent(row.kv_cache_usage_max)} / {fmt(row.preemptions, 0)}"
 
 
 def _predicted(row: SweepRow) -> str:
     if row.predicted_reason is not None:
         return "would not start"
-    return "–" if row.predicted_qps is None else f"{row.predicted_qps:g}"
+    if row.predicted_qps is None:
+        return "–"
+    ratio = row.prediction_ratio
+    return f"{row.predicted_qps:g}" + (f" ({ratio:.2f})" if ratio is not None else "")
 
 
 COLUMNS: list[tuple[str, Callable[[SweepRow], str]]] = [
     ("server", _server),
-    ("KV cache tokens", lambda r: "–" if r.kv_cache_tokens is None else f"{r.kv_cache_tokens:,}"),
-    ("max concurrency", lambda r: "–" if r.max_concurrency is None else f"{r.max_concurrency:.2f}x"),
-    ("passes at req/s (– fails at)", _passes),
-    ("measured at req/s", lambda r: fmt(r.measured_at_qps, 2)),
-    ("output tok/s", lambda r: fmt(r.output_tokens_per_s)),
+    ("KV cache tokens, concurrency", _kv),
+    ("passes – fails at, req/s", _passes),
     ("TTFT p50 / p99 ms", lambda r: f"{fmt(r.ttft_p50_ms, 0)} / {fmt(r.ttft_p99_ms, 0)}"),
     ("E2E p50 / p99 ms", lambda r: f"{fmt(r.e2e_p50_ms, 0)} / {fmt(r.e2e_p99_ms, 0)}"),
+    ("output tok/s", lambda r: fmt(r.output_tokens_per_s)),
     ("goodput req/s", lambda r: fmt(r.goodput_qps, 2)),
-    ("peak KV usage", lambda r: percent(r.kv_cache_usage_max)),
-    ("preemptions", lambda r: fmt(r.preemptions, 0)),
+    ("peak KV usage / preemptions", _peaks),
     ("peak GPU memory", lambda r: percent(r.gpu_memory_usage_max)),
-    ("predicted req/s", _predicted),
-    ("measured / predicted", _ratio),
+    ("predicted req/s (measured / predicted)", _predicted),
 ]
 
 
 def why(row: SweepRow) -> str:
-    """One line per configuration: why it did not start, failed, or where its boundary lies."""
+    """One sentence per configuration: why it did not start, failed, or where its boundary lies."""
     if row.server == "did_not_start":
-        return f"did not start: {row.reason}. Capacity had said: {row.predicted_startup}."
+        return f"Did not start: {row.reason}." + _capacity(row)
     if row.server != "started":
-        return f"{_server(row)}. Capacity had said: {row.predicted_startup}."
-    parts = [f"fails at {row.failing_qps:g} req/s: {row.failing_reason}" if row.failing_qps is not None else ""]
+        return f"{_server(row).capitalize()}." + _capacity(row)
+    parts = []
+    if row.passing_qps is not None:
+        at = f" (measured at {row.measured_at_qps:g} req/s)" if row.measured_at_qps is not None else ""
+        parts.append(f"Passes at {row.answer}{at}")
+    if row.failing_qps is not None:
+        parts.append(f"fails at {row.failing_qps:g} req/s: {row.failing_reason}")
     if row.passed is False and row.passing_qps is not None:
         parts.append("below --require-qps")
     if row.predicted_reason is not None:
         parts.append(f"the simulator refused it: {row.predicted_reason}")
     parts += [f"the prediction warns: {warning}" for warning in row.prediction_warnings]
-    parts.append(f"capacity had said: {row.predicted_startup}")
-    return "; ".join(p for p in parts if p) + "."
+    text = "; ".join(parts) + "."
+    return text[0].upper() + text[1:] + _capacity(row)
+
+
+def _capacity(row: SweepRow) -> str:
+    return f" Capacity had said: {row.predicted_startup}." if row.predicted_startup else ""
 
 
 def _varied(row: SweepRow) -> str:
     return ", ".join(f"{k}={v}" for k, v in row.varied.items()) or "–"
+
+
+def _named_by_varied(row: SweepRow) -> bool:
+    """The name is the varied settings themselves (`--vary`'s names): the page need not say them twice."""
+    return row.name == "-".join(f"{k}-{v}" for k, v in row.varied.items())
 
 
 def _headline(result: SweepResult) -> str:
@@ -94,18 +122,17 @@ def _scope(result: SweepResult) -> str:
     return f"{len(result.rows)} configuration(s), {what}, judged by {gate}; workload {result.workload}."
 
 
+def advice(result: SweepResult) -> str | None:
+    return NO_SLO_ADVICE if result.mode == "search" and not result.latency_slo else None
+
+
 def render_markdown(result: SweepResult) -> str:
     headers = ["configuration", "varied", *(name for name, _ in COLUMNS)]
-    lines = [
-        f"# llmload sweep {result.sweep_id}",
-        "",
-        f"**{_headline(result)}**",
-        "",
-        _scope(result),
-        "",
-        "| " + " | ".join(headers) + " |",
-        "|" + "---|" * len(headers),
-    ]
+    lines = [f"# llmload sweep {result.sweep_id}", "", f"**{_headline(result)}**", "", _scope(result), ""]
+    note = advice(result)
+    if note:
+        lines += [note, ""]
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in result.rows:
         cells = [row.name, _varied(row), *(cell(row) for _, cell in COLUMNS)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -120,6 +147,14 @@ def render_markdown(result: SweepResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+SWEEP_STYLE = """table.sweep { width: 100%; font-size: .9em; }
+table.sweep th { font-size: .85em; vertical-align: bottom; }
+table.sweep th, table.sweep td { padding: .25em .45em; } table.sweep td { white-space: nowrap; }
+table.sweep td.name { white-space: normal; min-width: 12em; overflow-wrap: anywhere; }
+table.sweep td.reports { white-space: normal; max-width: 7em; }
+table.sweep .varied { display: block; color: #555; font-size: .85em; }
+tr.best td { background: #f1faf3; } ul.why li { margin: .35em 0; }
+"""
 TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
@@ -130,19 +165,23 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 {{ style | safe }}</style></head><body>
 <h1>llmload sweep <code>{{ r.sweep_id }}</code></h1>
 <p class="meta">{{ scope }} Served by <code>{{ r.serve }}</code>.</p>
-<div class="verdict {{ 'pass' if r.best else 'fail' }}"><strong>{{ headline }}</strong></div>
+<div class="verdict {{ 'pass' if r.best else 'fail' }}"><strong>{{ headline }}</strong>{% if advice
+%}<p>{{ advice }}</p>{% endif %}</div>
 {% if r.interrupted %}<div class="warn">Interrupted: <code>--resume</code> goes on with the configurations not
 done.</div>{% endif %}
 <h2>Configurations</h2>
-<table><tr><th class="l">configuration</th><th class="l">varied</th>{% for h in headers %}<th>{{ h }}</th>{% endfor
-%}<th class="l">why</th><th class="l">reports</th></tr>
-{% for row, cells, why in rows %}<tr{% if row.name == r.best %} class="best"{% endif %}><td class="l"><b>{{ row.name
-}}</b>{% if row.name == r.best %} (best){% endif %}</td><td class="l">{{ varied(row) }}</td>{% for c in cells
-%}<td>{{ c }}</td>{% endfor %}<td class="msg">{{ why }}</td><td class="l">{% for link in row.reports
+<table class="sweep"><tr><th class="l">configuration</th>{% for h in headers %}<th>{{ h }}</th>{% endfor
+%}<th class="l">reports</th></tr>
+{% for row, cells, why in rows %}<tr{% if row.name == r.best %} class="best"{% endif %}><td class="l name"><b>{{
+row.name }}</b>{% if row.name == r.best %} (best){% endif %}{% if not named_by_varied(row) %}<span class="varied">{{
+varied(row) }}</span>{% endif %}</td>{% for c
+in cells %}<td>{{ c }}</td>{% endfor %}<td class="l reports">{% for link in row.reports
 %}<a href="{{ link }}">{{ loop.index }}</a> {% else %}–{% endfor %}</td></tr>
 {% endfor %}</table>
 {% if r.rows | selectattr("predicted_qps") | list %}<p class="meta">Measured / predicted: the passing rate found on
 the server over the one the simulator found for the same configuration; 1.00 is a perfect prediction.</p>{% endif %}
+<h2>Why</h2>
+<ul class="why">{% for row, cells, why in rows %}<li><b>{{ row.name }}</b>: {{ why }}</li>{% endfor %}</ul>
 </body></html>
 """)
 
@@ -152,6 +191,6 @@ def write_pages(result: SweepResult, directory: Path) -> None:
     rows = [(row, [cell(row) for _, cell in COLUMNS], why(row)) for row in result.rows]
     page = TEMPLATE.render(
         r=result, rows=rows, headers=[h for h, _ in COLUMNS], headline=_headline(result), scope=_scope(result),
-        varied=_varied, style=STYLE,
+        advice=advice(result), varied=_varied, named_by_varied=_named_by_varied, style=STYLE + SWEEP_STYLE,
     )  # fmt: skip
     (directory / HTML_FILE).write_text(page, encoding="utf-8")

@@ -25,6 +25,11 @@ FaultKind = Literal[
     "stream_engine_dead",
     "cut",
     "stall",
+    "no_done",
+    "no_end",
+    "error_chunk",
+    "bad_json",
+    "html",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 
@@ -155,6 +160,9 @@ class SimConfig(Strict):
     )
     enable_prompt_tokens_details: bool = Field(
         default=False, description="like vLLM's flag: usage carries prompt_tokens_details.cached_tokens"
+    )
+    refuse_fields: tuple[str, ...] = Field(
+        default=(), description="request fields answered with OpenAI's HTTP 400 'Unrecognized request argument'"
     )
 
     @model_validator(mode="after")

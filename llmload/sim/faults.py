@@ -25,12 +25,25 @@ TOKENS_BEFORE_FAULT = 3
 @dataclass(frozen=True, slots=True)
 class Fault:
     kind: FaultKind
-    action: Literal["error", "cut", "stall"]
+    action: Literal["error", "cut", "stall", "event", "end", "page"]
+    """`event`: `event` replaces a token and the stream closes; `end`: the stream ends its own way
+    (`finish`, `done`); `page`: HTTP 200 with an HTML page."""
     error: wire.VllmError | None = None
     in_stream: bool = False
     """A streaming request gets HTTP 200 and the error as an SSE event, then [DONE]."""
     at_arrival: bool = True
     """Strikes before generation starts; otherwise after TOKENS_BEFORE_FAULT tokens."""
+    event: bytes = b""
+    finish: bool = True
+    """`end`: the last token carries its finish_reason (and the usage follows)."""
+    done: bool = True
+    """`end`: `data: [DONE]` closes the stream."""
+
+    def ending(self, usage: bytes) -> bytes:
+        """What follows the last token: the usage (when the last token finished) and [DONE], as asked."""
+        if self.action != "end":
+            return usage + wire.DONE
+        return (usage if self.finish else b"") + (wire.DONE if self.done else b"")
 
     def strike_index(self, output_tokens: int) -> int:
         """The token the fault replaces (or delays): never past the last, so it always shows."""
@@ -50,6 +63,13 @@ FAULTS: dict[str, Fault] = {
         Fault("stream_engine_dead", "error", wire.ENGINE_DEAD, in_stream=True, at_arrival=False),
         Fault("cut", "cut", at_arrival=False),
         Fault("stall", "stall", at_arrival=False),
+        # how other servers end a stream: transformers serve sends no [DONE]; a lost end has neither
+        Fault("no_done", "end", at_arrival=False, done=False),
+        Fault("no_end", "end", at_arrival=False, finish=False, done=False),
+        # transformers serve's in-band error: a bare string, then the stream closes
+        Fault("error_chunk", "event", at_arrival=False, event=wire.STRING_ERROR_EVENT),
+        Fault("bad_json", "event", at_arrival=False, event=b'data: {"choices": [{"delta": {"content": "x"\n\n'),
+        Fault("html", "page"),
     )
 }
 

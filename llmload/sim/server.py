@@ -74,12 +74,15 @@ class Job:
 class StreamSink:
     """An engine request's SSE stream: each token written to the transport from the engine's step."""
 
-    __slots__ = ("_done", "_encoder", "_transport")
+    __slots__ = ("_done", "_encoder", "_fault", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, encoder: wire.ChunkEncoder, done: asyncio.Future[Any]) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, encoder: wire.ChunkEncoder, done: asyncio.Future[Any], fault: Fault | None
+    ) -> None:
         self._transport = transport
         self._encoder = encoder
         self._done = done
+        self._fault = fault
 
     def token(self, request: EngineRequest, last: bool) -> bool:
         transport = self._transport
@@ -89,7 +92,12 @@ class StreamSink:
         encoder = self._encoder
         if last:
             usage = encoder.usage(request.num_prompt, request.output, request.cached_tokens)
-            data = encoder.last_token(k, FINISH_REASON) + usage + wire.DONE
+            fault = self._fault
+            if fault is None:
+                data = encoder.last_token(k, FINISH_REASON) + usage + wire.DONE
+            else:
+                finished = encoder.last_token(k, FINISH_REASON) if fault.finish else encoder.token(k)
+                data = finished + fault.ending(usage)
         else:
             data = encoder.token(k)
         transport.write(wire.http_chunk(encoder.role() + data if k == 0 else data))
@@ -100,7 +108,9 @@ class StreamSink:
     def fail(self, error: wire.VllmError | None) -> None:
         if self._done.done():
             return
-        if error is None:
+        if self._fault is not None and self._fault.action == "event":
+            self._transport.write(wire.http_chunk(self._fault.event))  # and the response ends cleanly
+        elif error is None:
             self._transport.abort()
         elif not self._transport.is_closing():
             self._transport.write(wire.http_chunk(error.sse_event() + wire.DONE))
@@ -220,6 +230,12 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.dead else 200, headers=wire.BASE_HEADERS)
 
+    async def version(self, request: web.Request) -> web.Response:
+        """vLLM's GET /version: the release whose wire the simulator speaks, marked as the simulator."""
+        return web.Response(
+            body=orjson.dumps({"version": f"{wire.VLLM_VERSION}+llmload-sim"}), headers=wire.JSON_HEADERS
+        )
+
     async def models(self, request: web.Request) -> web.Response:
         root = self.engine.profile.model if self.engine is not None else None
         body = wire.model_list_body(self.config.model_name, self.max_model_len, root)
@@ -303,6 +319,10 @@ class SimServer:
         t0 = time.monotonic()  # pacing and engine latencies are measured from here
         assert self.pacer is not None
         self.pacer.run_due()
+        refused = self._refused(body)
+        if refused is not None:
+            self.statuses[400] += 1
+            return web.Response(status=400, body=wire.unrecognized_argument(refused), headers=wire.JSON_HEADERS)
         parsed = _parse(body, ChatCompletionRequest if chat else CompletionRequest)
         error = self._request_error(request, parsed)
         if error is not None:
@@ -323,6 +343,11 @@ class SimServer:
             self.faults[fault.kind] += 1
             if fault.error is not None and fault.at_arrival and not (fault.in_stream and parsed.stream):
                 return self._error(fault.error)
+            if fault.action == "page":
+                self.statuses[200] += 1
+                return web.Response(body=wire.HTML_PAGE, headers=wire.HTML_HEADERS)
+            if fault.action in ("end", "event") and not parsed.stream:
+                fault = None  # a stream's ending: a whole response has none
         prefix = "chatcmpl-" if chat else "cmpl-"
         job = Job(
             request_id=prefix + (request.headers.get("X-Request-Id") or parsed.request_id or wire.random_hex()),
@@ -342,6 +367,16 @@ class SimServer:
             return await self._complete(request, job)
         finally:
             self.in_flight -= 1
+
+    def _refused(self, body: bytes) -> str | None:
+        """The first field of `refuse_fields` the request carries (the simulator answering as OpenAI does)."""
+        if not self.config.refuse_fields:
+            return None
+        try:
+            fields = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        return next((name for name in self.config.refuse_fields if isinstance(fields, dict) and name in fields), None)
 
     def _check_lengths(self, req: GenerationRequest) -> tuple[list[int], int] | wire.VllmError:
         """Prompt ids and output length, clamped to the context as vLLM's get_max_tokens() does."""
@@ -408,13 +443,13 @@ class SimServer:
             response.enable_chunked_encoding()
             await response.prepare(request)
             assert request.transport is not None
-            sink: StreamSink | ResponseSink = StreamSink(request.transport, self._encoder(job), done)
+            sink: StreamSink | ResponseSink = StreamSink(request.transport, self._encoder(job), done, job.fault)
         else:
             sink = ResponseSink(done)
         entry = EngineRequest(job.prompt_ids, job.output_tokens, sink, job.t0)
         if stall_at > 0:
             entry.pause_after, entry.stall_s = stall_at - 1, stall_s
-        elif fault is not None and fault.action != "stall":
+        elif fault is not None and fault.action in ("error", "cut", "event"):
             entry.strike, entry.strike_error = fault.strike_index(job.output_tokens), fault.error
         engine.add(entry)
         if stream:
@@ -478,18 +513,23 @@ class SimServer:
         strike, tail, pause_at = -1, b"", -1
         if fault is not None and fault.action == "stall":
             pause_at = fault.strike_index(job.output_tokens)
-        elif fault is not None:
+        elif fault is not None and fault.action in ("error", "cut", "event"):
             strike = fault.strike_index(job.output_tokens)
-            tail = fault.error.sse_event() + wire.DONE if fault.error else b""
+            tail = fault.error.sse_event() + wire.DONE if fault.error else fault.event
             if fault.at_arrival:
                 start = job.t0
         role = encoder.role()
-        usage_and_done = encoder.usage(job.prompt_tokens, job.output_tokens) + wire.DONE
+        usage = encoder.usage(job.prompt_tokens, job.output_tokens)
+        finishes = fault is None or fault.finish
+        ending = fault.ending(usage) if fault is not None else usage + wire.DONE
 
         def payload(k: int) -> bytes:
             if k == strike:
                 return tail
-            data = encoder.last_token(k, FINISH_REASON) + usage_and_done if k == last else encoder.token(k)
+            if k == last:
+                data = (encoder.last_token(k, FINISH_REASON) if finishes else encoder.token(k)) + ending
+            else:
+                data = encoder.token(k)
             return role + data if k == 0 else data
 
         return Schedule(
@@ -510,7 +550,7 @@ class SimServer:
         when = first + (job.output_tokens - 1) * config.itl_s
         if fault is not None and fault.action == "stall":
             when += config.faults.stall_s
-        elif fault is not None:  # engine death or a cut, striking mid-generation
+        elif fault is not None and fault.action in ("error", "cut"):  # engine death or a cut, mid-generation
             when = first + fault.strike_index(job.output_tokens) * config.itl_s
         if when > time.monotonic():
             assert self.pacer is not None
@@ -577,6 +617,7 @@ def build_app(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRepor
     app[SIM] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/version", sim.version)
     app.router.add_get("/metrics", sim.prometheus)
     app.router.add_post("/v1/chat/completions", sim.chat_completions)
     app.router.add_post("/v1/completions", sim.completions)

@@ -31,6 +31,15 @@ SSE_HEADERS = {**BASE_HEADERS, "Content-Type": "text/event-stream; charset=utf-8
 JSON_HEADERS = {**BASE_HEADERS, "Content-Type": "application/json"}
 
 DONE = b"data: [DONE]\n\n"
+STRING_ERROR_EVENT = b'data: {"error": "No requests can be scheduled and no requests can be offloaded."}\n\n'
+HTML_PAGE = b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body>upstream down</body></html>"
+HTML_HEADERS = {**BASE_HEADERS, "Content-Type": "text/html; charset=utf-8"}
+
+
+def unrecognized_argument(name: str) -> bytes:
+    """OpenAI's answer to a field it does not know (HTTP 400), as hosted OpenAI and Azure send it."""
+    message = f"Unrecognized request argument supplied: {name}"
+    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}})
 
 
 def http_chunk(data: bytes) -> bytes:

@@ -45,3 +45,17 @@ def mean(values: pd.Series) -> float:
 
 def total(values: pd.Series) -> float:
     return float(values.sum())
+
+
+def in_flight(starts: np.ndarray, ends: np.ndarray, window_s: float, *, origin: float, windows: int) -> pd.Series:
+    """How many of the intervals [start, end) were open on average in each window from `origin`
+    (the time-averaged count: Little's L over the window), indexed by the window's middle in seconds
+    from `origin`. Every window is present, 0 where none was open."""
+    starts, ends = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    near = (starts < origin + windows * window_s) & (ends > origin)
+    starts, ends = starts[near], ends[near]
+    values = []
+    for k in range(windows):
+        low, high = origin + k * window_s, origin + (k + 1) * window_s
+        values.append(float(np.clip(np.minimum(ends, high) - np.maximum(starts, low), 0, None).sum()) / window_s)
+    return pd.Series(values, index=(np.arange(windows) + 0.5) * window_s, dtype=float)

@@ -127,7 +127,7 @@ class Sweep:
         found = SearchResult(
             search_id=f"{self.result.sweep_id}/{row.name}", host=host, workload=self.probe.workload,
             max_qps=self.bounds.max_qps, probe_s=self.probe.hold_s, repeats=self.bounds.repeats,
-            started_at=time.time(), required_qps=self.result.required_qps,
+            started_at=time.time(), required_qps=self.result.required_qps, latency_slo=self.result.latency_slo,
         )  # fmt: skip
         searcher = Searcher(self.probe, self.passthrough, where, found)
         try:
@@ -139,7 +139,7 @@ class Sweep:
         row.outcome, row.passing_qps, row.failing_qps, row.failing_reason = found.outcome, lo, hi, found.failing_reason
         row.passed = lo is not None and lo >= (self.result.required_qps or 0)
         row.reports = [f"{row.name}/{SEARCH_DIR}/{p.run_id}/{rundir.HTML_FILE}" for p in found.probes]
-        answer = next((p for p in reversed(found.judged()) if p.qps == lo and p.passed), None)
+        answer = found.answer_probe
         if answer is not None:
             _figures(row, where / answer.run_id, stage=None)
 
@@ -220,18 +220,30 @@ def _memory_words(row: SweepRow) -> str:
 
 
 def best_config(rows: Sequence[SweepRow], mode: SweepMode) -> tuple[str | None, str | None]:
-    """The configuration to ship and why: the highest passing rate (soak: a PASS), ties to less memory."""
+    """The configuration to ship and why: the highest passing rate (soak: a PASS), ties to less memory,
+    then to more output tokens/s; a tie is called so only where a figure tells the two apart."""
     passing = [r for r in rows if r.server == "started" and r.passing_qps is not None and r.passed is not False]
     if not passing:
         return None, None
     ranked = sorted(passing, key=lambda r: (-(r.passing_qps or 0.0), _memory(r), -(r.output_tokens_per_s or 0.0)))
     best = ranked[0]
-    what = "passes the soak at the target" if mode == "soak" else f"passes at {best.passing_qps:g} req/s, the highest"
+    if mode == "soak":
+        what = "passes the soak at the target"
+    elif best.outcome == "capped":
+        what = f"keeps up with {best.answer}, the highest probed"
+    else:
+        what = f"passes at {best.answer}, the highest"
     tied = [r for r in ranked[1:] if r.passing_qps == best.passing_qps]
     if tied:
-        what += f"; tied with {', '.join(r.name for r in tied)}, it uses less memory ({_memory_words(best)})"
+        names = ", ".join(r.name for r in tied)
+        if _memory(best) < min(_memory(r) for r in tied):
+            what += f"; tied with {names}, it uses less memory ({_memory_words(best)})"
+        elif (best.output_tokens_per_s or 0.0) > max(r.output_tokens_per_s or 0.0 for r in tied):
+            what += f"; tied with {names} on rate and memory, it gave more output tokens/s"
+        else:
+            what += f"; tied with {names}: nothing measured tells them apart"
     elif len(ranked) > 1:
-        what += f" (next: {ranked[1].name} at {ranked[1].passing_qps:g} req/s)"
+        what += f" (next: {ranked[1].name} at {ranked[1].answer})"
     return best.name, what
 
 

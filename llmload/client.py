@@ -192,17 +192,15 @@ class ChatClient:
         token_times = result.token_times
         parts: list[str] = []
         timeout_switched = False
-        finished = False  # a choice's finish_reason came
-        events = 0
+        last: dict[str, Any] = {}  # the last choice: a stream without [DONE] is complete if it has a finish_reason
         try:
             while True:
                 event = readline(b"\n\n")
-                if not event or event[-2:] != b"\n\n":
+                if not event.endswith(b"\n\n"):  # the server closed the stream (mid-event, if any bytes came)
                     if result.error_category is None:
-                        _stream_closed(result, event, events, finished)
+                        _stream_closed(result, event, len(token_times), last.get("finish_reason") is not None)
                     break
                 t = now()
-                events += 1
                 if not event.startswith(b"data:"):
                     continue  # SSE comment or keep-alive
                 payload = event[5:].strip()
@@ -213,12 +211,13 @@ class ChatClient:
                     chunk = loads(payload)
                 except orjson.JSONDecodeError:
                     result.error_category = "malformed"
-                    result.error_message = clip(f"event {events} is not JSON: {payload[:200]!r}", self._api_key)
+                    message = f"an event after {len(token_times)} tokens is not JSON: {payload[:200]!r}"
+                    result.error_message = clip(message, self._api_key)
                     break
                 choices = chunk.get("choices")
                 if choices:
-                    choice = choices[0]
-                    is_token, text = _is_token_delta(choice.get("delta") or {})
+                    last = choices[0]
+                    is_token, text = _is_token_delta(last.get("delta") or {})
                     if is_token:
                         token_times.append(t)
                         if text:
@@ -226,8 +225,6 @@ class ChatClient:
                         if not timeout_switched and sock is not None:
                             sock.settimeout(self.limits.between_tokens_s)
                             timeout_switched = True
-                    if choice.get("finish_reason") is not None:
-                        finished = True
                 elif "error" in chunk:
                     category, code, message = classify_stream_error(chunk["error"])
                     result.error_category = category
@@ -251,14 +248,14 @@ def not_a_stream(content_type: str | None) -> bool:
     return content_type is not None and not content_type.startswith("text/event-stream")
 
 
-def _stream_closed(result: StreamResult, tail: bytes, events: int, finished: bool) -> None:
-    """The server closed the stream before `[DONE]`: complete if a finish_reason came (some servers
-    send no `[DONE]`), else the request failed, and how."""
+def _stream_closed(result: StreamResult, tail: bytes, tokens: int, finished: bool) -> None:
+    """The server closed the stream before `[DONE]`: complete if its last choice had a finish_reason
+    (some servers send no `[DONE]`), else the request failed, and how."""
     if tail:
         result.error_category = "stream_error"
-        result.error_message = f"stream cut short mid-event after {events} events: {tail[:120]!r}"
+        result.error_message = f"stream cut short mid-event after {tokens} tokens: {tail[:120]!r}"
     elif not finished:
         result.error_category = "incomplete"
         result.error_message = (
-            f"the stream closed after {events} events with neither a finish_reason nor [DONE]: its end was lost"
+            f"the stream closed after {tokens} tokens with neither a finish_reason nor [DONE]: its end was lost"
         )

@@ -23,6 +23,9 @@ from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
 pytestmark = pytest.mark.vllm
 MIB = 2**20
+# long enough that decoding, not the API server, bounds each configuration (and within the load
+# generator's reach on 2 cores): one sequence at a time keeps up with ~5 req/s, eight with ~4x that
+OUTPUT_TOKENS = 96
 
 
 def _config(directory: Path, model: Path, name: str, *, seqs: int, length: int = 2048, kv: int = 64 * MIB) -> Path:
@@ -46,8 +49,8 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
     reports = tmp_path / "reports"
     proc = llmload_cli(
         "sweep", "--serve", serve, "--configs", *map(str, files),
-        "--workload", str(fixed_output_workload(tmp_path, 32, sessions=300)), "--start-qps", "4",
-        "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.1", "--probe-duration", "10s",
+        "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS, sessions=300)), "--start-qps", "2",
+        "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.15", "--probe-duration", "10s",
         "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "40s",
         "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=900, env=child_env(),
     )  # fmt: skip

@@ -470,6 +470,16 @@ class Summary(BaseModel):
 SearchOutcome = Literal["found", "capped", "none", "interrupted", "aborted"]
 
 
+def answer_words(passing_qps: float | None, outcome: SearchOutcome | None) -> str:
+    """A search's answer as a figure that says what it is: `9.5 req/s`, or at --max-qps a lower bound,
+    `≥ 32 req/s (the cap, --max-qps)`."""
+    if passing_qps is None:
+        return "no passing rate"
+    if outcome == "capped":
+        return f"≥ {passing_qps:g} req/s (the cap, --max-qps)"
+    return f"{passing_qps:g} req/s"
+
+
 class Probe(BaseModel):
     """One probe: an ordinary run directory under the search's, and what its hold showed."""
 
@@ -541,12 +551,7 @@ class SearchResult(BaseModel):
 
     @property
     def answer(self) -> str:
-        """The answer as a figure that says what it is: `≥ 32 req/s (the cap, --max-qps)` or `9.5 req/s`."""
-        if self.passing_qps is None:
-            return "no passing rate"
-        if self.outcome == "capped":
-            return f"≥ {self.passing_qps:g} req/s (the cap, --max-qps)"
-        return f"{self.passing_qps:g} req/s"
+        return answer_words(self.passing_qps, self.outcome)
 
     @property
     def conclusion(self) -> str:
@@ -628,12 +633,7 @@ class SweepRow(BaseModel):
 
     @property
     def answer(self) -> str:
-        """Its passing rate as a figure that says what it is: a search capped at --max-qps found a lower bound."""
-        if self.passing_qps is None:
-            return "no passing rate"
-        if self.outcome == "capped":
-            return f"≥ {self.passing_qps:g} req/s (the cap, --max-qps)"
-        return f"{self.passing_qps:g} req/s"
+        return answer_words(self.passing_qps, self.outcome)
 
     @property
     def prediction_ratio(self) -> float | None:

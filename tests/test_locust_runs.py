@@ -17,9 +17,9 @@ from llmload.models import FAILURE_CATEGORIES, Message, Session, Turn
 from llmload.records import read_records
 from llmload.schedule import build_stages, expected_arrivals
 from llmload.sim.process import SimProcess
+from llmload.sweep.server import free_port
 from tests.locust_runs import (
     REPO,
-    free_port,
     locust_command,
     run_locust,
     running,

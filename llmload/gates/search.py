@@ -244,8 +244,8 @@ class Searcher:
         failed_checks = [r for r in verdict.reasons if r.startswith("FAIL")]
         only_short = bool(verdict.failed_kinds) and set(verdict.failed_kinds) == {"hold_length"}
         queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if only_short else None
-        if queue is not None:
-            failed_checks.append(f"FAIL hold length: {queue}")
+        if queue is not None:  # the reason that decided, first
+            failed_checks.insert(0, f"FAIL hold length: {queue}")
         return Probe(
             run_id=run_id,
             qps=qps,
@@ -291,8 +291,9 @@ class Searcher:
         lo, hi = boundary(result.probes)
         result.passing_qps = lo
         result.failing_qps = hi
-        failing = [p for p in result.judged() if p.qps == hi and not p.passed]
-        result.failing_reason = _reason(failing[0]) if failing else None
+        # the probe that decided it, not a suspicion (a marginal drift, a hold too short) asked again
+        failing = [p for p in result.judged() if p.qps == hi and not p.passed and not p.too_short]
+        result.failing_reason = _reason(failing[-1]) if failing else None
         (self.directory / RESULT_FILE).write_bytes(
             orjson.dumps(result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
         )

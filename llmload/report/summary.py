@@ -128,7 +128,7 @@ def shortfall_reason(stage: StageSummary) -> str:
     )
 
 
-def unfinished_warning(unfinished: int, sent: int, drain_s: float, e2e_p99_ms: float | None) -> str:
+def _unfinished_warning(unfinished: int, sent: int, drain_s: float, e2e_p99_ms: float | None) -> str:
     """Requests the target had not finished when the drain ended: a failure to keep up, unless the
     drain was shorter than the answers take (then the advice is a longer drain)."""
     text = (
@@ -220,7 +220,7 @@ def summarize(
             "(taskset, away from a local server) or more Locust workers (--processes)"
         )
     if unfinished:
-        warnings.append(unfinished_warning(unfinished, len(sent), manifest.drain_s, quantile(ok.e2e_ms, 99)))
+        warnings.append(_unfinished_warning(unfinished, len(sent), manifest.drain_s, quantile(ok.e2e_ms, 99)))
     if len(ok) and not ok.usage_from_server.all():
         warnings.append(
             "some responses carried no usage: their output tokens were counted from the stream's chunks and their"

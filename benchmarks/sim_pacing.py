@@ -20,7 +20,7 @@ import psutil
 
 from benchmarks import client_on_core_0
 from benchmarks.load_generator import drive
-from llmload.observe import scrape
+from llmload.observe.metrics import scrape
 from llmload.replay import StealMeter
 from llmload.sim.process import SimProcess
 

@@ -24,7 +24,8 @@ from prometheus_client.registry import Collector
 
 from llmload.format import percent
 from llmload.models import ServerIdentity, Stage
-from llmload.observe import LAG_WARNING_MS, ServerSample, hit_rate
+from llmload.observe.observer import LAG_WARNING_MS, ServerSample
+from llmload.observe.summary import hit_rate
 
 # seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

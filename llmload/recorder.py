@@ -15,7 +15,9 @@ from llmload.conclude import conclude
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
 from llmload.models import RequestRecord, RunManifest, Summary
-from llmload.observe import VLLM, GpuReader, Observer
+from llmload.observe.gpu import GpuReader
+from llmload.observe.metrics import VLLM
+from llmload.observe.observer import Observer
 from llmload.plan import RunPlan
 from llmload.records import RecordWriter, with_server_state
 from llmload.servers.kinds import kind

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from llmload.client import StreamResult
 from llmload.failures import refine_with_health
 from llmload.models import RequestRecord
-from llmload.observe import ServerSample
+from llmload.observe.observer import ServerSample
 from llmload.schedule import RunClock
 from llmload.stats.sketch import Histograms
 

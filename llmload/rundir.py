@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import RunManifest, Verdict
-from llmload.observe import ServerSamples, read_server
+from llmload.observe.summary import ServerSamples, read_server
 from llmload.records import RunRecords
 
 MANIFEST_FILE = "run.json"

@@ -26,7 +26,7 @@ from llmload.calibrate.fit import (
 from llmload.calibrate.measure import SteadyRequest
 from llmload.calibrate.target import cache_config, read_facts
 from llmload.errors import InputError
-from llmload.observe import scrape
+from llmload.observe.metrics import scrape
 from llmload.records import read_records
 from llmload.sim.config import EngineOverrides
 from llmload.sim.engine import Arrival, dry_run, replay

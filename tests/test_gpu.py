@@ -21,21 +21,20 @@ import pytest
 
 from llmload.conclude import judge
 from llmload.gates.verdict import SoakCriteria
-from llmload.observe import (
+from llmload.observe.gpu import (
     DCGM_FIELDS,
     NVIDIA_SMI,
     DcgmReader,
     GpuReadError,
     GpuSample,
     NvidiaSmiReader,
-    Observer,
     gpu_reader,
     parse_dcgm,
-    parse_metrics,
     parse_nvidia_smi,
-    read_server,
-    server_summary,
 )
+from llmload.observe.metrics import parse_metrics
+from llmload.observe.observer import Observer
+from llmload.observe.summary import read_server, server_summary
 from llmload.sweep.server import free_port
 from tests.locust_runs import llmload_cli, run_locust, small_workload
 from tests.test_observe import observe_for

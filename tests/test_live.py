@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.live import GAP_BUCKETS, METRIC_NAMES, LiveStats
 from llmload.models import RequestRecord
-from llmload.observe import ServerSample
+from llmload.observe.observer import ServerSample
 from llmload.records import read_records
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess

@@ -16,7 +16,9 @@ import orjson
 import pytest
 
 from llmload.client import ChatClient, Limits, StreamResult
-from llmload.observe import VLLM, Observer, ServerSample, parse_metrics, read_server, server_summary
+from llmload.observe.metrics import VLLM, parse_metrics
+from llmload.observe.observer import Observer, ServerSample
+from llmload.observe.summary import read_server, server_summary
 from llmload.rundir import SERVER_FILE
 from llmload.servers.request import chat_body
 from llmload.sim.process import SimProcess
@@ -105,7 +107,7 @@ def test_server_without_metrics_is_healthy_with_every_metric_missing(
     tmp_path: Path, loopback: tuple[str, dict[str, str | None]], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, _ = loopback
-    with caplog.at_level(logging.WARNING, logger="llmload.observe"):
+    with caplog.at_level(logging.WARNING, logger="llmload.observe.observer"):
         samples = observe_for(Observer(url + "/v1", tmp_path / "server.jsonl", interval_s=0.2), 1.0)
     assert len(samples) >= 3
     for sample in samples:
@@ -119,7 +121,7 @@ def test_partial_old_metrics_fall_back_and_list_the_rest_as_missing(
 ) -> None:
     url, state = loopback
     state["metrics"] = OLD_VLLM_TEXT
-    with caplog.at_level(logging.WARNING, logger="llmload.observe"):
+    with caplog.at_level(logging.WARNING, logger="llmload.observe.observer"):
         samples = observe_for(Observer(url, tmp_path / "server.jsonl", interval_s=0.2), 0.7)
     assert samples and all(s["kv_cache_usage"] == 0.5 and s["running"] == 2.0 for s in samples)
     assert samples[0]["missing"] == [n for n in ALL_NAMES if n not in ("vllm:kv_cache_usage_perc", CORE[1])]

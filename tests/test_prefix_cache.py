@@ -20,7 +20,7 @@ from llmload.gates.compare import Thresholds, compare_runs, load_run
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
 from llmload.models import Stage
-from llmload.observe import ServerSample
+from llmload.observe.observer import ServerSample
 from llmload.sim.process import SimProcess
 from tests.locust_runs import LocustRun, run_locust, small_workload
 

@@ -11,7 +11,8 @@ import pytest
 
 from llmload.conclude import conclude
 from llmload.models import RequestRecord, RunManifest, Stage, Verdict
-from llmload.observe import DCGM_FIELDS, GpuSample, ServerSample
+from llmload.observe.gpu import DCGM_FIELDS, GpuSample
+from llmload.observe.observer import ServerSample
 from llmload.records import RecordWriter, with_server_state
 from llmload.report.html import CHARTS
 from llmload.rundir import HTML_FILE, MANIFEST_FILE, RECORDS_FILE, SERVER_FILE, SUMMARY_FILE, VERDICT_FILE

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import orjson
 import pytest
 
-from llmload.observe import metric_totals
+from llmload.observe.metrics import metric_totals
 from llmload.servers.detect import identify
 from llmload.servers.kinds import kind
 from llmload.servers.request import RequestShape

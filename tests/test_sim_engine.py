@@ -26,7 +26,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.client import ChatClient, Limits, StreamResult
-from llmload.observe import scrape
+from llmload.observe.metrics import scrape
 from llmload.servers.request import chat_body
 from llmload.sim import SimProcess
 from llmload.sim.config import FaultSpec

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from llmload.models import SearchResult
-from llmload.observe import counter_increase
+from llmload.observe.summary import counter_increase
 from llmload.rundir import load
 
 RATE_TOLERANCE = 0.10

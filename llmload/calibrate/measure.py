@@ -28,7 +28,7 @@ from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.target import public_url
 from llmload.client import ChatClient, Limits, StreamResult
 from llmload.errors import InputError
-from llmload.observe import scrape
+from llmload.observe.metrics import scrape
 from llmload.servers.request import chat_body
 from llmload.sim.profiles import EngineProfile
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, Positiv
 from llmload import rundir
 from llmload.errors import InputError
 from llmload.models import ANSWERED_STATUSES, GoodputSLO, RequestCounts, RunManifest, Strict, Summary
-from llmload.observe import server_summary
+from llmload.observe.summary import server_summary
 from llmload.report.goodput import good_requests
 from llmload.report.summary import summarize
 from llmload.stats.sketch import Histograms, buckets, quantiles

@@ -31,7 +31,7 @@ from llmload.locust import messaging, views
 from llmload.locust.flags import plan_flags
 from llmload.locust.messaging import WorkerState
 from llmload.models import RequestRecord, ServerIdentity
-from llmload.observe import gpu_reader
+from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare

@@ -28,7 +28,8 @@ from matplotlib.typing import RcKeyType
 
 from llmload.format import fmt, percent
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
-from llmload.observe import GPU_SOURCES, series_max
+from llmload.observe.gpu import GPU_SOURCES
+from llmload.observe.summary import series_max
 from llmload.report.markdown import server_facts, turn_depths
 from llmload.report.summary import RunItl
 from llmload.rundir import HTML_FILE

@@ -32,7 +32,8 @@ from llmload.models import (
     TokenSummary,
     TurnSummary,
 )
-from llmload.observe import LAG_WARNING_MS, series_max, server_summary
+from llmload.observe.observer import LAG_WARNING_MS
+from llmload.observe.summary import series_max, server_summary
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
 from llmload.rundir import Run

@@ -1,0 +1,224 @@
+"""Watch the target during a run: /metrics and /health once a second, appended to server.jsonl.
+
+A run's failures only make sense next to the server's state (KV cache full? queue growing?
+engine dead?), so the observer keeps a time series a report can chart and a short in-memory
+history the run can look up when a request fails. It runs as a greenlet in the Locust process
+(gevent, geventhttpclient like llmload.client); a server that lacks metrics or stops answering
+is recorded as such, never an error.
+
+GPU memory and utilisation come with each sample when there is a source: an NVIDIA DCGM
+exporter's /metrics (`--gpu-metrics URL`), else `nvidia-smi` when the target runs on this
+machine. Without either, samples carry no GPUs and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+import gevent
+import orjson
+from geventhttpclient import HTTPClient
+from geventhttpclient.url import URL
+from pydantic import BaseModel, Field
+
+from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
+from llmload.observe.host import HostMeter
+from llmload.observe.metrics import VLLM, fetch, parse_metrics
+from llmload.servers.kinds import ServerKind
+
+log = logging.getLogger(__name__)
+
+HISTORY_SAMPLES = 3600  # what state_at can look back over: an hour at the default interval
+LAG_WARNING_MS = 250.0  # a timer this late: the process was held off the CPU (gevent's own jitter is a few ms)
+
+
+class ServerSample(BaseModel):
+    """One line of server.jsonl: the server's state at unix time `t`."""
+
+    t: float
+    health: int | None = Field(description="HTTP status of /health; None when the server did not answer")
+    kv_cache_usage: float | None = Field(default=None, description="0..1; the fullest engine's when several")
+    running: float | None = None
+    waiting: float | None = None
+    preemptions_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    host_cpu_busy: float | None = Field(default=None, description="this machine's CPU in use since the last sample")
+    host_cpu_steal: float | None = Field(default=None, description="of it, taken by the hypervisor, 0..1")
+    host_cpu_run: float | None = Field(
+        default=None, description="of it, the run's own: the load generator's processes and a target on this machine"
+    )
+    client_lag_ms: float | None = Field(
+        default=None,
+        description="how much later than asked this sample's timer fired: the recording process was off the CPU "
+        "or its event loop busy, and timestamps it took meanwhile are late by up to as much (None: the first sample)",
+    )
+    gpus: list[GpuSample] = Field(default_factory=list, description="empty without a GPU source")
+    missing: list[str] = Field(
+        default_factory=list, description="metric names this sample could not read (nvidia-smi: its name)"
+    )
+
+
+class Observer:
+    """Scrape `base_url`'s /health and /metrics, and `gpu`'s GPUs, every `interval_s` into `out_path`
+    (JSON lines, flushed).
+
+    `api_key` goes out as a bearer token (gateways may guard /metrics) and is never written. `server`:
+    the kind of server watched (kinds.yaml): where its health and metrics are and what they are named.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        out_path: Path,
+        interval_s: float = 1.0,
+        api_key: str | None = None,
+        gpu: GpuReader | None = None,
+        *,
+        server: ServerKind = VLLM,
+    ) -> None:
+        self.url = base_url.rstrip("/").removesuffix("/v1")  # the OpenAI base URL may be given
+        url = URL(self.url)
+        self._prefix = url.path.rstrip("/")
+        self.out_path = out_path
+        self.interval_s = interval_s
+        self.timeout_s = max(2.0, 2 * interval_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = HTTPClient.from_url(
+            url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s, headers=headers
+        )
+        self.gpu = gpu
+        self.server = server
+        self.host = HostMeter(self.url)
+        self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
+        self._noted: set[str] = set()
+        self._reachable = True
+        self._file: IO[bytes] | None = None
+        self._greenlet: gevent.Greenlet | None = None
+
+    def start(self) -> Observer:
+        self.out_path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.out_path.open("ab")
+        self._greenlet = gevent.spawn(self._loop)
+        return self
+
+    def stop(self) -> None:
+        """Stop scraping (a scrape in flight is abandoned) and close the file."""
+        if self._greenlet is not None:
+            self._greenlet.kill(block=True, timeout=self.timeout_s + 1)
+            self._greenlet = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._http.close()
+        if self.gpu is not None:
+            self.gpu.close()
+
+    def latest(self) -> ServerSample | None:
+        return self._history[-1] if self._history else None
+
+    def state_at(self, t: float) -> ServerSample | None:
+        """The last sample taken at or before unix time `t` (within the last HISTORY_SAMPLES)."""
+        for sample in reversed(self._history):  # failures are looked up soon after: newest first
+            if sample.t <= t:
+                return sample
+        return None
+
+    def _loop(self) -> None:
+        lag_ms: float | None = None
+        while True:
+            started = time.monotonic()
+            self._record(self.scrape(client_lag_ms=lag_ms))
+            # from this sample's start: a late wake-up (busy process) delays the series, never bunches it
+            asked = max(0.0, started + self.interval_s - time.monotonic())
+            slept_from = time.monotonic()
+            gevent.sleep(asked)
+            lag_ms = round(max(0.0, time.monotonic() - slept_from - asked) * 1000, 1)
+
+    def _record(self, sample: ServerSample) -> None:
+        self._history.append(sample)
+        assert self._file is not None
+        self._file.write(orjson.dumps(sample.model_dump(mode="json"), option=orjson.OPT_APPEND_NEWLINE))
+        self._file.flush()
+
+    def scrape(self, client_lag_ms: float | None = None) -> ServerSample:
+        """One sample now; an unreachable server gives health None and no metrics."""
+        t = time.time()
+        source = self.gpu
+        reading = gevent.spawn(self._read_gpus, source) if source is not None else None  # beside the server's
+        try:
+            health, values, missing = self._read_server()
+            gpus: list[GpuSample] = reading.get() if reading is not None else []
+        finally:
+            if reading is not None:
+                reading.kill(block=False)  # stopped mid-scrape: no read outlives the observer
+        if source is not None and not gpus:
+            missing.extend(source.names)
+        return ServerSample(
+            t=t, health=health, client_lag_ms=client_lag_ms, gpus=gpus, missing=missing, **(values or {}),
+            **self.host.read(),
+        )  # fmt: skip
+
+    def _read_server(self) -> tuple[int | None, dict[str, float] | None, list[str]]:
+        """Health's status, the server's metrics (None when unreachable or it exports none) and those missing."""
+        health, _ = self._get(self.server.health_path)
+        self._set_reachable(health is not None)
+        if not self.server.metrics_path or not self.server.metrics:
+            self._note("none", f"{self.server.label} exports no metrics llmload reads: server.jsonl holds its health")
+            return health, None, []
+        values = self._read_metrics(self.server.metrics_path) if health is not None else None
+        missing = self._missing(values or {})
+        unnoted = [name for name in missing if name not in self._noted]
+        if values is not None and unnoted:
+            self._noted.update(unnoted)
+            log.warning("llmload: %s/metrics lacks %s: those series stay empty", self.url, ", ".join(unnoted))
+        return health, values, missing
+
+    def _read_gpus(self, source: GpuReader) -> list[GpuSample]:
+        """This moment's GPUs; none when the source fails (said once, and again once it recovers)."""
+        try:
+            gpus = source.read(self.timeout_s)
+        except GpuReadError as exc:
+            self._note("gpu", f"no GPU metrics: {exc}")
+            return []
+        if "gpu" in self._noted:
+            self._noted.discard("gpu")
+            log.warning("llmload: GPU metrics read again from %s", source.url)
+        return gpus
+
+    def _read_metrics(self, path: str) -> dict[str, float] | None:
+        """The server's metrics on `path`; None when it gives no Prometheus text at all."""
+        status, body = self._get(path)
+        where = f"{self.url}{path}"
+        if status != 200:
+            note = f" ({self.server.metrics_note})" if self.server.metrics_note else ""
+            self._note("status", f"{where} answered {status or 'nothing'}: no server metrics{note}")
+            return None
+        try:
+            return parse_metrics(body.decode(errors="replace"), self.server.metrics)
+        except ValueError as exc:
+            self._note("parse", f"{where} is not Prometheus text ({exc}): no server metrics")
+            return None
+
+    def _get(self, path: str) -> tuple[int | None, bytes]:
+        return fetch(self._http, self._prefix + path, self.timeout_s)
+
+    def _missing(self, values: dict[str, float]) -> list[str]:
+        return [names[0] for field, names in self.server.metrics.items() if field not in values and names]
+
+    def _note(self, key: str, message: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            log.warning("llmload: %s", message)
+
+    def _set_reachable(self, reachable: bool) -> None:
+        if reachable != self._reachable:
+            self._reachable = reachable
+            state = "answers again" if reachable else "does not answer /health: samples have health null"
+            log.warning("llmload: server %s %s", self.url, state)

@@ -1,0 +1,128 @@
+"""summary.json's `server` block: server.jsonl read back into frames, and what a report says of
+them (the fullest KV cache and GPU, preemptions, the prefix-cache hit rate over the judged stages)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+
+from llmload.models import GpuSummary, ServerSummary
+from llmload.observe.gpu import GpuSample
+from llmload.observe.observer import ServerSample
+from llmload.servers.kinds import METRIC_FIELDS
+
+
+def _server_lines(path: Path) -> list[dict[str, Any]]:
+    """server.jsonl's samples; a line that does not parse (the run killed mid-write) is a lost sample."""
+    rows = []
+    if path.exists():
+        for line in path.read_bytes().splitlines():
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def _gpu_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    gpus = [{"t": row.get("t"), **gpu} for row in rows for gpu in row.get("gpus") or ()]
+    frame = pd.DataFrame(gpus, columns=["t", *GpuSample.model_fields])
+    numeric = [c for c in frame.columns if c != "gpu"]
+    frame[numeric] = frame[numeric].astype(float)
+    frame["gpu"] = frame.gpu.astype(str)
+    frame["memory_used_fraction"] = frame.memory_used_mib / frame.memory_total_mib.where(frame.memory_total_mib > 0)
+    return frame.sort_values("t", kind="stable", ignore_index=True)
+
+
+def _server_frame(rows: list[dict[str, Any]], gpus: pd.DataFrame) -> pd.DataFrame:
+    columns = [c for c in ServerSample.model_fields if c != "gpus"]
+    frame = pd.DataFrame(rows, columns=columns)
+    numeric = [c for c in columns if c != "missing"]
+    frame[numeric] = frame[numeric].astype(float)
+    frame["gpu_memory_usage"] = frame.t.map(gpus.groupby("t").memory_used_fraction.max()).astype(float)
+    return frame.sort_values("t", ignore_index=True)
+
+
+@dataclass(frozen=True)
+class ServerSamples:
+    """server.jsonl read once: `frame` one row per sample sorted by `t` (health NaN = unreachable;
+    `gpu_memory_usage` the fullest GPU's memory used / total, NaN without GPU data) and `gpus` one
+    row per GPU per sample (t, gpu, memory_used_mib, memory_total_mib, utilization_percent,
+    memory_used_fraction); both empty when the run has no server.jsonl."""
+
+    frame: pd.DataFrame
+    gpus: pd.DataFrame
+
+
+def read_server(path: Path) -> ServerSamples:
+    rows = _server_lines(path)
+    gpus = _gpu_frame(rows)
+    return ServerSamples(_server_frame(rows, gpus), gpus)
+
+
+def series_max(values: pd.Series) -> float | None:
+    """The largest value seen; None when none was (rather than NaN, which JSON and tables mangle)."""
+    top = values.max()
+    return None if pd.isna(top) else float(top)
+
+
+def counter_increase(values: pd.Series) -> float | None:
+    """How much a counter grew over the series (last − first), counting across server restarts."""
+    seen = values.dropna()
+    if seen.empty:
+        return None
+    steps = seen.diff().iloc[1:]
+    return float(steps.where(steps >= 0, seen.iloc[1:]).sum())  # after a reset it counts from 0
+
+
+def _gpu_summaries(gpus: pd.DataFrame) -> list[GpuSummary]:
+    return [
+        GpuSummary(
+            gpu=str(gpu),
+            memory_used_max_mib=series_max(rows.memory_used_mib),
+            memory_total_mib=series_max(rows.memory_total_mib),
+            memory_usage_max=series_max(rows.memory_used_fraction),
+            utilization_mean_percent=None if rows.utilization_percent.isna().all() else rows.utilization_percent.mean(),
+            utilization_max_percent=series_max(rows.utilization_percent),
+        )
+        for gpu, rows in gpus.groupby("gpu", sort=False)
+    ]
+
+
+def window_increase(frame: pd.DataFrame, column: str, start: float) -> float | None:
+    """How much a counter grew from `start` (unix seconds) to the last sample: from the last sample
+    at or before `start` (the first after it when there is none), never from the server's start."""
+    seen = frame.loc[frame[column].notna(), ["t", column]]
+    before = seen.t[seen.t <= start]
+    return counter_increase(seen.loc[seen.t >= (before.iloc[-1] if len(before) else start), column])
+
+
+def hit_rate(hits: float | None, queries: float | None) -> float | None:
+    """Prefix-cache hits / queries (both in tokens); None when nothing was queried."""
+    return None if hits is None or not queries else hits / queries
+
+
+def server_summary(samples: ServerSamples, judged_from: float = -math.inf) -> ServerSummary | None:
+    """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl).
+    The prefix-cache figures count from `judged_from` (the first judged stage's start)."""
+    frame, gpus = samples.frame, samples.gpus
+    if frame[list(METRIC_FIELDS)].isna().all().all() and gpus.empty:
+        return None
+    hits = window_increase(frame, "prefix_cache_hits_total", judged_from)
+    queries = window_increase(frame, "prefix_cache_queries_total", judged_from)
+    return ServerSummary(
+        kv_cache_usage_max=series_max(frame.kv_cache_usage),
+        preemptions=counter_increase(frame.preemptions_total),
+        prefix_cache_hit_rate=hit_rate(hits, queries),
+        prefix_cache_queries=queries,
+        waiting_max=series_max(frame.waiting),
+        gpu_memory_usage_max=series_max(gpus.memory_used_fraction),
+        gpus=_gpu_summaries(gpus),
+    )

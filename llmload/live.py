@@ -1,6 +1,7 @@
 """Live figures while a run goes: fed with every record on the process that writes them (a local
-run, or the master of a distributed one, so the whole fleet), read by Locust's web UI (the LLM
-tab), the console of a headless run, and the Prometheus endpoint (`--prometheus-port`).
+run, or the master of a distributed one, so the whole fleet), shown by llmload.locust.views (the
+LLM tab of Locust's web UI, the console of a headless run) and served to Prometheus
+(`--prometheus-port`). This module only collects; what people read is worded there.
 
 Histograms keep bucket counts in numpy arrays and are exposed through a custom collector: a
 request carries hundreds of inter-token gaps, and one vectorised count per request costs far
@@ -22,9 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from llmload.format import percent
 from llmload.models import ServerIdentity, Stage
-from llmload.observe.observer import LAG_WARNING_MS, ServerSample
+from llmload.observe.observer import ServerSample
 from llmload.observe.summary import hit_rate
 
 # seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
@@ -153,7 +153,7 @@ class LiveStats:
         self._stage_scheduled: collections.Counter[str] = collections.Counter()
         self._stage_sent: collections.Counter[str] = collections.Counter()  # sent inside the stage's window
         self._recent_sends: list[float] = []  # send offsets of the last window or so
-        self._sends_until = 0.0  # run offset up to which every process's sends have been added
+        self.sends_until = 0.0  # run offset up to which every process's sends have been added
         self.statuses: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
         self.server: ServerSample | None = None
@@ -218,8 +218,8 @@ class LiveStats:
             if stage is not None:
                 self._stage_sent[stage.name] += 1
             self._recent_sends.append(offset)
-        self._sends_until = max(self._sends_until, until)
-        horizon = self._sends_until - 2 * RATE_WINDOW_S
+        self.sends_until = max(self.sends_until, until)
+        horizon = self.sends_until - 2 * RATE_WINDOW_S
         if self._recent_sends and self._recent_sends[0] < horizon:
             self._recent_sends = [t for t in self._recent_sends if t >= horizon]
 
@@ -242,7 +242,7 @@ class LiveStats:
 
     def current_stage(self) -> Stage:
         """The stage the latest complete second of sends falls in."""
-        return self._stage_at(self._sends_until) or (self.stages[0] if self._sends_until <= 0 else self.stages[-1])
+        return self._stage_at(self.sends_until) or (self.stages[0] if self.sends_until <= 0 else self.stages[-1])
 
     def _planned(self, start: float, end: float) -> int:
         return int(np.searchsorted(self._plan, end) - np.searchsorted(self._plan, start))
@@ -250,19 +250,23 @@ class LiveStats:
     def stage_rates(self, stage: Stage) -> Rates:
         """A stage's rates so far, over its own window as the report counts them (sent in the window
         / its seconds); final, and equal to the report's, once the stage has ended."""
-        end = min(self._sends_until, stage.end_s)
+        end = min(self.sends_until, stage.end_s)
         elapsed = end - stage.start_s
         if elapsed <= 0:
             return Rates(elapsed, stage.qps, 0.0, 0.0)
         offered = self._planned(stage.start_s, end) / elapsed
         return Rates(elapsed, stage.qps, offered, self._stage_sent[stage.name] / elapsed)
 
+    def rate_window(self) -> tuple[float, float]:
+        """The last full window (run offsets) ending where every send is known; once the plan has
+        ended, its last window."""
+        end = min(self.sends_until, self.stages[-1].end_s)
+        return max(0.0, end - RATE_WINDOW_S), end
+
     def window_rates(self) -> Rates:
-        """Target, offered and achieved over the last full window ending where every send is known
-        (a window across a stage boundary has the time-weighted target of both stages; once the plan
-        has ended, its last window)."""
-        end = min(self._sends_until, self.stages[-1].end_s)
-        start = max(0.0, end - RATE_WINDOW_S)
+        """Target, offered and achieved over `rate_window` (a window across a stage boundary has the
+        time-weighted target of both stages)."""
+        start, end = self.rate_window()
         seconds = end - start
         if seconds <= 0:
             stage = self.current_stage()
@@ -280,75 +284,6 @@ class LiveStats:
         p50, p95, p99 = np.percentile(values, (50, 95, 99)) * 1000
         return float(p50), float(p95), float(p99), int(values.size)
 
-    def tab_rows(self) -> list[dict[str, str]]:
-        """The LLM tab of Locust's web UI, in the flow's order: TTFT, ITL, TPOT, E2E, the stages in run
-        order (warm-up first), requests, failures, the server."""
-        rows = []
-        for name in ("ttft", "itl", "tpot", "e2e"):
-            p = self.percentiles(name)
-            unit = "gaps" if name == "itl" else "requests"
-            cells = (f"{v:,.1f}" for v in p[:3]) if p else ("–",) * 3
-            rows.append(dict(zip(("p50", "p95", "p99"), cells, strict=True)) | {
-                "name": f"{name.upper()} ms",
-                "value": f"latest {p[3]:,} {unit}" if p else "no successful request yet",
-            })  # fmt: skip
-        current = self.current_stage()
-        for stage in self.stages:
-            if stage.start_s > self._sends_until:
-                break
-            label = f"stage {stage.name}" + (" (warm-up, not judged)" if stage.warmup else "")
-            so_far = self.stage_rates(stage)
-            if stage is not current or self._sends_until >= stage.end_s:
-                rows.append({"name": label, "value": f"{so_far.describe()} (final)"})
-                continue
-            last = self.window_rates()
-            rows.append({"name": label, "value": f"last {last.seconds:.0f} s: {last.describe()}; "
-                         f"stage so far ({so_far.seconds:.0f} s): {so_far.describe(target=False)}"})  # fmt: skip
-        counts = ", ".join(f"{k} {v:,}" for k, v in sorted(self.statuses.items()))
-        rows.append({"name": "requests", "value": counts or "none yet"})
-        rows += [{"name": f"failed: {k}", "value": f"{v:,}"} for k, v in self.failures.most_common()]
-        if self.identity is not None:
-            rows.append({"name": "server", "value": f"{self.identity.name} (told by {self.identity.evidence})"})
-        if self.server is not None:
-            kv, waiting = self.server.kv_cache_usage, self.server.waiting
-            rows.append({"name": "server KV-cache usage", "value": "–" if kv is None else f"{kv:.0%}"})
-            rows.append({"name": "server waiting requests", "value": "–" if waiting is None else f"{waiting:g}"})
-            rows.append({"name": "server prefix-cache hit rate", "value": f"{percent(self.prefix_cache_hit_rate())}"
-                         " since the run started"})  # fmt: skip
-            rows.append({"name": "load generator stalls", "value": self.stall_text()})
-        # Locust's table sorts rows by their `name`: the row's place, so they read in the flow's order
-        return [
-            {"p50": "", "p95": "", "p99": "", **row, "name": f"{place:03d}", "what": row["name"]}
-            for place, row in enumerate(rows)
-        ]
-
-    def console_line(self) -> str:
-        """One line for the console of a headless run: the current stage over the last window."""
-        stage, window = self.current_stage(), self.window_rates()
-        parts = [f"stage {stage.name}, last {window.seconds:.0f} s: {window.describe()}"]
-        for name in ("ttft", "itl", "e2e"):
-            p = self.percentiles(name)
-            if p is not None:
-                parts.append(f"{name.upper()} p50 {p[0]:,.0f} ms p99 {p[2]:,.0f} ms")
-        parts.append(f"{self.statuses['failed']} failed")
-        if self.statuses["unfinished"]:
-            parts.append(f"{self.statuses['unfinished']} unfinished")
-        if self.lag_max_ms > LAG_WARNING_MS:
-            parts.append(f"load generator {self.stall_text()}")
-        return "; ".join(parts)
-
-    def stall_text(self) -> str:
-        """How late the observer's timer fired: the longest so far, with the report's warning past its limit."""
-        latest = self.server.client_lag_ms if self.server is not None else None
-        text = f"timer late by {0.0 if latest is None else latest:,.0f} ms now, {self.lag_max_ms:,.0f} ms at most"
-        if self.lag_max_ms > LAG_WARNING_MS:
-            text += f" (> {LAG_WARNING_MS:.0f} ms: latencies measured then include the stall)"
-        return text
-
-    def ended_stage_line(self, stage: Stage) -> str:
-        """The console's line for a stage that has just ended: its final rates, as the report's."""
-        return f"stage {stage.name} ended: {self.stage_rates(stage).describe()}"
-
 
 @dataclass(frozen=True)
 class Rates:
@@ -358,20 +293,3 @@ class Rates:
     target: float
     offered: float
     achieved: float
-
-    def describe(self, *, target: bool = True) -> str:
-        head = f"target {self.target:.2f} · " if target else ""
-        return f"{head}offered {self.offered:.2f} · achieved {self.achieved:.2f} req/s"
-
-
-LLM_TAB = {"title": "LLM", "key": "llm"}
-LLM_TABLE = {
-    "key": "llm",
-    "structure": [
-        {"key": "what", "title": "What"},
-        {"key": "value", "title": "Value"},
-        {"key": "p50", "title": "p50"},
-        {"key": "p95", "title": "p95"},
-        {"key": "p99", "title": "p99"},
-    ],
-}

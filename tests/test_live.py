@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.live import GAP_BUCKETS, METRIC_NAMES, LiveStats
+from llmload.locust.views import console_line, tab_rows, window_label
 from llmload.models import RequestRecord
 from llmload.observe.observer import ServerSample
 from llmload.records import read_records
@@ -83,7 +84,7 @@ def test_live_stats_count_every_record_and_give_numpys_percentiles() -> None:
     assert n == 150
     # what is served is what the dashboard and docs may name
     assert {f.name for f in live.registry.collect()} == {name.removesuffix("_total") for name in METRIC_NAMES}
-    rows = live.tab_rows()
+    rows = tab_rows(live)
     names = [row["what"] for row in rows]
     assert names[:4] == ["TTFT ms", "ITL ms", "TPOT ms", "E2E ms"] and names[4:6] == ["stage 50%", "stage 100%"]
     assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)  # the order Locust sorts by
@@ -93,6 +94,21 @@ def test_live_stats_count_every_record_and_give_numpys_percentiles() -> None:
     live.add_sends([], until=23.5)
     live.refresh(users=7, busy=0, now=1023.5)
     assert live.window_rates().target == 10.0 and live.window_rates().seconds == 10.0
+
+
+def test_a_console_window_is_labelled_by_the_stages_it_covers() -> None:
+    """The line printed just after a boundary holds the seconds before it: it names the stage that
+    ended, or both stages when its window straddles the boundary, never only the one just begun."""
+    stages = build_stages(10.0, (50, 100), 10.0)  # 50% over 0..10 s, 100% over 10..20 s
+    assert window_label(stages, 0.0, 0.0) == "stage 50%"  # nothing sent yet
+    assert window_label(stages, 0.0, 10.0) == "stage 50%"  # ends on the boundary: all of it before
+    assert window_label(stages, 5.0, 15.0) == "stages 50%→100%"
+    assert window_label(stages, 10.0, 20.0) == "stage 100%"
+    live = LiveStats(stages, np.arange(0, 20, 0.1), started_at=0.0)
+    live.add_sends([i * 0.2 for i in range(50)], until=10.0)
+    assert console_line(live).startswith("stage 50%, last 10 s: target 5.00 · offered 10.00 · achieved 5.00")
+    live.add_sends([10 + i * 0.1 for i in range(20)], until=12.0)
+    assert console_line(live).startswith("stages 50%→100%, last 10 s: target 6.00")
 
 
 _RATES = re.compile(r"target (?P<target>[\d.]+) · offered (?P<offered>[\d.]+) · achieved (?P<achieved>[\d.]+) req/s")
@@ -126,13 +142,13 @@ def test_a_stalled_load_generator_shows_live_as_the_report_will_say_it() -> None
     console line warns from then on, past the report's limit only."""
     live = LiveStats(build_stages(4, (100,), 60), np.zeros(0), 0)
     live.see_server(ServerSample(t=0, health=200))  # the first sample has no timer before it
-    assert "timer late by 0 ms now, 0 ms at most" in json.dumps(live.tab_rows())
+    assert "timer late by 0 ms now, 0 ms at most" in json.dumps(tab_rows(live))
     live.see_server(ServerSample(t=1, health=200, client_lag_ms=240))
-    assert "load generator" not in live.console_line()
+    assert "load generator" not in console_line(live)
     live.see_server(ServerSample(t=2, health=200, client_lag_ms=2600))
     live.see_server(ServerSample(t=3, health=200, client_lag_ms=3))
-    assert "timer late by 3 ms now, 2,600 ms at most (> 250 ms: latencies" in json.dumps(live.tab_rows())
-    assert live.console_line().endswith("load generator timer late by 3 ms now, 2,600 ms at most "
+    assert "timer late by 3 ms now, 2,600 ms at most (> 250 ms: latencies" in json.dumps(tab_rows(live))
+    assert console_line(live).endswith("load generator timer late by 3 ms now, 2,600 ms at most "
                                         "(> 250 ms: latencies measured then include the stall)")  # fmt: skip
     assert live.registry.get_sample_value("llmload_load_generator_lag_seconds") == 0.003
 

@@ -19,6 +19,7 @@ from llmload.conclude import conclude
 from llmload.gates.compare import Thresholds, compare_runs, load_run
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
+from llmload.locust.views import tab_rows
 from llmload.models import Stage
 from llmload.observe.observer import ServerSample
 from llmload.sim.process import SimProcess
@@ -105,6 +106,6 @@ def test_the_live_hit_rate_counts_from_the_runs_start() -> None:
     assert live.prefix_cache_hit_rate() is None
     live.see_server(sample(9_300, 11_000))
     assert live.prefix_cache_hit_rate() == pytest.approx(0.3)
-    assert "30% since the run started" in json.dumps(live.tab_rows())
+    assert "30% since the run started" in json.dumps(tab_rows(live))
     live.see_server(sample(50, 100))  # the server restarted: its counters begin again
     assert live.prefix_cache_hit_rate() == pytest.approx(0.5)

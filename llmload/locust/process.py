@@ -332,11 +332,11 @@ def _live_loop(environment: Environment, run: ProcessRun) -> None:
             continue
         now_in = live.current_stage()
         for ended in live.stages[live.stages.index(stage) : live.stages.index(now_in)]:
-            log.info("llmload: %s", live.ended_stage_line(ended))
+            log.info("llmload: %s", views.ended_stage_line(live, ended))
         stage = now_in
         if time.monotonic() - last_line >= CONSOLE_EVERY_S:
             last_line = time.monotonic()
-            log.info("llmload: %s", live.console_line())
+            log.info("llmload: %s", views.console_line(live))
 
 
 @events.test_stop.add_listener

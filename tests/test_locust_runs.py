@@ -298,8 +298,9 @@ def test_without_host_the_embedded_target_serves_and_says_so(tmp_path: Path) -> 
                      "--stage-duration", "1")  # fmt: skip
     assert run.returncode == 0, run.output[-3000:]
     assert "no --host given: started the embedded target" in run.output
-    # nothing a newcomer would read as an error
+    # nothing a newcomer would read as an error, and no dependency's request log (the models listed)
     assert "MonkeyPatchWarning" not in run.output and "spawn rate is very high" not in run.output
+    assert "HTTP Request:" not in run.output, run.output[-3000:]
     summary = run.summary
     assert summary["run"]["host"].startswith("http://127.0.0.1:")
     assert summary["requests"]["ok"] == summary["requests"]["scheduled"] > 0

@@ -48,6 +48,8 @@ FLUSH_INTERVAL_S = 1.0
 LIVE_TICK_S = 2.0  # live gauges and the LLM tab
 CONSOLE_EVERY_S = 10.0  # a headless run's live line
 START_LEAD_S = 1.0  # time for users to spawn, and for the master's spawn messages to reach every worker
+# the HTTP client under the openai SDK (httpx; httpx2 in newer releases), which logs each request at INFO
+OPENAI_HTTP_LOGGERS = ("httpx", "httpx2")
 
 
 @dataclass
@@ -99,6 +101,8 @@ def _fail_config(message: str) -> None:
 
 @events.init.add_listener
 def _on_init(environment: Environment, **_: Any) -> None:
+    for name in OPENAI_HTTP_LOGGERS:  # listing the models is llmload's business, not a line on its console
+        logging.getLogger(name).setLevel(logging.WARNING)
     options = environment.parsed_options
     if options is None or isinstance(environment.runner, WorkerRunner):
         return

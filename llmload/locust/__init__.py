@@ -1,6 +1,12 @@
-"""Locust glue, thin: llmload's flags, the user, the load shape, and the messages between a
-distributed run's processes. Import it from a locustfile (loadtests/chat.py) and its users, shape
-and event listeners are live; the engine it drives (plan, replay, recorder) runs without Locust.
+"""Locust glue, thin. Import it from a locustfile (loadtests/chat.py) and its users, shape and
+event listeners are live; the engine it drives (plan, replay, recorder) runs without Locust.
+
+- `flags`: llmload's flags on Locust's command line, and the plan they make
+- `user`: `ChatUser`, a request slot that claims the next planned arrival and plays it
+- `shape`: `StagedRamp`, enough users for the open-loop plan, and the run's end once every record is in
+- `messaging`: a distributed run's workers ship their records and state to the master
+- `views`: where a run is watched live: the LLM tab, the console lines, the Prometheus endpoint
+- `process`: this process's part of a run, wired to Locust's events
 """
 
 from llmload.locust.shape import StagedRamp

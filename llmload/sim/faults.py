@@ -23,11 +23,60 @@ TOKENS_BEFORE_FAULT = 3
 
 
 @dataclass(frozen=True, slots=True)
+class Strike:
+    """What a drawn fault does to one request, decided once (`Fault.strike`) so every way of serving
+    it (the paced stream, the paced whole response, the engine) reads the same decisions."""
+
+    refusal: wire.VllmError | None = None
+    """Answered at once with this HTTP error; nothing is generated."""
+    page: bool = False
+    """Answered at once with HTTP 200 and an HTML page."""
+    at_arrival: bool = False
+    """Strikes before generation starts: a stream's error leaves at once, not after the first token's time."""
+    end_at: int = -1
+    """The output token the response ends at (-1: none): in a stream `tail` replaces it."""
+    error: wire.VllmError | None = None
+    """What ends it at `end_at`: an SSE event in a stream, the HTTP error of a whole response."""
+    event: bytes = b""
+    """Replaces token `end_at` in a stream when there is no `error`, and the stream closes."""
+    cut: bool = False
+    """The connection is dropped at `end_at`."""
+    pause_at: int = -1
+    """The output token delivered `pause_s` late (-1: none); the response then goes on."""
+    pause_s: float = 0.0
+    finish: bool = True
+    """The last token carries its finish_reason (and the usage follows)."""
+    done: bool = True
+    """`data: [DONE]` closes the stream."""
+
+    @property
+    def completes(self) -> bool:
+        """Delivers all its tokens and ends as vLLM does (a pause only delays them)."""
+        return self.end_at < 0 and self.finish and self.done
+
+    @property
+    def tail(self) -> bytes:
+        """What replaces token `end_at` in a stream: the error's event and [DONE], or the fault's event."""
+        return self.error.sse_event() + wire.DONE if self.error is not None else self.event
+
+    def ending(self, usage: bytes) -> bytes:
+        """What follows the last token: the usage (when the last token finished) and [DONE], as asked."""
+        return (usage if self.finish else b"") + (wire.DONE if self.done else b"")
+
+
+NO_STRIKE = Strike()
+
+
+@dataclass(frozen=True, slots=True)
 class Fault:
+    """One row of the fault table: where the fault acts (`at_arrival`) and what it does (`action`):
+    `error` answers with `error` (an HTTP error at arrival, an SSE event mid-stream or `in_stream`);
+    `cut` drops the connection; `stall` delays a token by the configured stall; `event` replaces a
+    token with `event` and the stream closes; `end` ends the stream its own way (`finish`, `done`);
+    `page` is HTTP 200 with an HTML page. `strike` turns the row into what one request meets."""
+
     kind: FaultKind
     action: Literal["error", "cut", "stall", "event", "end", "page"]
-    """`event`: `event` replaces a token and the stream closes; `end`: the stream ends its own way
-    (`finish`, `done`); `page`: HTTP 200 with an HTML page."""
     error: wire.VllmError | None = None
     in_stream: bool = False
     """A streaming request gets HTTP 200 and the error as an SSE event, then [DONE]."""
@@ -35,19 +84,26 @@ class Fault:
     """Strikes before generation starts; otherwise after TOKENS_BEFORE_FAULT tokens."""
     event: bytes = b""
     finish: bool = True
-    """`end`: the last token carries its finish_reason (and the usage follows)."""
     done: bool = True
-    """`end`: `data: [DONE]` closes the stream."""
 
-    def ending(self, usage: bytes) -> bytes:
-        """What follows the last token: the usage (when the last token finished) and [DONE], as asked."""
-        if self.action != "end":
-            return usage + wire.DONE
-        return (usage if self.finish else b"") + (wire.DONE if self.done else b"")
-
-    def strike_index(self, output_tokens: int) -> int:
-        """The token the fault replaces (or delays): never past the last, so it always shows."""
-        return 0 if self.at_arrival else min(TOKENS_BEFORE_FAULT, output_tokens - 1)
+    def strike(self, *, stream: bool, output_tokens: int, stall_s: float) -> Strike:
+        """What this fault does to a request of `output_tokens` tokens. A mid-stream fault strikes
+        after a few tokens, never past the last, so it always shows; a stream's ending (`end`,
+        `event`) means nothing to a whole response, which is served as if no fault was drawn."""
+        index = 0 if self.at_arrival else min(TOKENS_BEFORE_FAULT, output_tokens - 1)
+        if self.action == "page":
+            return Strike(page=True)
+        if self.action == "error" and self.at_arrival and not (self.in_stream and stream):
+            return Strike(refusal=self.error)
+        if self.action in ("end", "event") and not stream:
+            return NO_STRIKE
+        if self.action == "stall":
+            return Strike(pause_at=index, pause_s=stall_s)
+        if self.action == "end":
+            return Strike(finish=self.finish, done=self.done)
+        return Strike(
+            at_arrival=self.at_arrival, end_at=index, error=self.error, event=self.event, cut=self.action == "cut"
+        )
 
 
 FAULTS: dict[str, Fault] = {

@@ -27,7 +27,7 @@ from llmload.capacity.plan import CapacityReport
 from llmload.sim import wire
 from llmload.sim.config import SimConfig
 from llmload.sim.engine import Engine, EngineRequest
-from llmload.sim.faults import Fault, FaultPicker
+from llmload.sim.faults import NO_STRIKE, FaultPicker, Strike
 from llmload.sim.metrics import EngineMetrics
 from llmload.sim.pacing import LagStats, Pacer, Schedule
 from llmload.sim.profiles import EngineProfile
@@ -51,38 +51,33 @@ GenerationRequest = ChatCompletionRequest | CompletionRequest
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One admitted generation request: what to generate, from when, and the fault it drew."""
+    """One admitted generation request: what to generate, from when, and what its fault does to it."""
 
     request_id: str
     t0: float
     prompt_ids: list[int]
     output_tokens: int
     include_usage: bool
-    fault: Fault | None
+    strike: Strike
     chat: bool
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 
-    @property
-    def completes(self) -> bool:
-        """Delivers all its tokens (a stall only delays them)."""
-        return self.fault is None or self.fault.action == "stall"
-
 
 class StreamSink:
     """An engine request's SSE stream: each token written to the transport from the engine's step."""
 
-    __slots__ = ("_done", "_encoder", "_fault", "_transport")
+    __slots__ = ("_done", "_encoder", "_strike", "_transport")
 
     def __init__(
-        self, transport: asyncio.Transport, encoder: wire.ChunkEncoder, done: asyncio.Future[Any], fault: Fault | None
+        self, transport: asyncio.Transport, encoder: wire.ChunkEncoder, done: asyncio.Future[Any], strike: Strike
     ) -> None:
         self._transport = transport
         self._encoder = encoder
         self._done = done
-        self._fault = fault
+        self._strike = strike
 
     def token(self, request: EngineRequest, last: bool) -> bool:
         transport = self._transport
@@ -92,12 +87,9 @@ class StreamSink:
         encoder = self._encoder
         if last:
             usage = encoder.usage(request.num_prompt, request.output, request.cached_tokens)
-            fault = self._fault
-            if fault is None:
-                data = encoder.last_token(k, FINISH_REASON) + usage + wire.DONE
-            else:
-                finished = encoder.last_token(k, FINISH_REASON) if fault.finish else encoder.token(k)
-                data = finished + fault.ending(usage)
+            strike = self._strike
+            finished = encoder.last_token(k, FINISH_REASON) if strike.finish else encoder.token(k)
+            data = finished + strike.ending(usage)
         else:
             data = encoder.token(k)
         transport.write(wire.http_chunk(encoder.role() + data if k == 0 else data))
@@ -108,8 +100,8 @@ class StreamSink:
     def fail(self, error: wire.VllmError | None) -> None:
         if self._done.done():
             return
-        if self._fault is not None and self._fault.action == "event":
-            self._transport.write(wire.http_chunk(self._fault.event))  # and the response ends cleanly
+        if self._strike.event:
+            self._transport.write(wire.http_chunk(self._strike.event))  # and the response ends cleanly
         elif error is None:
             self._transport.abort()
         elif not self._transport.is_closing():
@@ -339,15 +331,15 @@ class SimServer:
             return self._error(checked)
         self.pacer.run_due()
         fault = self._picker.draw()
+        strike = NO_STRIKE
         if fault is not None:
             self.faults[fault.kind] += 1
-            if fault.error is not None and fault.at_arrival and not (fault.in_stream and parsed.stream):
-                return self._error(fault.error)
-            if fault.action == "page":
-                self.statuses[200] += 1
-                return web.Response(body=wire.HTML_PAGE, headers=wire.HTML_HEADERS)
-            if fault.action in ("end", "event") and not parsed.stream:
-                fault = None  # a stream's ending: a whole response has none
+            strike = fault.strike(stream=bool(parsed.stream), output_tokens=checked[1], stall_s=config.faults.stall_s)
+        if strike.refusal is not None:
+            return self._error(strike.refusal)
+        if strike.page:
+            self.statuses[200] += 1
+            return web.Response(body=wire.HTML_PAGE, headers=wire.HTML_HEADERS)
         prefix = "chatcmpl-" if chat else "cmpl-"
         job = Job(
             request_id=prefix + (request.headers.get("X-Request-Id") or parsed.request_id or wire.random_hex()),
@@ -355,12 +347,12 @@ class SimServer:
             prompt_ids=checked[0],
             output_tokens=checked[1],
             include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
-            fault=fault,
+            strike=strike,
             chat=chat,
         )
         self.in_flight += 1
         try:
-            if self.engine is not None and not (fault is not None and fault.at_arrival):
+            if self.engine is not None and not strike.at_arrival:
                 return await self._in_engine(request, job, self.engine, bool(parsed.stream))
             if parsed.stream:
                 return await self._stream(request, job)
@@ -429,10 +421,8 @@ class SimServer:
     async def _in_engine(self, request: web.Request, job: Job, engine: Engine, stream: bool) -> web.StreamResponse:
         """Hand the request to the engine after the API server's own latency; its steps write the tokens."""
         assert self.pacer is not None
-        fault = job.fault
-        stall_at = fault.strike_index(job.output_tokens) if fault is not None and fault.action == "stall" else -1
-        stall_s = self.config.faults.stall_s
-        ready = job.t0 + engine.profile.timing.frontend_ms / 1000 + (stall_s if stall_at == 0 else 0.0)
+        strike = job.strike
+        ready = job.t0 + engine.profile.timing.frontend_ms / 1000 + (strike.pause_s if strike.pause_at == 0 else 0.0)
         await self.pacer.sleep_until(ready, record=False)
         if self.dead:
             return self._error(wire.ENGINE_DEAD)
@@ -443,14 +433,14 @@ class SimServer:
             response.enable_chunked_encoding()
             await response.prepare(request)
             assert request.transport is not None
-            sink: StreamSink | ResponseSink = StreamSink(request.transport, self._encoder(job), done, job.fault)
+            sink: StreamSink | ResponseSink = StreamSink(request.transport, self._encoder(job), done, strike)
         else:
             sink = ResponseSink(done)
         entry = EngineRequest(job.prompt_ids, job.output_tokens, sink, job.t0)
-        if stall_at > 0:
-            entry.pause_after, entry.stall_s = stall_at - 1, stall_s
-        elif fault is not None and fault.action in ("error", "cut", "event"):
-            entry.strike, entry.strike_error = fault.strike_index(job.output_tokens), fault.error
+        if strike.pause_at > 0:
+            entry.pause_after, entry.stall_s = strike.pause_at - 1, strike.pause_s
+        elif strike.end_at >= 0:
+            entry.strike, entry.strike_error = strike.end_at, strike.error
         engine.add(entry)
         if stream:
             self.statuses[200] += 1
@@ -488,7 +478,7 @@ class SimServer:
     async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         schedule = self._schedule(job)
         self.statuses[200] += 1
-        if job.completes:
+        if job.strike.completes:
             self._record_paced(job)
         if schedule.all_due(time.monotonic()):
             # Saturation mode: headers, every event and the terminator in a single write.
@@ -504,30 +494,21 @@ class SimServer:
 
     def _schedule(self, job: Job) -> Schedule:
         """One stream's emissions: role and first token at TTFT, a token per ITL, usage and [DONE]
-        with the last; a fault replaces token `strike` with its error (or a cut) and ends there."""
+        with the last; a fault's strike replaces token `end_at` with its tail (or a cut) and ends there."""
         config = self.config
         encoder = self._encoder(job)
-        fault = job.fault
-        start = job.t0 + config.ttft_s(job.prompt_tokens)
+        strike = job.strike
+        start = job.t0 if strike.at_arrival else job.t0 + config.ttft_s(job.prompt_tokens)
         last = job.output_tokens - 1
-        strike, tail, pause_at = -1, b"", -1
-        if fault is not None and fault.action == "stall":
-            pause_at = fault.strike_index(job.output_tokens)
-        elif fault is not None and fault.action in ("error", "cut", "event"):
-            strike = fault.strike_index(job.output_tokens)
-            tail = fault.error.sse_event() + wire.DONE if fault.error else fault.event
-            if fault.at_arrival:
-                start = job.t0
+        tail = strike.tail
         role = encoder.role()
-        usage = encoder.usage(job.prompt_tokens, job.output_tokens)
-        finishes = fault is None or fault.finish
-        ending = fault.ending(usage) if fault is not None else usage + wire.DONE
+        ending = strike.ending(encoder.usage(job.prompt_tokens, job.output_tokens))
 
         def payload(k: int) -> bytes:
-            if k == strike:
+            if k == strike.end_at:
                 return tail
             if k == last:
-                data = (encoder.last_token(k, FINISH_REASON) if finishes else encoder.token(k)) + ending
+                data = (encoder.last_token(k, FINISH_REASON) if strike.finish else encoder.token(k)) + ending
             else:
                 data = encoder.token(k)
             return role + data if k == 0 else data
@@ -535,32 +516,32 @@ class SimServer:
         return Schedule(
             start=start,
             interval=config.itl_s,
-            count=strike + 1 if strike >= 0 else job.output_tokens,
+            count=strike.end_at + 1 if strike.end_at >= 0 else job.output_tokens,
             payload=payload,
-            pause_at=pause_at,
-            pause_s=config.faults.stall_s,
-            abort_after=fault is not None and fault.action == "cut",
+            pause_at=strike.pause_at,
+            pause_s=strike.pause_s,
+            abort_after=strike.cut,
         )
 
     async def _complete(self, request: web.Request, job: Job) -> web.Response:
         """Non-streaming: the whole response when the last token would have been generated."""
         config = self.config
-        fault = job.fault
+        strike = job.strike
         first = job.t0 + config.ttft_s(job.prompt_tokens)
         when = first + (job.output_tokens - 1) * config.itl_s
-        if fault is not None and fault.action == "stall":
-            when += config.faults.stall_s
-        elif fault is not None and fault.action in ("error", "cut"):  # engine death or a cut, mid-generation
-            when = first + fault.strike_index(job.output_tokens) * config.itl_s
+        if strike.pause_at >= 0:
+            when += strike.pause_s
+        elif strike.end_at >= 0:  # engine death or a cut, mid-generation
+            when = first + strike.end_at * config.itl_s
         if when > time.monotonic():
             assert self.pacer is not None
             await self.pacer.sleep_until(when)
-        if fault is not None and fault.action == "cut":
+        if strike.cut:
             assert request.transport is not None
             request.transport.abort()
             return web.Response()
-        if fault is not None and fault.error is not None:
-            return self._error(fault.error)
+        if strike.error is not None:
+            return self._error(strike.error)
         self._record_paced(job)
         self.statuses[200] += 1
         return web.Response(body=self._body(job), headers=wire.JSON_HEADERS)

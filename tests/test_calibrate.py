@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from llmload.calibrate.fidelity import StageFigures, compare_stages, render_fidelity
-from llmload.calibrate.fit import (
+from llmload.calibrate.regression import (
     PARAMETERS,
     Observation,
     design_row,

@@ -262,3 +262,8 @@ def load_config_file(path: Path) -> ModelSpec:
         raise InputError(f"{file}: cannot read ({exc.strerror or exc})") from exc
     name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
     return _parse_config(text, str(file), name)
+
+
+def load_model(reference: str) -> ModelSpec:
+    """A model by reference: a bundled config's name, else a HF config.json (or its directory)."""
+    return load_bundled_model(reference) if reference in known_models() else load_config_file(Path(reference))

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli import sim_calibrate
 from llmload.errors import InputError, validation_message
 from llmload.serve_config.reader import read_serve_config
+from llmload.yamlfile import load_yaml_model
 from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
 from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
 
@@ -168,8 +168,7 @@ def _fault_plan(args: argparse.Namespace) -> FaultPlan:
     """The fault file, with the flags' faults added and their settings overriding it."""
     data: dict[str, Any] = {}
     if args.faults is not None:
-        loaded = yaml.safe_load(args.faults.read_text(encoding="utf-8")) or {}
-        data = FaultPlan.model_validate(loaded).model_dump()  # the file alone must be valid: errors name its keys
+        data = load_yaml_model(args.faults, FaultPlan).model_dump()  # the file alone must be valid: errors name its keys
     data["faults"] = [*data.get("faults", []), *(s.model_dump() for s in args.fault_specs)]
     data["slow_tokens"] = [*data.get("slow_tokens", []), *(s.model_dump() for s in args.slow_tokens)]
     for key in ("stall_s", "seed"):
@@ -186,13 +185,9 @@ def run(args: argparse.Namespace) -> int:
     hold one max_model_len sequence (vLLM's ValueError); InputError for an invalid configuration."""
     try:
         faults = _fault_plan(args)
-    except OSError as e:
-        raise InputError(f"--faults: {e}") from None
-    except yaml.YAMLError as e:
-        raise InputError(f"--faults {args.faults}: not YAML: {e}") from None
+    except InputError as e:  # the file alone was refused: it names the file and its keys
+        raise InputError(f"--faults {e}") from None
     except ValidationError as e:
-        if args.faults is not None:  # the file alone was refused: name its keys
-            raise InputError(f"--faults {args.faults}: {validation_message(e)}") from None
         raise InputError(validation_message(e, flags=_FLAG_OF)) from None
     vllm_config = read_serve_config(args.vllm_config, args.vllm_args) if args.vllm_config or args.vllm_args else None
     values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}

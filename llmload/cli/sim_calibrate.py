@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """0: written, a good fit; 1: written, a poor fit; InputError for bad flags or an unusable server."""
     import yaml
 
-    from llmload.calibrate import Options, calibrate
+    from llmload.calibrate.run import CalibrationSettings, calibrate
     from llmload.calibrate.render import render_fit
     from llmload.errors import InputError
     from llmload.serve_config.reader import read_serve_config
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steady_load is not None and not 0 <= args.steady_load < args.duration:
         raise InputError(f"--steady-load {args.steady_load:g} s must be at least 0 and shorter than --duration")
     serve = read_serve_config(args.vllm_config, args.vllm_args) if args.vllm_config or args.vllm_args else None
-    options = Options(
+    settings = CalibrationSettings(
         budget_s=args.duration,
         steady_load_s=args.steady_load,
         max_streams=args.max_streams,
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     )
     require_calibrating_server(args.host)
     print(f"llmload sim calibrate: measuring {args.host} for {args.duration:g} s ...", flush=True)
-    result = calibrate(args.host, options, progress=lambda line: print(f"  {line}", flush=True))
+    result = calibrate(args.host, settings, progress=lambda line: print(f"  {line}", flush=True))
     header = f"# {result.profile.calibration}\n# use: llmload sim --profile {args.output}\n"
     body = yaml.safe_dump(result.profile.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
     try:

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import ConfigValue, ServeConfig
 from llmload.serve_config.options import REMOVED, Option, read_value, vllm_options
+from llmload.yamlfile import yaml_entries
 
 COMMAND_LINE = "--vllm-args"
 # What may stand before the options: `vllm serve [MODEL]` or `python -m vllm.entrypoints...`.
@@ -66,26 +66,10 @@ def _yaml_text(value: object) -> str | bool | list[str]:
 def _file_settings(path: Path) -> Iterator[_Setting]:
     if path.suffix not in (".yaml", ".yml"):
         raise InputError(f"{path}: vLLM reads only .yaml/.yml config files")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            return
-        if not isinstance(root, yaml.MappingNode):
-            raise InputError(f"{path}: expected a mapping of vLLM options, got a {root.tag.rsplit(':', 1)[-1]}")
-        for key_node, value_node in root.value:
-            origin = f"{path}:{key_node.start_mark.line + 1}"
-            key = str(loader.construct_object(key_node))
-            name, option = known_option(key, origin)
-            yield _Setting(name, option, _yaml_text(loader.construct_object(value_node, deep=True)), origin)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from None
-    finally:
-        loader.dispose()
+    for key, value, line in yaml_entries(path, "vLLM options"):
+        origin = f"{path}:{line}"
+        name, option = known_option(key, origin)
+        yield _Setting(name, option, _yaml_text(value), origin)
 
 
 def _split_command_line(command_line: str) -> tuple[list[str], str | None]:

@@ -39,9 +39,12 @@ MODEL = "llmload-sim"
 FAST_TINY = {
     **PROFILES["vllm-cpu-tiny"].model_dump(),
     "name": "fast-tiny",
-    "block_size": 16,
-    "kv_cache_memory_bytes": 64 * 16 * 1024,
-    "max_model_len": 512,
+    "serving": {
+        **PROFILES["vllm-cpu-tiny"].serving.model_dump(exclude_none=True),
+        "block_size": 16,
+        "kv_cache_memory_bytes": 64 * 16 * 1024,
+        "max_model_len": 512,
+    },
     "timing": {
         "frontend_ms": 1.0,
         "prefill_tokens_per_s": 500_000,

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from llmload.calibrate.regression import Fit, Observation, fit_steady_load, fit_timing
 from llmload.calibrate.measure import (
     SHORT_PROMPT,
     ProbeShape,
@@ -23,6 +22,7 @@ from llmload.calibrate.measure import (
     probes_for,
 )
 from llmload.calibrate.prompts import PromptMaker
+from llmload.calibrate.regression import Fit, Observation, fit_steady_load, fit_timing
 from llmload.calibrate.target import ServerFacts, kv_sizing, public_url, read_facts
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
@@ -165,19 +165,11 @@ def serving_profile(facts: ServerFacts, settings: CalibrationSettings, name: str
             name=name,
             description=f"{facts.served_model}, calibrated against its server",
             calibration="llmload sim calibrate",
-            model=facts.model,
-            dtype=dtype,  # type: ignore[arg-type]
-            kv_cache_dtype=facts.kv_cache_dtype,  # type: ignore[arg-type]
-            kv_cache_memory_bytes=kv_bytes,
-            block_size=facts.block_size,
-            max_model_len=facts.max_model_len,
-            max_num_seqs=facts.max_num_seqs,
-            max_num_batched_tokens=facts.max_num_batched_tokens,
-            enable_prefix_caching=facts.enable_prefix_caching,
+            serving=facts.serve_config(dtype, kv_bytes),
             timing=_UNTIMED,
         )
         if settings.serve is not None:
-            profile = profile.with_serve_config(settings.serve, None)
+            profile = profile.with_serving(settings.serve)
     except ValidationError as exc:
         raise InputError(f"the server's settings do not make a profile: {validation_message(exc)}") from None
     return profile
@@ -208,7 +200,9 @@ def _observations(rounds: Rounds) -> list[Observation]:
     return observations
 
 
-def calibrate(url: str, settings: CalibrationSettings, progress: Callable[[str], None] = lambda line: None) -> Calibration:
+def calibrate(
+    url: str, settings: CalibrationSettings, progress: Callable[[str], None] = lambda line: None
+) -> Calibration:
     """Measure the server within `settings.budget_s` (plus its answers to a few /tokenize calls) and
     fit its step timing; the profile carries the fit, poor or not."""
     url = url.rstrip("/")
@@ -224,7 +218,9 @@ def calibrate(url: str, settings: CalibrationSettings, progress: Callable[[str],
         facts.assumed = {k: v for k, v in facts.assumed.items() if k not in set_keys}
     name = settings.name or f"{facts.served_model}-calibrated"
     profile = serving_profile(facts, settings, name)
-    probes = probes_for(profile, facts.num_blocks, max_streams=settings.max_streams, output_tokens=settings.output_tokens)
+    probes = probes_for(
+        profile, facts.num_blocks, max_streams=settings.max_streams, output_tokens=settings.output_tokens
+    )
     rounds, fit, plan, requests = _measure(url, facts, profile, probes, settings=settings, progress=progress)
     timing = fit.timing
     warnings = list(fit.warnings)

@@ -248,7 +248,7 @@ def load_bundled_model(name: str) -> ModelSpec:
     """A bundled config by name (case-insensitive), e.g. ``llama-3.1-8b``."""
     key = name.lower()
     if key not in known_models():
-        raise InputError(f"unknown model {name!r}; known: {', '.join(known_models())} (or use --config PATH)")
+        raise InputError(f"unknown model {name!r}; known: {', '.join(known_models())} (or use --hf-config PATH)")
     path = _BUNDLED / f"{key}.json"
     return _parse_config(path.read_text(encoding="utf-8"), f"llmload/capacity/models/{key}.json", key)
 

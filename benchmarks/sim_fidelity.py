@@ -34,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
-from llmload.calibrate.run import CalibrationSettings, calibrate
 from llmload.calibrate.fidelity import FidelityRow, compare_search, compare_stages, render_fidelity, stage_figures
 from llmload.calibrate.render import render_fit
+from llmload.calibrate.run import CalibrationSettings, calibrate
 from llmload.models import SearchResult
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess

@@ -209,9 +209,7 @@ def test_the_replay_on_a_virtual_clock_is_the_served_run(tmp_path: Path) -> None
         )
         for i, r in enumerate(ok.itertuples())
     ]
-    profile = TINY.model_copy(
-        update={"kv_cache_memory_bytes": kv, "max_model_len": 1024, "enable_prefix_caching": False}
-    )
+    profile = TINY.with_serving(ServeConfig(kv_cache_memory_bytes=kv, max_model_len=1024, enable_prefix_caching=False))
     replayed = replay(profile, profile.plan().cache.num_blocks, arrivals)
     e2e = np.array([t[-1] - a.at_s for t, a in zip(replayed.token_times, arrivals, strict=True)]) * 1000
     ttft = np.array([t[0] - a.at_s for t, a in zip(replayed.token_times, arrivals, strict=True)]) * 1000

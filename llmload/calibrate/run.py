@@ -1,5 +1,5 @@
-"""`llmload sim calibrate`'s orchestration: burst rounds and the steady-load point measured and
-fitted within the budget (`measure_and_fit`), then the profile that records them (`calibrated_profile`)."""
+"""`llmload sim calibrate`'s orchestration (`calibrate`): burst rounds and the steady-load point
+measured within the budget and fitted (`_measure`), then the profile that records them."""
 
 from __future__ import annotations
 

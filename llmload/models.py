@@ -9,7 +9,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 
 class Strict(BaseModel):
@@ -75,6 +84,9 @@ class WorkloadSpec(Strict):
 ConfigValue = str | int | float | bool | list[str] | None
 
 
+AUTO_FIT = -1  # --max-model-len -1 (or auto): vLLM takes the longest sequence its KV cache holds
+
+
 class ServeConfig(Strict):
     """What a `vllm serve` config file and command line set (llmload/serve_config): None is vLLM's
     default. Keys vLLM accepts that llmload does not model are kept in `not_modelled`."""
@@ -94,11 +106,32 @@ class ServeConfig(Strict):
     tensor_parallel_size: PositiveInt | None = None
     pipeline_parallel_size: PositiveInt | None = None
     enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = Field(
+        default=None, description="False: a prompt is prefilled whole in one step, never split across steps"
+    )
     cpu_offload_gb: NonNegativeFloat | None = None
     not_modelled: dict[str, ConfigValue] = Field(default_factory=dict, description="accepted by vLLM, unused here")
     origins: dict[str, str] = Field(
         default_factory=dict, description="where each key was set: FILE:LINE or the command line"
     )
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _length_or_auto(cls, value: int | None) -> int | None:
+        if value is not None and value < 1 and value != AUTO_FIT:
+            raise ValueError(f"must be positive, or {AUTO_FIT} for the longest that fits; got {value}")
+        return value
+
+    def with_settings(self, other: ServeConfig) -> ServeConfig:
+        """This configuration with every setting `other` sets (and where it set it) replacing ours."""
+        given = other.model_dump(exclude={"not_modelled", "origins"}, exclude_none=True)
+        return self.model_copy(
+            update={
+                **given,
+                "not_modelled": {**self.not_modelled, **other.not_modelled},
+                "origins": {**self.origins, **other.origins},
+            }
+        )
 
 
 # --------------------------------------------------------------------------- goodput SLOs

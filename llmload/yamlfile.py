@@ -1,10 +1,10 @@
-"""Strict YAML files (workloads, thresholds, soak criteria, simulator profiles): one loader, one
-error style, so a misspelt key is named the same way whichever file it is in."""
+"""Strict YAML files (workloads, thresholds, soak criteria, simulator profiles, fault files, vLLM
+configs): one reader, one error style, so a misspelt key is named the same way whichever file it is in."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -14,16 +14,40 @@ from llmload.errors import InputError, validation_message
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
-def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = InputError) -> ModelT:
-    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file (and key)."""
+def yaml_entries(path: Path, what: str = "keys", error: type[InputError] = InputError) -> list[tuple[str, Any, int]]:
+    """The key, value and 1-based line of each entry of the YAML mapping in `path` (an empty file has
+    none); a file that cannot be read, is not YAML or is not a mapping of `what` raises `error`."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from None
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return []
+        if not isinstance(root, yaml.MappingNode):
+            raise error(f"{path}: expected a mapping of {what}, got a {root.tag.rsplit(':', 1)[-1]}")
+        loader.flatten_mapping(root)  # `<<: *anchor` merges, as yaml.safe_load reads them
+        return [
+            (str(loader.construct_object(key, deep=True)), loader.construct_object(value, deep=True),
+             key.start_mark.line + 1)
+            for key, value in root.value
+        ]  # fmt: skip
     except yaml.YAMLError as exc:
         raise error(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise error(f"{path}: expected a YAML mapping of keys, got {type(data).__name__}")
+    finally:
+        loader.dispose()
+
+
+def load_yaml_mapping(path: Path, what: str = "keys", error: type[InputError] = InputError) -> dict[str, Any]:
+    """The YAML mapping in `path` (empty: {}), refused as `yaml_entries` refuses it."""
+    return {key: value for key, value, _ in yaml_entries(path, what, error)}
+
+
+def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = InputError) -> ModelT:
+    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file (and key)."""
+    data = load_yaml_mapping(path, error=error)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

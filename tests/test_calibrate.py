@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from llmload.calibrate.fidelity import StageFigures, compare_stages, render_fidelity
-from llmload.calibrate.fit import (
+from llmload.calibrate.measure import SteadyRequest
+from llmload.calibrate.regression import (
     PARAMETERS,
     Observation,
     design_row,
@@ -23,12 +24,11 @@ from llmload.calibrate.fit import (
     fit_timing,
     nonnegative_lstsq,
 )
-from llmload.calibrate.measure import SteadyRequest
 from llmload.calibrate.target import cache_config, read_facts
 from llmload.errors import InputError
+from llmload.models import ServeConfig
 from llmload.observe.metrics import scrape
 from llmload.records import read_records
-from llmload.sim.config import EngineOverrides
 from llmload.sim.engine import Arrival, dry_run, replay
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES, StepTiming, load_profile
@@ -209,9 +209,7 @@ def test_the_replay_on_a_virtual_clock_is_the_served_run(tmp_path: Path) -> None
         )
         for i, r in enumerate(ok.itertuples())
     ]
-    profile = TINY.model_copy(
-        update={"kv_cache_memory_bytes": kv, "max_model_len": 1024, "enable_prefix_caching": False}
-    )
+    profile = TINY.with_serving(ServeConfig(kv_cache_memory_bytes=kv, max_model_len=1024, enable_prefix_caching=False))
     replayed = replay(profile, profile.plan().cache.num_blocks, arrivals)
     e2e = np.array([t[-1] - a.at_s for t, a in zip(replayed.token_times, arrivals, strict=True)]) * 1000
     ttft = np.array([t[0] - a.at_s for t, a in zip(replayed.token_times, arrivals, strict=True)]) * 1000
@@ -254,12 +252,12 @@ def test_a_configuration_whose_steps_hold_more_kv_than_calibrated_is_called_extr
     """The fidelity run's profile: calibrated against 4 MiB of KV (decode points up to 2 x 1,849 = 3,698 KV
     tokens), asked about 16 MiB and 8 sequences (its B), whose steps it can only extrapolate."""
     profile = calibrated_as(TINY, [(1, 33, 64), (31, 33, 64), (2, 1785, 64)])
-    a = profile.with_overrides(EngineOverrides(kv_cache_memory_bytes=4 * 2**20), 2048)
+    a = profile.with_serving(ServeConfig(kv_cache_memory_bytes=4 * 2**20, max_model_len=2048))
     assert a.plan().cache.num_blocks == 32 and a.extrapolation(a.plan()) is None  # 4,096 tokens: 1.11x
-    b = profile.with_overrides(EngineOverrides(kv_cache_memory_bytes=16 * 2**20, max_num_seqs=8), 2048)
+    b = profile.with_serving(ServeConfig(kv_cache_memory_bytes=16 * 2**20, max_num_seqs=8, max_model_len=2048))
     warning = b.extrapolation(b.plan())
     assert warning is not None and "holding up to 3,698 KV tokens" in warning and "can hold 16,384 (4.4x)" in warning
-    one = profile.with_overrides(EngineOverrides(kv_cache_memory_bytes=16 * 2**20, max_num_seqs=1), 2048)
+    one = profile.with_serving(ServeConfig(kv_cache_memory_bytes=16 * 2**20, max_num_seqs=1, max_model_len=2048))
     assert one.extrapolation(one.plan()) is None  # one 2,048-token sequence is all a step can hold
     assert TINY.extrapolation(TINY.plan()) is None  # no calibration behind it: nothing to compare
 

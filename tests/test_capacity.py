@@ -18,6 +18,7 @@ from llmload.capacity.plan import CapacityInputs, CapacityReport, plan_capacity
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli import main
 from llmload.errors import InputError
+from llmload.models import ServeConfig
 
 LOGS = Path(__file__).parent / "data" / "vllm-logs"
 MIB = 1 << 20
@@ -156,7 +157,9 @@ def test_parameter_estimate_is_close_to_published(name: str, published: float) -
 
 
 def test_plan_budget_and_recommended_lengths() -> None:
-    inputs = CapacityInputs(gpu_memory_gib=80, weights_gib=14.99, max_model_len=32_768, request_tokens=3_000)
+    inputs = CapacityInputs(
+        serving=ServeConfig(max_model_len=32_768), gpu_memory_gib=80, weights_gib=14.99, request_tokens=3_000
+    )
     report = plan_capacity(bundled("llama-3.1-8b"), inputs.model_copy(update={"min_concurrency": 32}))
     assert report.memory.kv_cache_gib == pytest.approx(80 * 0.92 - 14.99 - 2.0)
     assert report.starts
@@ -218,7 +221,7 @@ def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_reads_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = json.loads((Path(capacity_model.__file__).with_name("models") / "llama-2-70b.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
-    rc, out, _ = cli(capsys, "--config", str(tmp_path), "-tp", "4", "--gpu-memory-gib", "80")
+    rc, out, _ = cli(capsys, "--hf-config", str(tmp_path), "-tp", "4", "--gpu-memory-gib", "80")
     assert rc == 0 and "80.00 KiB" in out and "8.0× the model's real KV" in out
 
 

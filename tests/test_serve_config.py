@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llmload.cli import main
+from llmload.cli import build_parser, main
 from llmload.errors import InputError
 from llmload.serve_config.reader import read_serve_config
 from llmload.sim.process import SimProcess
@@ -261,3 +261,44 @@ def test_the_simulator_refuses_a_config_vllm_refuses(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="exited with code 1") as caught:
         SimProcess("--vllm-config", str(tiny(tmp_path, length=8192, kv="4M"))).start()
     assert "estimated maximum model length is 3968" in str(caught.value)
+
+
+def test_a_config_without_a_model_starts_the_profile_given(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.yaml", "max-num-seqs: 4\nmax-model-len: 1024\n")  # as most --config files: no model
+    with SimProcess("--profile", "vllm-cpu-tiny", "--vllm-config", str(config), "--model", "served") as sim:
+        models = _get(f"{sim.url}/v1/models")["data"]
+    assert [(m["id"], m["max_model_len"]) for m in models] == [("served", 1024)]
+
+
+def test_flags_win_over_the_command_line_which_wins_over_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny(tmp_path, length=1024, kv="4M", seqs=4)
+    rc = main(
+        [
+            "capacity",
+            "--vllm-config",
+            str(config),
+            "--vllm-args",
+            "--max-model-len 2048",
+            "--max-model-len",
+            "512",
+            "--json",
+        ]
+    )
+    answer = json.loads(capsys.readouterr().out)
+    assert rc == 0 and answer["capacity"]["max_model_len"] == 512
+    assert answer["vllm_config"]["origins"]["max_model_len"] == "--max-model-len"
+
+
+def test_old_flag_spellings_still_work_and_say_their_new_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hf = write(tmp_path / "config.json", (REPO / "llmload/capacity/models/tiny-llama.json").read_text())
+    assert main(["capacity", "--config", str(hf), "--kv-cache-gib", "1", "--max-model-len", "1024"]) == 0
+    assert "--config is deprecated, use --hf-config" in capsys.readouterr().err
+    assert main(["capacity", "--hf-config", str(hf), "--kv-cache-gib", "1", "--max-model-len", "1024"]) == 0
+    assert "deprecated" not in capsys.readouterr().err
+    for spelling, warned in (("--model", False), ("--model-name", True)):
+        assert build_parser("sim").parse_args(["sim", spelling, "served"]).model_name == "served"
+        assert ("--model-name is deprecated, use --model" in capsys.readouterr().err) is warned

@@ -26,10 +26,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.client import ChatClient, Limits, StreamResult
+from llmload.models import ServeConfig
 from llmload.observe.metrics import scrape
 from llmload.servers.request import chat_body
 from llmload.sim import SimProcess
 from llmload.sim.config import FaultSpec
+from llmload.sim.engine import dry_run
 from llmload.sim.faults import FaultPicker
 from llmload.sim.profiles import PROFILES
 from tests.locust_runs import metrics_text
@@ -39,9 +41,12 @@ MODEL = "llmload-sim"
 FAST_TINY = {
     **PROFILES["vllm-cpu-tiny"].model_dump(),
     "name": "fast-tiny",
-    "block_size": 16,
-    "kv_cache_memory_bytes": 64 * 16 * 1024,
-    "max_model_len": 512,
+    "serving": {
+        **PROFILES["vllm-cpu-tiny"].serving.model_dump(exclude_none=True),
+        "block_size": 16,
+        "kv_cache_memory_bytes": 64 * 16 * 1024,
+        "max_model_len": 512,
+    },
     "timing": {
         "frontend_ms": 1.0,
         "prefill_tokens_per_s": 500_000,
@@ -388,3 +393,24 @@ def test_fault_file_is_strict(tmp_path: Path, profile_file: Path, content: dict[
 def test_engine_faults_need_a_profile() -> None:
     done = run_sim("--die-after-requests", "3")
     assert done.returncode == 2 and "give --profile" in done.stderr
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room_for_all_of_it() -> None:
+    tiny = PROFILES["vllm-cpu-tiny"]  # 2,048 tokens a step
+    prompts = [(1500, 2), (1500, 2)]
+    chunked = dry_run(tiny, tiny.plan().cache.num_blocks, prompts)
+    assert chunked.steps[0].prefill_tokens == 2048  # the second prompt's first 548 tokens rode along
+    whole = tiny.with_serving(ServeConfig(enable_chunked_prefill=False))
+    unchunked = dry_run(whole, whole.plan().cache.num_blocks, prompts)
+    assert unchunked.steps[0].prefill_tokens == 1500  # the second prompt did not fit beside it
+    assert unchunked.steps[1].prefill_tokens == 1500  # prefilled whole in the next step
+
+
+def test_without_chunked_prefill_a_step_budget_under_max_model_len_refuses_to_start_like_vllm() -> None:
+    done = run_sim("--profile", "vllm-cpu-tiny", "--max-num-batched-tokens", "1024", "--no-enable-chunked-prefill")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "ValueError: max_num_batched_tokens (1024) is smaller than max_model_len (2048). This effectively limits "
+        "the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please "
+        "increase max_num_batched_tokens or decrease max_model_len."
+    )

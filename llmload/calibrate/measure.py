@@ -42,7 +42,7 @@ GENERATED = "vllm:generation_tokens_total"
 
 
 @dataclass(frozen=True)
-class Probe:
+class ProbeShape:
     """prefill: one request of one output token, its TTFT measured; decode: `streams` concurrent
     requests of `output_tokens` each, their ITL measured."""
 
@@ -63,14 +63,14 @@ class Measurement:
     """Nothing but the probe ran on the server meanwhile."""
 
 
-def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, output_tokens: int) -> list[Probe]:
+def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, output_tokens: int) -> list[ProbeShape]:
     """Prefill: single requests from a short prompt to 90% of the longest; decode: 1, 2, 4, ... streams
     of short prompts up to what max_num_seqs and the KV cache allow, and at longer contexts the
     fewest, a quarter and the most streams (so KV tokens vary apart from the batch size)."""
     block = profile.block_size
     longest = min(profile.max_model_len, (num_blocks - 1) * block)
     probes = [
-        Probe("prefill", 1, n, 1)
+        ProbeShape("prefill", 1, n, 1)
         for n in sorted({SHORT_PROMPT, *(int(f * longest) for f in PREFILL_FRACTIONS)})
         if n >= SHORT_PROMPT
     ]
@@ -81,13 +81,13 @@ def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, out
 
     top = most_streams(SHORT_PROMPT)
     short = sorted({*(2**i for i in range(int(math.log2(top)) + 1)), top})
-    probes += [Probe("decode", n, SHORT_PROMPT, output_tokens) for n in short]
+    probes += [ProbeShape("decode", n, SHORT_PROMPT, output_tokens) for n in short]
     for fraction in CONTEXT_FRACTIONS:
         context = int(fraction * (longest - output_tokens))
         if context <= SHORT_PROMPT:
             continue
         top = most_streams(context)
-        probes += [Probe("decode", n, context, output_tokens) for n in sorted({1, max(1, top // 4), top})]
+        probes += [ProbeShape("decode", n, context, output_tokens) for n in sorted({1, max(1, top // 4), top})]
     return probes
 
 
@@ -98,7 +98,7 @@ def _mean_ms(before: dict[str, float], after: dict[str, float], name: str) -> tu
     return count, 1000 * total / count if count else math.nan
 
 
-def measure(url: str, model: str, probe: Probe, prompts: list[str], limits: Limits) -> Measurement:
+def measure(url: str, model: str, probe: ProbeShape, prompts: list[str], limits: Limits) -> Measurement:
     """Send the probe's requests at once; vLLM's mean TTFT or ITL for them."""
     results: list[StreamResult] = []
 
@@ -139,12 +139,12 @@ def measure(url: str, model: str, probe: Probe, prompts: list[str], limits: Limi
 class Rounds:
     """Every clean measurement of each probe, over the rounds the budget allowed."""
 
-    measurements: dict[Probe, list[Measurement]]
+    measurements: dict[ProbeShape, list[Measurement]]
     rounds: int = 0
     discarded: int = 0
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
-    last_wall_s: dict[Probe, float] = field(default_factory=dict)
+    last_wall_s: dict[ProbeShape, float] = field(default_factory=dict)
     """How long each probe took last time: the next one runs only if that fits what is left."""
 
 
@@ -152,7 +152,7 @@ def measure_rounds(
     url: str,
     model: str,
     *,
-    probes: list[Probe],
+    probes: list[ProbeShape],
     maker: PromptMaker,
     budget_s: float,
     progress: Callable[[str], None] = lambda line: None,
@@ -169,7 +169,7 @@ def measure_rounds(
         widest = max((p for p in probes if p.kind == "decode"), key=lambda p: p.streams)
         longest = max((p for p in probes if p.kind == "prefill"), key=lambda p: p.prompt_tokens)
         # the first shapes are slow on some backends
-        for warm in (Probe("decode", widest.streams, SHORT_PROMPT, 4), longest):
+        for warm in (ProbeShape("decode", widest.streams, SHORT_PROMPT, 4), longest):
             measure(url, model, warm, maker.prompts(warm.prompt_tokens, warm.streams), limits)
     while True:
         round_started = time.monotonic()

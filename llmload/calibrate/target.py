@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.capacity.kv import KVLayout, kv_layout
-from llmload.capacity.model import ModelSpec, known_models, load_bundled_model, load_config_file
+from llmload.capacity.model import ModelSpec, known_models, load_model
 from llmload.capacity.serving import model_reference
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
@@ -86,6 +86,23 @@ class ServerFacts:
     """Settings taken from vLLM's defaults, each with a note that says so."""
     sources: dict[str, str] = field(default_factory=dict)
 
+    def serve_config(self, dtype: str, kv_cache_memory_bytes: int) -> ServeConfig:
+        """What was read from the server as its vLLM settings, with the dtype and KV memory that size its
+        pool (`kv_sizing`); `origins` says where each came from."""
+        return ServeConfig(
+            model=self.model,
+            served_model_name=self.served_model,
+            dtype=dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=self.enable_prefix_caching,
+            origins=self.sources,
+        )
+
 
 def served_model(url: str, name: str | None) -> dict[str, Any]:
     """The /v1/models card of `name`, or of the only model served."""
@@ -108,10 +125,6 @@ def cache_config(metrics_text: str) -> dict[str, str] | None:
             if sample.name == CACHE_CONFIG_INFO:
                 return dict(sample.labels)
     return None
-
-
-def _model_spec(reference: str) -> ModelSpec:
-    return load_bundled_model(reference) if reference in known_models() else load_config_file(Path(reference))
 
 
 def model_of(root: str, model_config: str | None) -> str:
@@ -208,7 +221,7 @@ def kv_sizing(facts: ServerFacts) -> tuple[str, int]:
     """The model dtype and the KV memory (as --kv-cache-memory-bytes) with which `plan_capacity`
     allocates exactly the server's blocks: when the server was given its KV memory, the dtype whose
     bytes per block divide it into that many blocks (vLLM's `--dtype` is not exported), else `auto`."""
-    spec = _model_spec(facts.model)
+    spec = load_model(facts.model)
     dtype = "auto"
     if facts.kv_cache_memory_bytes is not None:
         for candidate in ("auto", spec.dtype, "bfloat16", "float16", "float32"):

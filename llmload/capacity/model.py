@@ -248,7 +248,7 @@ def load_bundled_model(name: str) -> ModelSpec:
     """A bundled config by name (case-insensitive), e.g. ``llama-3.1-8b``."""
     key = name.lower()
     if key not in known_models():
-        raise InputError(f"unknown model {name!r}; known: {', '.join(known_models())} (or use --config PATH)")
+        raise InputError(f"unknown model {name!r}; known: {', '.join(known_models())} (or use --hf-config PATH)")
     path = _BUNDLED / f"{key}.json"
     return _parse_config(path.read_text(encoding="utf-8"), f"llmload/capacity/models/{key}.json", key)
 
@@ -262,3 +262,8 @@ def load_config_file(path: Path) -> ModelSpec:
         raise InputError(f"{file}: cannot read ({exc.strerror or exc})") from exc
     name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
     return _parse_config(text, str(file), name)
+
+
+def load_model(reference: str) -> ModelSpec:
+    """A model by reference: a bundled config's name, else a HF config.json (or its directory)."""
+    return load_bundled_model(reference) if reference in known_models() else load_config_file(Path(reference))

@@ -8,8 +8,9 @@ the plan falls short.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
-from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from llmload.capacity.kv import (
     DEFAULT_BLOCK_SIZE,
@@ -29,7 +30,7 @@ from llmload.capacity.kv import (
 )
 from llmload.capacity.model import ModelSpec, estimate_parameters
 from llmload.errors import InputError
-from llmload.models import Strict
+from llmload.models import AUTO_FIT, ServeConfig, Strict
 
 # vLLM 0.32's default CacheConfig.gpu_memory_utilization.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
@@ -38,34 +39,69 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 DEFAULT_OVERHEAD_GIB = 2.0
 # vLLM's --max-num-seqs default for the OpenAI server on most GPUs (engine/arg_utils.py).
 MAX_NUM_SEQS_DEFAULT = 256
-# --max-model-len -1 (or auto): vLLM takes the longest sequence its KV cache holds.
-AUTO_FIT = -1
+# vLLM's --dtype spellings that name the same dtype.
+_DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 
 
 class CapacityInputs(Strict):
-    """Serving settings, named after vLLM's flags; sizes in GiB (2**30 bytes)."""
+    """The server's vLLM settings (`serving`, None: vLLM's default) and what vLLM measures rather than is
+    told (GPU memory, weights, overhead), with the question asked of the plan; sizes in GiB (2**30 bytes)."""
 
-    tensor_parallel_size: PositiveInt = 1
-    pipeline_parallel_size: PositiveInt = 1
+    serving: ServeConfig = ServeConfig()
     gpu_memory_gib: PositiveFloat | None = Field(default=None, description="total memory of one GPU")
-    gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     weights_gib: NonNegativeFloat | None = Field(default=None, description="whole model; None: estimate")
     overhead_gib: NonNegativeFloat = Field(default=DEFAULT_OVERHEAD_GIB, description="per GPU, besides weights")
-    kv_cache_gib: PositiveFloat | None = Field(default=None, description="per GPU, like --kv-cache-memory-bytes")
-    cpu_offload_gib: NonNegativeFloat = Field(default=0.0, description="weights per GPU kept in CPU memory")
-    dtype: ModelDtype = "auto"
-    kv_cache_dtype: KVCacheDtype = "auto"
-    block_size: PositiveInt = DEFAULT_BLOCK_SIZE
-    max_model_len: int | None = Field(default=None, description="-1: the longest the KV cache holds (vLLM's auto)")
     request_tokens: PositiveInt | None = None
     min_concurrency: PositiveFloat | None = None
 
-    @field_validator("max_model_len")
-    @classmethod
-    def _length_or_auto(cls, value: int | None) -> int | None:
-        if value is not None and value < 1 and value != AUTO_FIT:
-            raise ValueError(f"must be positive, or {AUTO_FIT} for the longest that fits; got {value}")
-        return value
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.serving.tensor_parallel_size or 1
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        return self.serving.pipeline_parallel_size or 1
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return self.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+
+    @property
+    def kv_cache_gib(self) -> float | None:
+        """Per GPU, as --kv-cache-memory-bytes gives it."""
+        given = self.serving.kv_cache_memory_bytes
+        return None if given is None else given / GIB
+
+    @property
+    def dtype(self) -> ModelDtype:
+        return self._modelled("dtype", get_args(ModelDtype))  # type: ignore[return-value]
+
+    @property
+    def kv_cache_dtype(self) -> KVCacheDtype:
+        return self._modelled("kv_cache_dtype", get_args(KVCacheDtype))  # type: ignore[return-value]
+
+    @property
+    def cpu_offload_gib(self) -> float:
+        return self.serving.cpu_offload_gb or 0.0
+
+    @property
+    def block_size(self) -> int:
+        return self.serving.block_size or DEFAULT_BLOCK_SIZE
+
+    def _modelled(self, key: str, allowed: tuple[str, ...]) -> str:
+        """A dtype setting by its canonical name; InputError, naming where it was set, when llmload cannot size it."""
+        value = getattr(self.serving, key) or "auto"
+        value = _DTYPE_ALIASES.get(value, value)
+        if value not in allowed:
+            raise InputError(
+                f"{self.serving.origins.get(key, key)}: {key.replace('_', '-')} {value!r} is not modelled by llmload "
+                f"(modelled: {', '.join(allowed)})"
+            )
+        return str(value)
+
+    def changed(self, **settings: object) -> CapacityInputs:
+        """These inputs with some vLLM settings changed (what-if advice)."""
+        return self.model_copy(update={"serving": self.serving.model_copy(update=settings)})
 
 
 class MemoryBudget(BaseModel):
@@ -113,7 +149,10 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
         weights = params * per_param / GIB
     else:
         weights = inputs.weights_gib
-    per_gpu = max(0.0, weights / (inputs.tensor_parallel_size * inputs.pipeline_parallel_size) - inputs.cpu_offload_gib)
+    per_gpu = max(
+        0.0,
+        weights / (inputs.tensor_parallel_size * inputs.pipeline_parallel_size) - inputs.cpu_offload_gib,
+    )
     return MemoryBudget(
         kv_cache_gib=requested - per_gpu - inputs.overhead_gib,
         kv_cache_explicit=False,
@@ -142,17 +181,18 @@ def _pool(model: ModelSpec, inputs: CapacityInputs) -> tuple[KVLayout, MemoryBud
 
 def _what_if(model: ModelSpec, inputs: CapacityInputs, max_model_len: int, **change: object) -> str:
     """Tokens and concurrency under one changed setting, for advice."""
-    layout, _, cache = _pool(model, inputs.model_copy(update=change))
+    layout, _, cache = _pool(model, inputs.changed(**change))
     fit = capacity_for_request_tokens(layout, cache, max_model_len)
     return f"{cache.tokens:,} tokens, {fit.max_concurrency:.2f}x at {max_model_len:,}"
 
 
 def _advice(model: ModelSpec, inputs: CapacityInputs, report: CapacityReport) -> list[str]:
-    """What to change, only when the plan falls short (no start, or below --min-concurrency)."""
+    """What to change, only when the KV cache falls short (no start, or below --min-concurrency); a scheduler
+    refusal says its own remedy."""
     short_of_concurrency = (
         report.min_concurrency is not None and report.at_max_model_len.max_concurrency < report.min_concurrency
     )
-    if report.starts and not short_of_concurrency:
+    if report.at_max_model_len.fits and not short_of_concurrency:
         return []
     length = report.max_model_len
     advice = []
@@ -161,7 +201,7 @@ def _advice(model: ModelSpec, inputs: CapacityInputs, report: CapacityReport) ->
             "No memory is left for even one KV block (vLLM: 'No available memory for the cache blocks'): "
             "use more GPUs, a quantized checkpoint, or a larger --gpu-memory-utilization."
         )
-    elif not report.starts:
+    elif not report.at_max_model_len.fits:
         advice.append(f"Lower --max-model-len to {report.recommended_max_model_len:,} (the longest that fits).")
     if short_of_concurrency and report.max_model_len_for_min_concurrency:
         advice.append(
@@ -188,10 +228,12 @@ def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
     layout, budget, cache = _pool(model, inputs)
     longest = cache.longest_servable_len
     recommended = min(longest, model.max_position_embeddings or longest)
-    length = recommended if inputs.max_model_len == AUTO_FIT else inputs.max_model_len or model.max_position_embeddings
+    given = inputs.serving.max_model_len
+    length = recommended if given == AUTO_FIT else given or model.max_position_embeddings
     if not length:
         raise InputError(f"{model.source}: no max_position_embeddings; give --max-model-len")
     at_max = capacity_for_request_tokens(layout, cache, length)
+    scheduler_refusal = _scheduler_error(inputs.serving, length)
     at_request = capacity_for_request_tokens(layout, cache, inputs.request_tokens) if inputs.request_tokens else None
     warnings = list(model.notes)
     if budget.weights_estimated:
@@ -235,12 +277,25 @@ def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
         max_model_len_for_min_concurrency=(
             max_len_for_concurrency(layout, cache, inputs.min_concurrency) if inputs.min_concurrency else None
         ),
-        starts=at_max.fits,
+        starts=at_max.fits and scheduler_refusal is None,
         warnings=warnings,
     )
-    report.startup_error = startup_error(report)
+    report.startup_error = startup_error(report) or scheduler_refusal
     report.advice = _advice(model, inputs, report)
     return report
+
+
+def _scheduler_error(serving: ServeConfig, max_model_len: int) -> str | None:
+    """vLLM's SchedulerConfig ValueError: without chunked prefill a prompt is prefilled in one step, so a
+    step's token budget must hold the longest sequence (unset, vLLM raises the budget to it itself)."""
+    budget = serving.max_num_batched_tokens
+    if serving.enable_chunked_prefill is not False or budget is None or budget >= max_model_len:
+        return None
+    return (
+        f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}). This effectively "
+        "limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. "
+        "Please increase max_num_batched_tokens or decrease max_model_len."
+    )
 
 
 def _gib(value: int) -> str:
@@ -257,7 +312,7 @@ def startup_error(plan: CapacityReport) -> str | None:
             "the engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). "
             "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
         )
-    if plan.starts:
+    if plan.at_max_model_len.fits:
         return None
     longest = plan.cache.longest_servable_len
     estimate = f"Based on the available memory, the estimated maximum model length is {longest}. " if longest else ""

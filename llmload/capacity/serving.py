@@ -1,13 +1,11 @@
-"""A `vllm serve` configuration (llmload/serve_config) as capacity inputs: the model it names, the
-settings that size the KV cache, and the GPU it runs on."""
+"""A `vllm serve` configuration (llmload/serve_config) as capacity inputs: the model it names and the
+GPU it runs on."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
 
-from llmload.capacity.kv import KVCacheDtype, ModelDtype
-from llmload.capacity.model import ModelSpec, known_models, load_bundled_model, load_config_file
+from llmload.capacity.model import ModelSpec, known_models, load_model
 from llmload.capacity.plan import CapacityInputs
 from llmload.errors import InputError
 from llmload.models import ServeConfig
@@ -24,8 +22,6 @@ GPUS: dict[str, float] = {
     "h200": 139.81,
     "b200": 178.36,
 }
-# vLLM's --dtype spellings that name the same dtype.
-_DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 # --quantization methods whose weight width llmload knows (bytes per parameter).
 _QUANTIZED_BYTES = {"fp8": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5, "gptq_marlin": 0.5, "bitsandbytes": 0.5}
 
@@ -42,23 +38,21 @@ def model_reference(config: ServeConfig) -> str:
     whose name the Hugging Face id contains (`Qwen/Qwen3-8B` is `qwen3-8b`)."""
     name = config.model
     if name is None:
-        raise InputError("the vLLM config names no model: add `model:` or give --model-config / --config")
+        raise InputError("the vLLM config names no model: add `model:` or give --model-config / --hf-config")
     if Path(name).exists():
         return name
     matches = [known for known in known_models() if known in name.lower()]
     if not matches:
         raise InputError(
             f"{config.origins.get('model', 'the vLLM config')}: model {name!r} is neither a local path nor one of "
-            f"the bundled configs ({', '.join(known_models())}): give --config path/to/config.json or --model-config"
+            f"the bundled configs ({', '.join(known_models())}): give --hf-config path/to/config.json or --model-config"
         )
     return max(matches, key=len)
 
 
 def serve_model(config: ServeConfig) -> ModelSpec:
     """The model the config serves, with its weights at the width `--quantization` loads them."""
-    ref = model_reference(config)
-    spec = load_bundled_model(ref) if ref in known_models() else load_config_file(Path(ref))
-    return with_quantization(spec, config)
+    return with_quantization(load_model(model_reference(config)), config)
 
 
 def with_quantization(spec: ModelSpec, config: ServeConfig) -> ModelSpec:
@@ -72,34 +66,7 @@ def with_quantization(spec: ModelSpec, config: ServeConfig) -> ModelSpec:
     return spec.model_copy(update={"weight_bytes_per_param": _QUANTIZED_BYTES[method]})
 
 
-def _choice(value: str | None, allowed: tuple[str, ...], key: str, config: ServeConfig) -> str | None:
-    if value is None:
-        return None
-    value = _DTYPE_ALIASES.get(value, value)
-    if value not in allowed:
-        raise InputError(
-            f"{config.origins.get(key, key)}: {key.replace('_', '-')} {value!r} is not modelled by llmload "
-            f"(modelled: {', '.join(allowed)})"
-        )
-    return value
-
-
-def serve_settings(config: ServeConfig) -> dict[str, object]:
-    """The config's settings that size the KV cache, as CapacityInputs fields (None: not set)."""
-    return {
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "pipeline_parallel_size": config.pipeline_parallel_size,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "kv_cache_gib": config.kv_cache_memory_bytes / 2**30 if config.kv_cache_memory_bytes else None,
-        "cpu_offload_gib": config.cpu_offload_gb,
-        "dtype": _choice(config.dtype, get_args(ModelDtype), "dtype", config),
-        "kv_cache_dtype": _choice(config.kv_cache_dtype, get_args(KVCacheDtype), "kv_cache_dtype", config),
-        "block_size": config.block_size,
-        "max_model_len": config.max_model_len,
-    }
-
-
-def serve_inputs(config: ServeConfig, **given: object) -> CapacityInputs:
-    """Capacity inputs from the config; `given` (flags the user typed, None when not) win over it."""
-    merged = {**serve_settings(config), **{k: v for k, v in given.items() if v is not None}}
-    return CapacityInputs.model_validate({k: v for k, v in merged.items() if v is not None})
+def serve_inputs(config: ServeConfig, **measured: object) -> CapacityInputs:
+    """Capacity inputs for the config on a server: `measured` (GPU memory, weights, overhead: None when
+    not known) are what vLLM measures rather than is told."""
+    return CapacityInputs.model_validate({"serving": config, **{k: v for k, v in measured.items() if v is not None}})

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_args
 
 from pydantic import ValidationError
 
-from llmload.capacity.kv import KVCacheDtype, ModelDtype
+from llmload.capacity.kv import GIB
 from llmload.capacity.model import ModelSpec, known_models, load_bundled_model, load_config_file
-from llmload.capacity.plan import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB, CapacityReport, plan_capacity
+from llmload.capacity.plan import DEFAULT_OVERHEAD_GIB, CapacityReport, plan_capacity
 from llmload.capacity.render import render_capacity, render_log_explanation, render_serve_config
 from llmload.capacity.serving import GPUS, gpu_memory_gib, serve_inputs, serve_model, with_quantization
 from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.cli.aliases import DeprecatedAlias
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
 from llmload.preflight.fit import (
@@ -37,7 +38,7 @@ from llmload.preflight.fit import (
 )
 from llmload.preflight.render import render_preflight
 from llmload.schedule import DEFAULT_STAGE_PERCENTS, build_stages, parse_stage_percents
-from llmload.serve_config.reader import read_serve_config
+from llmload.serve_config.arguments import add_serving_arguments, serving_config
 
 HELP = "KV-cache capacity of a model or a vLLM config, a workload's preflight, or explain a vLLM startup log"
 
@@ -61,31 +62,27 @@ def _number(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    served = parser.add_argument_group("the server's configuration (read as vLLM reads it; flags below win over it)")
-    served.add_argument("--vllm-config", metavar="FILE.yaml", type=Path, help="a `vllm serve --config` YAML file")
-    served.add_argument(
-        "--vllm-args", metavar='"vllm serve ..."', help="a `vllm serve` command line; wins over --vllm-config"
-    )
+    add_serving_arguments(parser, "the server's vLLM settings")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model-config", metavar="NAME", help=f"a bundled model config: {', '.join(known_models())}")
-    source.add_argument("--config", metavar="PATH", type=Path, help="a model's HF config.json (or its directory)")
+    source.add_argument(
+        "--hf-config",
+        "--config",
+        dest="hf_config",
+        action=DeprecatedAlias,
+        metavar="PATH",
+        type=Path,
+        help="a model's Hugging Face config.json (or its directory); --config is its old spelling",
+    )
     source.add_argument(
         "--vllm-log", metavar="FILE", help="explain the KV-cache lines of a vLLM startup log (- = stdin)"
     )
-    memory = parser.add_argument_group("server (named after vLLM's flags)")
+    memory = parser.add_argument_group("server: what vLLM measures rather than is told")
     gpu = memory.add_mutually_exclusive_group()
     gpu.add_argument(
         "--gpu-memory-gib", metavar="GIB", type=_number(float), help="memory of one GPU, GiB (as torch reports it)"
     )
     gpu.add_argument("--gpu", metavar="NAME", help=f"a GPU by name: {', '.join(GPUS)}")
-    memory.add_argument("--tensor-parallel-size", "-tp", metavar="N", type=_number(int), help="GPUs per stage (1)")
-    memory.add_argument("--pipeline-parallel-size", "-pp", metavar="N", type=_number(int), help="pipeline stages (1)")
-    memory.add_argument(
-        "--gpu-memory-utilization",
-        metavar="FRACTION",
-        type=_number(float, at_most=1.0),
-        help=f"share of each GPU vLLM may use (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM 0.32's default)",
-    )
     memory.add_argument(
         "--weights-gib", metavar="GIB", type=_number(float, allow_zero=True), help="whole model; default: estimated"
     )
@@ -100,15 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-gib",
         metavar="GIB",
         type=_number(float),
-        help="KV memory per GPU, instead of the budget (--kv-cache-memory-bytes)",
+        help="KV memory per GPU, instead of the budget: --kv-cache-memory-bytes in GiB",
     )
-    memory.add_argument("--dtype", choices=get_args(ModelDtype), help="model dtype (default auto)")
-    memory.add_argument("--kv-cache-dtype", choices=get_args(KVCacheDtype), help="(default auto: the model's)")
-    memory.add_argument("--block-size", metavar="TOKENS", type=_number(int), help="tokens per block (GPU 16, CPU 128)")
     workload = parser.add_argument_group("workload")
-    workload.add_argument(
-        "--max-model-len", metavar="TOKENS", type=_number(int), help="default: the model's max_position_embeddings"
-    )
     workload.add_argument(
         "--request-tokens",
         metavar="TOKENS",
@@ -144,38 +135,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
-    if args.vllm_config is None and args.vllm_args is None:
-        return ServeConfig()
-    return read_serve_config(args.vllm_config, args.vllm_args)
+    config = serving_config(args)
+    if args.kv_cache_gib is None:
+        return config
+    kv_bytes = math.floor(args.kv_cache_gib * GIB)
+    return config.model_copy(
+        update={
+            "kv_cache_memory_bytes": kv_bytes,
+            "origins": {**config.origins, "kv_cache_memory_bytes": "--kv-cache-gib"},
+        }
+    )
 
 
 def _model(args: argparse.Namespace, config: ServeConfig) -> ModelSpec:
-    if args.config:
-        return with_quantization(load_config_file(args.config), config)
+    if args.hf_config:
+        return with_quantization(load_config_file(args.hf_config), config)
     if args.model_config:
         return with_quantization(load_bundled_model(args.model_config), config)
     if config.model is not None:
         return serve_model(config)
-    raise InputError("give the model: --model-config NAME, --config PATH, or a --vllm-config that names it")
+    raise InputError("give the model: --model-config NAME, --hf-config PATH, or a --vllm-config that names it")
 
 
-def _plan(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, **change: object) -> CapacityReport:
-    flags = {
-        "tensor_parallel_size": args.tensor_parallel_size,
-        "pipeline_parallel_size": args.pipeline_parallel_size,
+def _plan(args: argparse.Namespace, config: ServeConfig, model: ModelSpec) -> CapacityReport:
+    measured = {
         "gpu_memory_gib": args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None),
-        "gpu_memory_utilization": args.gpu_memory_utilization,
         "weights_gib": args.weights_gib,
         "overhead_gib": args.overhead_gib,
-        "kv_cache_gib": args.kv_cache_gib,
-        "dtype": args.dtype,
-        "kv_cache_dtype": args.kv_cache_dtype,
-        "block_size": args.block_size,
-        "max_model_len": args.max_model_len,
         "request_tokens": args.request_tokens,
         "min_concurrency": args.min_concurrency,
     }
-    return plan_capacity(model, serve_inputs(config, **{**flags, **change}))
+    return plan_capacity(model, serve_inputs(config, **measured))
 
 
 def _preflight(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, plan: CapacityReport) -> Preflight:
@@ -186,7 +176,9 @@ def _preflight(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, 
         raise InputError("--workload needs --target-qps (the 100% rate the stages are percents of)")
     table = request_table(load_workload(args.workload))
     recommended_len = workload_stats(table).recommended_max_model_len
-    recommended = _plan(args, config, model, max_model_len=recommended_len) if recommended_len else None
+    recommended = (
+        _plan(args, config.model_copy(update={"max_model_len": recommended_len}), model) if recommended_len else None
+    )
     try:
         stages = build_stages(args.target_qps, args.stages)
     except ValueError as exc:
@@ -244,4 +236,4 @@ def run(args: argparse.Namespace) -> int:
             print(render_preflight(fit))
     if fit is not None:
         return 0 if fit.passes else 1
-    return 0 if report.starts else 1
+    return 0 if report.startup_error is None else 1

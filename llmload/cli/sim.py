@@ -8,15 +8,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli import sim_calibrate
+from llmload.cli.aliases import DeprecatedAlias as _DeprecatedAlias
 from llmload.errors import InputError, validation_message
-from llmload.serve_config.reader import read_serve_config
-from llmload.sim.config import FAULT_KINDS, EngineOverrides, FaultPlan, FaultSpec, SimConfig, SlowTokens
+from llmload.serve_config.arguments import add_serving_arguments, serving_config, serving_files_given
+from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, SimConfig, SlowTokens
 from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
+from llmload.yamlfile import load_yaml_model
 
 
 def _parsed(parse: Any) -> Any:
@@ -45,15 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", default=_default("host"), help="address to bind (default: %(default)s)")
     add("--port", type=int, default=_default("port"), help="port; 0 picks a free one (default: %(default)s)")
     add(
+        "--model",
         "--model-name",
+        dest="model_name",
+        action=_DeprecatedAlias,
         default=None,
-        help=f"served model name (default: the vLLM config's served-model-name, else {_default('model_name')})",
-    )
-    add(
-        "--max-model-len",
-        type=int,
-        default=None,
-        help=f"context length: prompt + output tokens (default: the profile's, else {_default('max_model_len')})",
+        help=f"served model name (default: the vLLM config's served-model-name, else {_default('model_name')}); "
+        "--model-name is its old spelling",
     )
     add(
         "--tokenizer",
@@ -93,29 +92,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default=None,
         metavar="NAME|FILE.yaml",
-        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file (default with --vllm-config: the one "
-        "whose model the config serves)",
+        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file (default with --vllm-config/--vllm-args: "
+        "the one whose model the config serves)",
     )
-    engine.add_argument(
-        "--vllm-config",
-        type=Path,
-        metavar="FILE.yaml",
-        help="size the engine like this `vllm serve --config` file: model, max-model-len, KV memory, "
-        "block size, max-num-seqs, max-num-batched-tokens, prefix caching (flags below win over it)",
-    )
-    engine.add_argument("--vllm-args", metavar='"vllm serve ..."', help="a `vllm serve` command line, as above")
     gpu = engine.add_mutually_exclusive_group()
     gpu.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU (default: the profile's)")
     gpu.add_argument("--gpu", metavar="NAME", help=f"a GPU by name: {', '.join(GPUS)}")
-    engine.add_argument("--max-num-seqs", type=int, help="requests running at once (default: the profile's)")
-    engine.add_argument("--max-num-batched-tokens", type=int, help="tokens per engine step (default: the profile's)")
-    engine.add_argument("--max-num-queued-reqs", type=int, help="waiting requests above this get vLLM's 503 busy error")
-    engine.add_argument("--kv-cache-memory-bytes", type=int, help="KV cache size, replacing the profile's GPU budget")
-    engine.add_argument("--block-size", type=int, help="tokens per KV block (default: the profile's)")
-    engine.add_argument(
-        "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
-        help="turn prefix caching off",
-    )  # fmt: skip
+    add_serving_arguments(
+        parser,
+        "the server's vLLM settings: with --profile they size the engine, each replacing the profile's; "
+        "--max-model-len also sets fixed pacing's context length",
+    )
 
     faults = parser.add_argument_group("fault injection (docs/simulator.md)")
     faults.add_argument("--faults", type=Path, metavar="FILE.yaml", help="a fault file; flags below add to it")
@@ -168,8 +155,9 @@ def _fault_plan(args: argparse.Namespace) -> FaultPlan:
     """The fault file, with the flags' faults added and their settings overriding it."""
     data: dict[str, Any] = {}
     if args.faults is not None:
-        loaded = yaml.safe_load(args.faults.read_text(encoding="utf-8")) or {}
-        data = FaultPlan.model_validate(loaded).model_dump()  # the file alone must be valid: errors name its keys
+        data = load_yaml_model(
+            args.faults, FaultPlan
+        ).model_dump()  # the file alone must be valid: errors name its keys
     data["faults"] = [*data.get("faults", []), *(s.model_dump() for s in args.fault_specs)]
     data["slow_tokens"] = [*data.get("slow_tokens", []), *(s.model_dump() for s in args.slow_tokens)]
     for key in ("stall_s", "seed"):
@@ -186,30 +174,27 @@ def run(args: argparse.Namespace) -> int:
     hold one max_model_len sequence (vLLM's ValueError); InputError for an invalid configuration."""
     try:
         faults = _fault_plan(args)
-    except OSError as e:
-        raise InputError(f"--faults: {e}") from None
-    except yaml.YAMLError as e:
-        raise InputError(f"--faults {args.faults}: not YAML: {e}") from None
+    except InputError as e:  # the file alone was refused: it names the file and its keys
+        raise InputError(f"--faults {e}") from None
     except ValidationError as e:
-        if args.faults is not None:  # the file alone was refused: name its keys
-            raise InputError(f"--faults {args.faults}: {validation_message(e)}") from None
         raise InputError(validation_message(e, flags=_FLAG_OF)) from None
-    vllm_config = read_serve_config(args.vllm_config, args.vllm_args) if args.vllm_config or args.vllm_args else None
+    serving = serving_config(args)
     values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}
-    if vllm_config is not None:
-        values.setdefault("profile", profile_for(vllm_config))
-        if vllm_config.served_model_name or vllm_config.model:
-            values.setdefault("model_name", vllm_config.served_model_name or vllm_config.model)
+    if serving_files_given(args) and "profile" not in values:
+        values["profile"] = profile_for(serving)
+    if "model_name" not in values and (serving.served_model_name or serving.model):
+        values["model_name"] = serving.served_model_name or serving.model
+    if serving.max_model_len is not None and serving.max_model_len > 0:
+        values["max_model_len"] = serving.max_model_len
     try:
-        overrides = EngineOverrides(**{k: v for k, v in vars(args).items() if k in EngineOverrides.model_fields})
-        config = SimConfig(**values, engine=overrides, faults=faults)
+        config = SimConfig(**values, serving=serving, faults=faults)
     except ValidationError as e:
         raise InputError(validation_message(e, flags=_FLAG_OF)) from None
     engine_plan = None
     if config.profile is not None:
         try:
             memory = args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None)
-            engine_plan = resolve_profile(config.profile, config.engine, args.max_model_len, vllm_config, memory)
+            engine_plan = resolve_profile(config.profile, config.serving, memory)
         except StartupRefusal as e:
             print(str(e), file=sys.stderr)
             return 1

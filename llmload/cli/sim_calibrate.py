@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from llmload.serve_config.arguments import add_serving_arguments
+
 HELP = "fit a profile to a running vLLM server: `llmload sim calibrate --host URL -o profile.yaml`"
 
 
@@ -43,8 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model-config", metavar="NAME|PATH", default=None,
         help="the model's config.json (or a bundled name) when the server's model path is not on this machine",
     )  # fmt: skip
-    add("--vllm-config", type=Path, metavar="FILE.yaml", help="the server's `vllm serve --config` file")
-    add("--vllm-args", metavar='"vllm serve ..."', help="the server's command line (max-num-seqs, TP, dtype, ...)")
+    add_serving_arguments(parser, "the server's vLLM settings it does not export (max-num-seqs, TP, dtype, ...)")
     add("--vllm-log", type=Path, metavar="FILE", help="the server's startup log: KV size when /metrics lacks it")
 
 
@@ -52,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     """0: written, a good fit; 1: written, a poor fit; InputError for bad flags or an unusable server."""
     import yaml
 
-    from llmload.calibrate import Options, calibrate
     from llmload.calibrate.render import render_fit
+    from llmload.calibrate.run import CalibrationSettings, calibrate
     from llmload.errors import InputError
-    from llmload.serve_config.reader import read_serve_config
+    from llmload.serve_config.arguments import serving_config
     from llmload.servers.detect import require_calibrating_server
 
     if args.output.exists() and not args.force:
@@ -65,21 +66,21 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{flag} must be at least 1, got {value}")
     if args.steady_load is not None and not 0 <= args.steady_load < args.duration:
         raise InputError(f"--steady-load {args.steady_load:g} s must be at least 0 and shorter than --duration")
-    serve = read_serve_config(args.vllm_config, args.vllm_args) if args.vllm_config or args.vllm_args else None
-    options = Options(
+    serving = serving_config(args)
+    settings = CalibrationSettings(
         budget_s=args.duration,
         steady_load_s=args.steady_load,
         max_streams=args.max_streams,
         output_tokens=args.output_tokens,
         model_name=args.model,
         model_config=args.model_config,
-        serve=serve,
+        serve=serving if serving.origins else None,
         vllm_log=args.vllm_log,
         name=args.name,
     )
     require_calibrating_server(args.host)
     print(f"llmload sim calibrate: measuring {args.host} for {args.duration:g} s ...", flush=True)
-    result = calibrate(args.host, options, progress=lambda line: print(f"  {line}", flush=True))
+    result = calibrate(args.host, settings, progress=lambda line: print(f"  {line}", flush=True))
     header = f"# {result.profile.calibration}\n# use: llmload sim --profile {args.output}\n"
     body = yaml.safe_dump(result.profile.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
     try:

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import ConfigValue, ServeConfig
 from llmload.serve_config.options import REMOVED, Option, read_value, vllm_options
+from llmload.yamlfile import yaml_entries
 
 COMMAND_LINE = "--vllm-args"
 # What may stand before the options: `vllm serve [MODEL]` or `python -m vllm.entrypoints...`.
@@ -66,26 +66,10 @@ def _yaml_text(value: object) -> str | bool | list[str]:
 def _file_settings(path: Path) -> Iterator[_Setting]:
     if path.suffix not in (".yaml", ".yml"):
         raise InputError(f"{path}: vLLM reads only .yaml/.yml config files")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            return
-        if not isinstance(root, yaml.MappingNode):
-            raise InputError(f"{path}: expected a mapping of vLLM options, got a {root.tag.rsplit(':', 1)[-1]}")
-        for key_node, value_node in root.value:
-            origin = f"{path}:{key_node.start_mark.line + 1}"
-            key = str(loader.construct_object(key_node))
-            name, option = known_option(key, origin)
-            yield _Setting(name, option, _yaml_text(loader.construct_object(value_node, deep=True)), origin)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from None
-    finally:
-        loader.dispose()
+    for key, value, line in yaml_entries(path, "vLLM options"):
+        origin = f"{path}:{line}"
+        name, option = known_option(key, origin)
+        yield _Setting(name, option, _yaml_text(value), origin)
 
 
 def _split_command_line(command_line: str) -> tuple[list[str], str | None]:
@@ -103,8 +87,7 @@ def _split_command_line(command_line: str) -> tuple[list[str], str | None]:
     return tokens, None
 
 
-def _command_line_settings(tokens: list[str]) -> Iterator[_Setting]:
-    origin = COMMAND_LINE
+def _command_line_settings(tokens: list[str], origin: str = COMMAND_LINE) -> Iterator[_Setting]:
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -162,8 +145,9 @@ def _value(setting: _Setting) -> ConfigValue:
     return value if value is None or isinstance(value, str | int | float) else str(value)
 
 
-def _settings(path: Path | None, command_line: str | None) -> Iterator[_Setting]:
-    """The file's settings, then the command line's (a `--config FILE` in it is read in its place)."""
+def _settings(path: Path | None, command_line: str | None, flags: Sequence[Sequence[str]]) -> Iterator[_Setting]:
+    """The file's settings, then the command line's (a `--config FILE` in it is read in its place), then
+    the flags of llmload's own command, each one named where it is refused."""
     tokens, model = _split_command_line(command_line) if command_line else ([], None)
     if "--config" in tokens:
         at = tokens.index("--config")
@@ -176,15 +160,20 @@ def _settings(path: Path | None, command_line: str | None) -> Iterator[_Setting]
     if model is not None:
         yield _Setting("model", vllm_options().options["model"], model, COMMAND_LINE)
     yield from _command_line_settings(tokens)
+    for flag in flags:
+        yield from _command_line_settings(list(flag), origin=flag[0])
 
 
-def read_serve_config(path: Path | None = None, command_line: str | None = None) -> ServeConfig:
-    """A `vllm serve --config FILE` and/or a `vllm serve ...` command line as vLLM would read them."""
+def read_serve_config(
+    path: Path | None = None, command_line: str | None = None, flags: Sequence[Sequence[str]] = ()
+) -> ServeConfig:
+    """A `vllm serve --config FILE`, a `vllm serve ...` command line and llmload's own setting flags
+    (`["--max-num-seqs", "8"]`, serve_config.arguments), as vLLM would read them, the later winning."""
     modelled = set(ServeConfig.model_fields) - {"not_modelled", "origins"}
     values: dict[str, ConfigValue] = {}
     not_modelled: dict[str, ConfigValue] = {}
     origins: dict[str, str] = {}
-    for setting in _settings(path, command_line):
+    for setting in _settings(path, command_line, flags):
         if setting.raw is False and setting.option.type == "switch":
             continue  # vLLM drops `key: false` for a flag with no --no- form
         value = _value(setting)

@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from llmload.models import Strict
+from llmload.models import ServeConfig, Strict
 
 FaultKind = Literal[
     "http_429",
@@ -129,17 +129,6 @@ class FaultPlan(Strict):
         return self.engine_death is not None or bool(self.slow_tokens)
 
 
-class EngineOverrides(Strict):
-    """vLLM's serving flags; each replaces the profile's value when given."""
-
-    max_num_seqs: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
-    max_num_queued_reqs: PositiveInt | None = None
-    kv_cache_memory_bytes: PositiveInt | None = None
-    block_size: PositiveInt | None = None
-    enable_prefix_caching: bool | None = None
-
-
 class SimConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port")
@@ -147,7 +136,9 @@ class SimConfig(Strict):
     max_model_len: PositiveInt = Field(default=4096, description="with --profile, replaces the profile's")
     tokenizer: str = Field(default="cl100k_base", description="counts prompts: cl100k_base or hf:DIR")
     profile: str | None = Field(default=None, description="engine mode: a built-in profile name or a YAML file")
-    engine: EngineOverrides = EngineOverrides()
+    serving: ServeConfig = Field(
+        default=ServeConfig(), description="vLLM's settings of the server simulated (--vllm-config, flags)"
+    )
     ttft_ms: NonNegativeFloat = Field(default=20.0, description="base time to first token")
     prefill_tokens_per_s: NonNegativeFloat = Field(
         default=0.0, description="adds prompt_tokens / this to the TTFT; 0 = off"
@@ -169,7 +160,10 @@ class SimConfig(Strict):
     def _engine_options_need_a_profile(self) -> SimConfig:
         if self.profile is None and self.faults.needs_engine:
             raise ValueError("engine death and slow tokens act on engine steps: give --profile")
-        engine_flags = ["--" + name.replace("_", "-") for name in self.engine.model_dump(exclude_none=True)]
+        paced = {"max_model_len", "served_model_name", "model", "not_modelled", "origins"}  # fixed pacing uses these
+        engine_flags = [
+            "--" + name.replace("_", "-") for name in self.serving.model_dump(exclude_none=True, exclude=paced)
+        ]
         if self.profile is None and engine_flags:
             raise ValueError(f"{', '.join(engine_flags)} configure the engine: give --profile")
         return self

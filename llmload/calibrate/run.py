@@ -1,5 +1,6 @@
 """`llmload sim calibrate`'s orchestration (`calibrate`): burst rounds and the steady-load point
-measured within the budget and fitted (`_measure`), then the profile that records them."""
+measured within the budget and fitted (`measure_and_fit`, the half that talks to the server), then
+the profile that records them (`calibrated_profile`, built from what was measured alone)."""
 
 from __future__ import annotations
 
@@ -58,15 +59,6 @@ class CalibrationSettings:
     serve: ServeConfig | None = None
     vllm_log: Path | None = None
     name: str | None = None
-
-
-@dataclass
-class Calibration:
-    profile: EngineProfile
-    facts: ServerFacts
-    rounds: Rounds
-    fit: Fit
-    steady_load: SteadyLoadPoint | None
 
 
 @dataclass(frozen=True)
@@ -200,11 +192,38 @@ def _observations(rounds: Rounds) -> list[Observation]:
     return observations
 
 
-def calibrate(
+@dataclass(frozen=True)
+class MeasuredFit:
+    """What `measure_and_fit` took from the server and fitted to it: everything the profile's record
+    is built from (`calibrated_profile`), which asks the server nothing more."""
+
+    host: str
+    started_at: float
+    """Epoch seconds."""
+    duration_s: float
+    load_average: float | None
+    """The calibrating machine's at the end (shared CPUs skew the measurement)."""
+    facts: ServerFacts
+    untimed: EngineProfile
+    """The server's settings as a profile, before any timing."""
+    rounds: Rounds
+    fit: Fit
+    steady_load: SteadyLoadPoint | None
+    steady_load_left_out: bool
+    """Asked for, but the budget was too short for MIN_STEADY_REQUESTS requests."""
+
+
+@dataclass
+class Calibration:
+    profile: EngineProfile
+    measured: MeasuredFit
+
+
+def measure_and_fit(
     url: str, settings: CalibrationSettings, progress: Callable[[str], None] = lambda line: None
-) -> Calibration:
-    """Measure the server within `settings.budget_s` (plus its answers to a few /tokenize calls) and
-    fit its step timing; the profile carries the fit, poor or not."""
+) -> MeasuredFit:
+    """Measure the server within `settings.budget_s` (plus its answers to a few /tokenize calls), fit
+    its step timing to the bursts and the steady-load factor to the steady-load point."""
     url = url.rstrip("/")
     started = time.time()
     facts = read_facts(
@@ -216,51 +235,72 @@ def calibrate(
     if settings.serve is not None:  # what the server's own config sets is no longer assumed
         set_keys = {k for k, v in settings.serve.model_dump().items() if v is not None}
         facts.assumed = {k: v for k, v in facts.assumed.items() if k not in set_keys}
-    name = settings.name or f"{facts.served_model}-calibrated"
-    profile = serving_profile(facts, settings, name)
+    profile = serving_profile(facts, settings, settings.name or f"{facts.served_model}-calibrated")
     probes = probes_for(
         profile, facts.num_blocks, max_streams=settings.max_streams, output_tokens=settings.output_tokens
     )
     rounds, fit, plan, requests = _measure(url, facts, profile, probes, settings=settings, progress=progress)
-    timing = fit.timing
-    warnings = list(fit.warnings)
     steady = None
     if plan is not None and requests:
-        fitted = profile.model_copy(update={"timing": timing})
         steady = fit_steady_load(
-            fitted, facts.num_blocks, requests, rate_qps=plan.rate_qps, duration_s=plan.duration_s,
-            windows=plan.windows,
+            profile.model_copy(update={"timing": fit.timing}), facts.num_blocks, requests, rate_qps=plan.rate_qps,
+            duration_s=plan.duration_s, windows=plan.windows,
         )  # fmt: skip
-        timing = timing.model_copy(update={"steady_load_factor": steady.factor})
-        if abs(steady.factor - 1) > FACTOR_NOTE:
-            warnings.append(
-                f"under steady arrivals ({steady.rate_qps:g} req/s) the server's steps took {steady.factor:.2f}× "
-                "what the bursts fitted: the profile's steady_load_factor keeps that"
-            )
-    elif settings.steady_load_s != 0:
-        warnings.append(f"no steady-load point: too short a budget for {MIN_STEADY_REQUESTS} requests")
-    planned = profile.plan().cache.num_blocks
-    if planned != facts.num_blocks:
+    return MeasuredFit(
+        host=public_url(url),
+        started_at=started,
+        duration_s=round(time.time() - started, 1),
+        load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        facts=facts,
+        untimed=profile,
+        rounds=rounds,
+        fit=fit,
+        steady_load=steady,
+        steady_load_left_out=steady is None and settings.steady_load_s != 0,
+    )
+
+
+def _warnings(measured: MeasuredFit) -> list[str]:
+    """The fit's own warnings, then what the steady-load point, the KV sizing and the rounds say."""
+    warnings = list(measured.fit.warnings)
+    steady = measured.steady_load
+    if steady is not None and abs(steady.factor - 1) > FACTOR_NOTE:
         warnings.append(
-            f"the profile's KV sizing gives {planned} blocks, the server has {facts.num_blocks}: "
+            f"under steady arrivals ({steady.rate_qps:g} req/s) the server's steps took {steady.factor:.2f}× "
+            "what the bursts fitted: the profile's steady_load_factor keeps that"
+        )
+    elif measured.steady_load_left_out:
+        warnings.append(f"no steady-load point: too short a budget for {MIN_STEADY_REQUESTS} requests")
+    planned, served = measured.untimed.plan().cache.num_blocks, measured.facts.num_blocks
+    if planned != served:
+        warnings.append(
+            f"the profile's KV sizing gives {planned} blocks, the server has {served}: "
             "check --vllm-config / --model-config"
         )
-    if rounds.discarded:
-        warnings.append(f"{rounds.discarded} probes discarded: the server served other traffic meanwhile")
+    if measured.rounds.discarded:
+        warnings.append(f"{measured.rounds.discarded} probes discarded: the server served other traffic meanwhile")
+    return warnings
+
+
+def calibrated_profile(measured: MeasuredFit) -> EngineProfile:
+    """The profile a calibration writes: the server's settings, the fitted timing (with the steady-load
+    factor) and the record of the fit, summed up in its `calibration` line; the fit is kept, poor or not."""
+    fit, steady, rounds = measured.fit, measured.steady_load, measured.rounds
+    timing = fit.timing if steady is None else fit.timing.model_copy(update={"steady_load_factor": steady.factor})
     record = CalibrationFit(
-        host=public_url(url),
-        served_model=facts.served_model,
-        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        duration_s=round(time.time() - started, 1),
+        host=measured.host,
+        served_model=measured.facts.served_model,
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(measured.started_at)),
+        duration_s=measured.duration_s,
         rounds=rounds.rounds,
-        load_average=round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        load_average=measured.load_average,
         r2_itl=None if fit.r2_itl is None else round(fit.r2_itl, 4),
         r2_ttft=None if fit.r2_ttft is None else round(fit.r2_ttft, 4),
         max_abs_residual_pct=fit.max_abs_residual_pct,
         standard_errors=fit.standard_errors,
         poor=fit.poor,
-        warnings=warnings,
-        assumed=list(facts.assumed.values()),
+        warnings=_warnings(measured),
+        assumed=list(measured.facts.assumed.values()),
         points=fit.points,
         steady_load=steady,
     )
@@ -271,7 +311,19 @@ def calibrate(
         f"{rounds.rounds} rounds in {record.duration_s:.0f} s; {quality}: {r2}, largest residual "
         f"{fit.max_abs_residual_pct:.0f}%"
     )
-    calibrated = EngineProfile.model_validate(
-        {**profile.model_dump(), "calibration": summary, "timing": timing.model_dump(), "fit": record.model_dump()}
+    return EngineProfile.model_validate(
+        {
+            **measured.untimed.model_dump(),
+            "calibration": summary,
+            "timing": timing.model_dump(),
+            "fit": record.model_dump(),
+        }
     )
-    return Calibration(calibrated, facts, rounds, fit, steady)
+
+
+def calibrate(
+    url: str, settings: CalibrationSettings, progress: Callable[[str], None] = lambda line: None
+) -> Calibration:
+    """Measure and fit the server, and the profile that records it."""
+    measured = measure_and_fit(url, settings, progress)
+    return Calibration(calibrated_profile(measured), measured)

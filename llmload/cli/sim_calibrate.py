@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         args.output.write_text(header + body, encoding="utf-8")
     except OSError as exc:
         raise InputError(f"--output {args.output}: cannot write: {exc.strerror}") from None
-    print(render_fit(result.profile, result.facts.sources))
+    print(render_fit(result.profile, result.measured.facts.sources))
     print(f"profile: {args.output}")
     assert result.profile.fit is not None
     return 1 if result.profile.fit.poor else 0

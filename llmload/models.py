@@ -133,6 +133,31 @@ class ServeConfig(Strict):
             }
         )
 
+    def resolved(self) -> ResolvedServeConfig:
+        """These settings with vLLM's constant defaults where they leave one unset."""
+        return ResolvedServeConfig.model_validate(self.model_dump(exclude_none=True))
+
+
+class ResolvedServeConfig(ServeConfig):
+    """A ServeConfig with vLLM 0.32's constant defaults in place of None: each default is written once,
+    here. Those vLLM derives stay None and are derived where they are used: max_model_len from the
+    model's config (capacity.plan_capacity), max_num_seqs and max_num_batched_tokens from the usage
+    context and the GPU (a simulator profile must set them), the KV memory from the GPU's, and
+    enable_chunked_prefill from the model's kind (None: on, unless turned off)."""
+
+    block_size: PositiveInt = 16  # CacheConfig.DEFAULT_BLOCK_SIZE on GPUs (the CPU backend uses 128, FlashMLA 64)
+    gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
+    tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    cpu_offload_gb: NonNegativeFloat = 0.0
+
+
+VLLM_DEFAULTS = ResolvedServeConfig()
+"""vLLM's constant defaults, for what reads one alone (`VLLM_DEFAULTS.block_size`)."""
+
 
 # --------------------------------------------------------------------------- goodput SLOs
 

@@ -181,7 +181,7 @@ def test_calibrating_the_simulator_recovers_its_own_step_timing(tmp_path: Path) 
     assert profile.fit is not None and profile.fit.rounds >= 1 and not profile.fit.poor
     assert {p.kind for p in profile.fit.points} == {"prefill", "decode"}
     assert profile.fit.r2_itl is not None and profile.fit.r2_itl > 0.98
-    assert (profile.block_size, profile.max_model_len, profile.max_num_seqs) == (128, 2048, 128)
+    assert (profile.serving.block_size, profile.max_model_len, profile.max_num_seqs) == (128, 2048, 128)
     assert profile.plan().cache.num_blocks == NUM_BLOCKS
     got, truth = _theta(profile.timing), _theta(TINY.timing)
     assert np.allclose(got[1:5], truth[1:5], rtol=0.1), dict(zip(PARAMETERS, got, strict=True))

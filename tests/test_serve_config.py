@@ -42,6 +42,14 @@ def tiny(tmp_path: Path, length: int = 1024, kv: str = "4M", seqs: int = 8, name
 # --------------------------------------------------------------------------- the reader
 
 
+def test_a_setting_left_unset_resolves_to_vllms_default_and_a_set_one_stays() -> None:
+    config = read_serve_config(command_line="vllm serve m --block-size 32 --no-enable-prefix-caching")
+    vllm = config.resolved()
+    assert (vllm.block_size, vllm.enable_prefix_caching) == (32, False)
+    assert (vllm.tensor_parallel_size, vllm.gpu_memory_utilization, vllm.kv_cache_dtype) == (1, 0.92, "auto")
+    assert vllm.max_model_len is None and vllm.origins == config.origins  # derived by vLLM: left to the caller
+
+
 def test_keys_with_dashes_or_underscores_read_alike(tmp_path: Path) -> None:
     dashes = read_serve_config(write(tmp_path / "a.yaml", "max-model-len: 4096\ngpu-memory-utilization: 0.85\n"))
     underscores = read_serve_config(write(tmp_path / "b.yml", "max_model_len: 4096\ngpu_memory_utilization: 0.85\n"))

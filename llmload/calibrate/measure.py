@@ -67,7 +67,7 @@ def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, out
     """Prefill: single requests from a short prompt to 90% of the longest; decode: 1, 2, 4, ... streams
     of short prompts up to what max_num_seqs and the KV cache allow, and at longer contexts the
     fewest, a quarter and the most streams (so KV tokens vary apart from the batch size)."""
-    block = profile.block_size
+    block = profile.serving.resolved().block_size
     longest = min(profile.max_model_len, (num_blocks - 1) * block)
     probes = [
         ProbeShape("prefill", 1, n, 1)

@@ -82,11 +82,12 @@ def _steady_plan(
 ) -> SteadyPlan | None:
     """Half the rate the burst-fitted profile saturates at, with as many requests running as the KV
     cache holds; None when `duration_s` is too short for enough requests to average."""
-    longest = min(profile.max_model_len, (facts.num_blocks - 1) * profile.block_size)
+    block = profile.serving.resolved().block_size
+    longest = min(profile.max_model_len, (facts.num_blocks - 1) * block)
     systems = tuple(max(SHORT_PROMPT, int(f * longest)) for f in STEADY_SYSTEM_PROMPTS)
     user = max(SHORT_PROMPT, int(STEADY_USER_PROMPT * longest))
     prompt = sum(systems) / len(systems) + user
-    per_request_blocks = math.ceil((prompt + output_tokens) / profile.block_size)
+    per_request_blocks = math.ceil((prompt + output_tokens) / block)
     running = max(1, min(profile.max_num_seqs, (facts.num_blocks - 1) // per_request_blocks))
     rate = STEADY_LOAD_UTILIZATION * profile.timing.saturation_qps(running, prompt, output_tokens)
     if rate * duration_s < MIN_STEADY_REQUESTS:

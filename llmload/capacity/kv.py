@@ -13,10 +13,9 @@ from pydantic import BaseModel, Field
 
 from llmload.capacity.model import ModelSpec
 from llmload.errors import InputError
+from llmload.models import VLLM_DEFAULTS
 
 GIB = 1 << 30
-# vLLM 0.32's CacheConfig.DEFAULT_BLOCK_SIZE (GPU; the CPU backend uses 128, FlashMLA 64).
-DEFAULT_BLOCK_SIZE = 16
 
 ModelDtype = Literal["auto", "float32", "float16", "bfloat16"]
 KVCacheDtype = Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -59,7 +58,7 @@ def kv_layout(
     pipeline_parallel_size: int = 1,
     dtype: ModelDtype = "auto",
     kv_cache_dtype: KVCacheDtype = "auto",
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int = VLLM_DEFAULTS.block_size,
 ) -> KVLayout:
     """Bytes per token and per block on one GPU.
 

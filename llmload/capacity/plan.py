@@ -13,7 +13,6 @@ from typing import get_args
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from llmload.capacity.kv import (
-    DEFAULT_BLOCK_SIZE,
     DTYPE_BYTES,
     GIB,
     KVCache,
@@ -32,8 +31,6 @@ from llmload.capacity.model import ModelSpec, estimate_parameters
 from llmload.errors import InputError
 from llmload.models import AUTO_FIT, ServeConfig, Strict
 
-# vLLM 0.32's default CacheConfig.gpu_memory_utilization.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 # Per-GPU reserve for what vLLM's profiling run measures besides weights: the activation peak
 # (grows with --max-num-batched-tokens), CUDA graphs and non-torch memory (NCCL, cuBLAS).
 DEFAULT_OVERHEAD_GIB = 2.0
@@ -55,18 +52,6 @@ class CapacityInputs(Strict):
     min_concurrency: PositiveFloat | None = None
 
     @property
-    def tensor_parallel_size(self) -> int:
-        return self.serving.tensor_parallel_size or 1
-
-    @property
-    def pipeline_parallel_size(self) -> int:
-        return self.serving.pipeline_parallel_size or 1
-
-    @property
-    def gpu_memory_utilization(self) -> float:
-        return self.serving.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
-
-    @property
     def kv_cache_gib(self) -> float | None:
         """Per GPU, as --kv-cache-memory-bytes gives it."""
         given = self.serving.kv_cache_memory_bytes
@@ -80,17 +65,9 @@ class CapacityInputs(Strict):
     def kv_cache_dtype(self) -> KVCacheDtype:
         return self._modelled("kv_cache_dtype", get_args(KVCacheDtype))  # type: ignore[return-value]
 
-    @property
-    def cpu_offload_gib(self) -> float:
-        return self.serving.cpu_offload_gb or 0.0
-
-    @property
-    def block_size(self) -> int:
-        return self.serving.block_size or DEFAULT_BLOCK_SIZE
-
     def _modelled(self, key: str, allowed: tuple[str, ...]) -> str:
         """A dtype setting by its canonical name; InputError, naming where it was set, when llmload cannot size it."""
-        value = getattr(self.serving, key) or "auto"
+        value = getattr(self.serving.resolved(), key)
         value = _DTYPE_ALIASES.get(value, value)
         if value not in allowed:
             raise InputError(
@@ -141,7 +118,8 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
         return MemoryBudget(kv_cache_gib=inputs.kv_cache_gib, kv_cache_explicit=True)
     if inputs.gpu_memory_gib is None:
         raise InputError("give --gpu-memory-gib (memory of one GPU) or --kv-cache-gib (KV memory per GPU)")
-    requested = math.ceil(inputs.gpu_memory_gib * GIB * inputs.gpu_memory_utilization) / GIB
+    vllm = inputs.serving.resolved()
+    requested = math.ceil(inputs.gpu_memory_gib * GIB * vllm.gpu_memory_utilization) / GIB
     params = None
     if inputs.weights_gib is None:
         params = estimate_parameters(model)
@@ -151,13 +129,13 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
         weights = inputs.weights_gib
     per_gpu = max(
         0.0,
-        weights / (inputs.tensor_parallel_size * inputs.pipeline_parallel_size) - inputs.cpu_offload_gib,
+        weights / (vllm.tensor_parallel_size * vllm.pipeline_parallel_size) - vllm.cpu_offload_gb,
     )
     return MemoryBudget(
         kv_cache_gib=requested - per_gpu - inputs.overhead_gib,
         kv_cache_explicit=False,
         gpu_memory_gib=inputs.gpu_memory_gib,
-        gpu_memory_utilization=inputs.gpu_memory_utilization,
+        gpu_memory_utilization=vllm.gpu_memory_utilization,
         requested_gib=requested,
         weights_gib=per_gpu,
         weights_estimated=params is not None,
@@ -167,13 +145,14 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
 
 
 def _pool(model: ModelSpec, inputs: CapacityInputs) -> tuple[KVLayout, MemoryBudget, KVCache]:
+    vllm = inputs.serving.resolved()
     layout = kv_layout(
         model,
-        tensor_parallel_size=inputs.tensor_parallel_size,
-        pipeline_parallel_size=inputs.pipeline_parallel_size,
+        tensor_parallel_size=vllm.tensor_parallel_size,
+        pipeline_parallel_size=vllm.pipeline_parallel_size,
         dtype=inputs.dtype,
         kv_cache_dtype=inputs.kv_cache_dtype,
-        block_size=inputs.block_size,
+        block_size=vllm.block_size,
     )
     budget = _budget(model, inputs)
     return layout, budget, kv_cache_pool(layout, math.floor(budget.kv_cache_gib * GIB))
@@ -213,11 +192,12 @@ def _advice(model: ModelSpec, inputs: CapacityInputs, report: CapacityReport) ->
             f"--kv-cache-dtype fp8 halves bytes per token: {_what_if(model, inputs, length, kv_cache_dtype='fp8')}."
         )
     if not report.memory.kv_cache_explicit:
-        if inputs.gpu_memory_utilization < 0.95:
+        vllm = inputs.serving.resolved()
+        if vllm.gpu_memory_utilization < 0.95:
             advice.append(
                 f"--gpu-memory-utilization 0.95: {_what_if(model, inputs, length, gpu_memory_utilization=0.95)}."
             )
-        tp = 2 * inputs.tensor_parallel_size
+        tp = 2 * vllm.tensor_parallel_size
         if model.num_attention_heads % tp == 0 and (model.mla is not None or model.num_kv_heads % tp == 0):
             advice.append(f"--tensor-parallel-size {tp}: {_what_if(model, inputs, length, tensor_parallel_size=tp)}.")
     return advice
@@ -226,6 +206,7 @@ def _advice(model: ModelSpec, inputs: CapacityInputs, report: CapacityReport) ->
 def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
     """KV bytes/token, cache size, concurrency and max_model_len for one model on one server."""
     layout, budget, cache = _pool(model, inputs)
+    tp = inputs.serving.resolved().tensor_parallel_size
     longest = cache.longest_servable_len
     recommended = min(longest, model.max_position_embeddings or longest)
     given = inputs.serving.max_model_len
@@ -250,12 +231,11 @@ def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
         warnings.append(
             "--kv-cache-gib given: the GPU memory budget is ignored, as vLLM does with --kv-cache-memory-bytes"
         )
-    if model.mla is not None and inputs.tensor_parallel_size > 1:
+    if model.mla is not None and tp > 1:
         warnings.append("MLA: every TP rank stores the whole latent, so more TP does not shrink KV per token")
-    elif model.mla is None and inputs.tensor_parallel_size > model.num_kv_heads:
+    elif model.mla is None and tp > model.num_kv_heads:
         warnings.append(
-            f"{model.num_kv_heads} KV heads on TP {inputs.tensor_parallel_size}: each head is replicated on "
-            f"{inputs.tensor_parallel_size // model.num_kv_heads} GPUs"
+            f"{model.num_kv_heads} KV heads on TP {tp}: each head is replicated on {tp // model.num_kv_heads} GPUs"
         )
     most = max(f.max_concurrency for f in (at_max, at_request) if f)
     if most > MAX_NUM_SEQS_DEFAULT:

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from llmload.capacity.kv import DEFAULT_BLOCK_SIZE, GIB, blocks_for
+from llmload.capacity.kv import GIB, blocks_for
+from llmload.models import VLLM_DEFAULTS
 
 LogKind = Literal[
     "kv_cache_size",
@@ -308,7 +309,7 @@ def explain_vllm_log(text: str, *, source: str = "<log>") -> LogExplanation:
         or bool(kinds & {"kv_memory_set", "node_memory"})
     )
     logged_block_size = settings.get("block_size")
-    block_size = logged_block_size if isinstance(logged_block_size, int) else 128 if cpu else DEFAULT_BLOCK_SIZE
+    block_size = logged_block_size if isinstance(logged_block_size, int) else 128 if cpu else VLLM_DEFAULTS.block_size
     bpt, basis = _implied_bytes_per_token(facts, settings, block_size)
     return LogExplanation(
         source=source,

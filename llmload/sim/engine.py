@@ -224,7 +224,8 @@ class Engine:
         on_death: Callable[[], None],
     ) -> None:
         self.profile = profile
-        self.block_size = profile.block_size
+        vllm = profile.serving.resolved()  # once: the steps read these
+        self.block_size, self.prefix_caching = vllm.block_size, vllm.enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.metrics = metrics
         self.lag = lag
@@ -352,7 +353,7 @@ class Engine:
             if not self._allocate(request, n, hits):
                 break
             self.waiting.popleft()
-            if request.preemptions == 0 and self.profile.enable_prefix_caching:
+            if request.preemptions == 0 and self.prefix_caching:
                 self.metrics.prefix_cache_queries += request.num_tokens
                 self.metrics.prefix_cache_hits += computed
                 request.cached_tokens = computed
@@ -369,7 +370,7 @@ class Engine:
 
     def _prefix_hits(self, request: EngineRequest) -> list[Block]:
         """Cached blocks of the request's prefix; the last token is always recomputed (for its logits)."""
-        if not self.profile.enable_prefix_caching:
+        if not self.prefix_caching:
             return []
         full = (request.num_tokens - 1) // self.block_size
         return self.pool.lookup(request.block_hashes(full, self.block_size))
@@ -437,7 +438,7 @@ class Engine:
 
     def _cache_blocks(self, request: EngineRequest) -> None:
         """Register the request's newly computed full blocks for prefix caching."""
-        if not self.profile.enable_prefix_caching:
+        if not self.prefix_caching:
             return
         full = request.num_computed // self.block_size
         if full > request.num_cached_blocks:

@@ -23,7 +23,6 @@ from pydantic import (
     model_validator,
 )
 
-from llmload.capacity.kv import DEFAULT_BLOCK_SIZE
 from llmload.capacity.model import load_model
 from llmload.capacity.plan import DEFAULT_OVERHEAD_GIB, CapacityInputs, CapacityReport, plan_capacity
 from llmload.capacity.serving import model_reference
@@ -163,7 +162,7 @@ class EngineProfile(Strict):
             raise ValueError(f"serving must set {', '.join(missing)}")
         return self
 
-    # The settings the engine reads, with vLLM's defaults where the profile leaves one unset.
+    # The settings every profile sets (_REQUIRED); the rest, vLLM's defaults filled, are `serving.resolved()`.
     @property
     def model(self) -> str:
         return str(self.serving.model)
@@ -180,14 +179,6 @@ class EngineProfile(Strict):
     def max_num_batched_tokens(self) -> int:
         return int(self.serving.max_num_batched_tokens or 0)
 
-    @property
-    def block_size(self) -> int:
-        return self.serving.block_size or DEFAULT_BLOCK_SIZE
-
-    @property
-    def enable_prefix_caching(self) -> bool:
-        return self.serving.enable_prefix_caching is not False
-
     def capacity_inputs(self) -> CapacityInputs:
         return CapacityInputs(
             serving=self.serving,
@@ -201,7 +192,7 @@ class EngineProfile(Strict):
         past EXTRAPOLATION_MARGIN of it, or no calibration): a profile calibrated against a small
         cache and asked about a large one predicts those steps from a straight line."""
         measured = self.fit.decode_kv_tokens_max if self.fit is not None else None
-        reachable = min(plan.cache.num_blocks * self.block_size, self.max_num_seqs * plan.max_model_len)
+        reachable = min(plan.cache.tokens, self.max_num_seqs * plan.max_model_len)
         if measured is None or reachable <= EXTRAPOLATION_MARGIN * measured:
             return None
         return (

@@ -129,12 +129,13 @@ class ResponseSink:
 
 def cache_config_labels(profile: EngineProfile, plan: CapacityReport) -> dict[str, str]:
     """vLLM's `vllm:cache_config_info` labels that say how big the KV cache is (a subset of vLLM's)."""
+    vllm = profile.serving.resolved()
     return {
         "block_size": str(plan.layout.block_size),
-        "cache_dtype": profile.serving.kv_cache_dtype or "auto",
-        "enable_prefix_caching": str(profile.enable_prefix_caching),
+        "cache_dtype": vllm.kv_cache_dtype,
+        "enable_prefix_caching": str(vllm.enable_prefix_caching),
         "engine": "0",
-        "gpu_memory_utilization": str(profile.capacity_inputs().gpu_memory_utilization),
+        "gpu_memory_utilization": str(vllm.gpu_memory_utilization),
         "kv_cache_max_concurrency": str(plan.at_max_model_len.max_concurrency),
         "kv_cache_memory_bytes": str(profile.serving.kv_cache_memory_bytes),
         "kv_cache_size_tokens": str(plan.vllm_log_kv_cache_tokens),

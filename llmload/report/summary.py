@@ -351,7 +351,7 @@ class RunItl:
         pairs, group = np.unique(window[ok] * len(names) + stage[ok], return_inverse=True)
         groups = np.zeros(len(frame), dtype=np.int64)
         groups[ok] = group
-        judged = np.array([not s.warmup for s in manifest.stages], dtype=bool)
+        judged = np.isin(names, [s.name for s in manifest.judged_stages])
         histograms = records.itl(ok, groups, len(pairs))
         return cls(window_s, pairs // len(names), pairs % len(names), judged, histograms)
 

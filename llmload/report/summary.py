@@ -348,9 +348,9 @@ class RunItl:
         ok = (frame.status == "ok").to_numpy(dtype=bool) & (stage >= 0)
         since = frame.sent_at.to_numpy(dtype=float) - manifest.started_at
         window = np.nan_to_num(np.clip(np.floor(since / window_s), 0, None)).astype(np.int64)
-        pairs, group = np.unique(window[ok] * len(names) + stage[ok], return_inverse=True)
-        groups = np.zeros(len(frame), dtype=np.int64)
-        groups[ok] = group
+        pair = window * len(names) + stage
+        pairs = np.flatnonzero(np.bincount(pair[ok]))  # those that hold a request, ascending
+        groups = np.where(ok, np.searchsorted(pairs, pair), 0)
         judged = np.isin(names, [s.name for s in manifest.judged_stages])
         histograms = records.itl(ok, groups, len(pairs))
         return cls(window_s, pairs // len(names), pairs % len(names), judged, histograms)

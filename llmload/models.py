@@ -251,9 +251,14 @@ class RunManifest(Strict):
     server: ServerIdentity | None = Field(default=None, description="the kind of server the run met")
 
     @property
+    def judged_stages(self) -> list[Stage]:
+        """The stages a run is judged on: all but the warm-up, which is reported and never judged."""
+        return [stage for stage in self.stages if not stage.warmup]
+
+    @property
     def judged_started_at(self) -> float:
-        """When the first judged stage began (unix seconds): the warm-up is never judged."""
-        judged = [stage for stage in self.stages if not stage.warmup]
+        """When the first judged stage began (unix seconds)."""
+        judged = self.judged_stages
         return self.started_at + (judged[0].start_s if judged else 0.0)
 
 
@@ -403,6 +408,11 @@ class StageSummary(BaseModel):
     ttft_p99_ms: float | None
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None
+    e2e_mean_ms: float | None = Field(description="of its successful requests: Little's law takes the mean")
+    itl_p50_ms: float | None = Field(description="of every gap of its successful requests pooled (as latency_ms.itl)")
+    preemptions: float | None = Field(
+        description="vLLM's preemptions counter's increase over the stage's window (server.jsonl); None unread"
+    )
     output_tokens_per_s: float = Field(default=0.0, description="output tokens of successful requests / its seconds")
     prompt_tokens_p50: float | None = None
     prompt_tokens_p99: float | None = None

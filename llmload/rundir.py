@@ -15,7 +15,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from llmload.errors import InputError, validation_message
-from llmload.models import RunManifest, Verdict
+from llmload.models import RunManifest, Summary, Verdict
 from llmload.observe.summary import ServerSamples, read_server
 from llmload.records import RunRecords
 
@@ -57,6 +57,27 @@ def read_manifest(run_dir: Path) -> RunManifest:
 def read_verdict(run_dir: Path) -> Verdict | None:
     path = run_dir / VERDICT_FILE
     return Verdict.model_validate_json(path.read_bytes()) if path.is_file() else None
+
+
+def read_summary(run_dir: Path) -> Summary | None:
+    """summary.json, the run summarised once (None when the run wrote none: it did not end); an
+    InputError when an older llmload wrote it without a figure this one reads."""
+    path = run_dir / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Summary.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise InputError(f"{path}: {validation_message(exc)}; `llmload report {run_dir}` rebuilds it") from None
+
+
+def require_summary(run_dir: Path) -> Summary:
+    """summary.json, or an InputError that says how to write it (a run killed before its end has none)."""
+    read_manifest(run_dir)  # not a run directory: say so first
+    summary = read_summary(run_dir)
+    if summary is None:
+        raise InputError(f"{run_dir} has no {SUMMARY_FILE}: `llmload report {run_dir}` writes it from its records")
+    return summary
 
 
 @dataclass(frozen=True)

@@ -74,11 +74,16 @@ def test_summary_percentiles_equal_numpys_and_itl_is_within_the_stated_error(big
 def test_the_parquet_gives_the_summary_of_the_jsonl_and_loads_in_pandas_and_duckdb(big_run: Path) -> None:
     manifest = read_manifest(big_run)
     from_jsonl = read_records(big_run / RECORDS_FILE)
-    histogram = Histograms()
-    for gaps in from_jsonl.itl_ms[(from_jsonl.status == "ok").to_numpy()]:
-        histogram.add(np.asarray(gaps, dtype=np.float32))
-    expected = summarize(from_jsonl.drop(columns="itl_ms"), manifest, itl=histogram.percentiles())
-    assert summarize_run(rundir.load(big_run))[0].model_copy(update={"server": None}) == expected
+    stages = [stage.name for stage in manifest.stages]
+    by_stage = Histograms(len(stages))
+    for stage, gaps in from_jsonl.loc[(from_jsonl.status == "ok").to_numpy(), ["stage", "itl_ms"]].itertuples(False):
+        by_stage.add(np.asarray(gaps, dtype=np.float32), stages.index(stage))
+    run = rundir.load(big_run)
+    expected = summarize(
+        from_jsonl.drop(columns="itl_ms"), manifest, itl=by_stage.percentiles(),
+        stage_itl_p50=[by_stage.percentiles(slice(i, i + 1)).p50 for i in range(len(stages))], server=run.server,
+    )  # fmt: skip
+    assert summarize_run(run)[0] == expected
 
     parquet = big_run / PARQUET_FILE
     frame = pd.read_parquet(parquet, columns=["status", "itl_ms"])

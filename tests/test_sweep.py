@@ -6,6 +6,7 @@ numbers, no server left behind on Ctrl-C, --resume, and bad input refused before
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import orjson
@@ -132,6 +133,27 @@ def test_a_refusal_in_the_log_is_the_rows_reason_in_vllms_numbers() -> None:
     # a death the explainer does not know: the last exception line, else what the sweep saw
     assert read_startup("boom\nRuntimeError: no GPU\n", started=False, seconds=1).reason == "RuntimeError: no GPU"
     assert read_startup("", started=False, seconds=1, fallback="exited with code 3").reason == "exited with code 3"
+
+
+def test_a_server_that_dies_at_start_without_an_error_line_gives_its_logs_last_lines() -> None:
+    log = "starting\n\n  reading config  \nusage: serve [--port PORT]\nserve: error: unrecognized arguments: --foo\n\n"
+    startup = read_startup(log, started=False, seconds=1, fallback="exited with code 2 before /health answered")
+    assert startup.reason == (
+        "exited with code 2 before /health answered; its log ends: reading config | usage: serve [--port PORT]"
+        " | serve: error: unrecognized arguments: --foo"
+    )
+
+
+def test_a_sweep_row_says_what_its_dead_servers_log_said(tmp_path: Path) -> None:
+    dies = f"{sys.executable} -c \"import sys; print('bad flag --foo'); sys.exit(2)\" {{config}} {{port}}"
+    code, output = _sweep(
+        tmp_path, "--serve", dies, "--vllm-config", str(_config(tmp_path, "base")), "--max-qps", "4",
+        "--workload", str(small_workload(tmp_path)),
+    )  # fmt: skip
+    [row] = orjson.loads((tmp_path / "reports" / "s" / "sweep.json").read_bytes())["rows"]
+    assert code == 1 and row["server"] == "did_not_start", output[-3000:]
+    assert row["reason"] == "exited with code 2 before /health answered; its log ends: bad flag --foo"
+    assert "its log ends: bad flag --foo" in output
 
 
 def test_the_best_passes_the_highest_rate_and_ties_go_to_less_memory() -> None:

@@ -13,12 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from pydantic import BaseModel
 
 from llmload.models import SearchResult
-from llmload.observe.summary import counter_increase
-from llmload.rundir import load
+from llmload.rundir import require_summary
 
 RATE_TOLERANCE = 0.10
 LATENCY_RATIOS = (0.85, 1.15)
@@ -35,43 +33,14 @@ class StageFigures:
     preemptions: float | None
 
 
-def _p50(values: np.ndarray) -> float | None:
-    values = values[~np.isnan(values)]
-    return float(np.median(values)) if values.size else None
-
-
 def stage_figures(run_dir: Path) -> list[StageFigures]:
     """Each judged stage's TTFT, ITL (every gap) and E2E medians over its successful requests, and the
-    preemptions vLLM counted during it (server.jsonl)."""
-    run = load(run_dir)
-    frame, manifest = run.records.frame, run.manifest
-    stages = [s for s in manifest.stages if not s.warmup]
-    ok = (frame.status == "ok").to_numpy(dtype=bool)
-    index = {s.name: i for i, s in enumerate(stages)}
-    group = frame.stage.map(index).astype(float).fillna(-1).to_numpy().astype(np.int64)
-    selected = ok & (group >= 0)
-    gaps = run.records.itl(selected, np.where(selected, group, 0), len(stages))
-    samples = run.server.frame
-    figures = []
-    for i, stage in enumerate(stages):
-        mine = selected & (group == i)
-        preemptions = None
-        if "preemptions_total" in samples:
-            seen = samples.loc[samples.preemptions_total.notna(), ["t", "preemptions_total"]]
-            start, end = manifest.started_at + stage.start_s, manifest.started_at + stage.end_s
-            before = seen.t[seen.t <= start]
-            first = before.iloc[-1] if len(before) else start  # from the last sample before the stage
-            preemptions = counter_increase(seen.preemptions_total[(seen.t >= first) & (seen.t <= end)])
-        figures.append(
-            StageFigures(
-                name=stage.name,
-                ttft_p50_ms=_p50(frame.ttft_ms.to_numpy(dtype=float)[mine]),
-                itl_p50_ms=gaps.percentiles(slice(i, i + 1)).p50,
-                e2e_p50_ms=_p50(frame.e2e_ms.to_numpy(dtype=float)[mine]),
-                preemptions=preemptions,
-            )
-        )
-    return figures
+    preemptions vLLM counted during it, as its summary.json holds them."""
+    return [
+        StageFigures(s.name, s.ttft_p50_ms, s.itl_p50_ms, s.e2e_p50_ms, s.preemptions)
+        for s in require_summary(run_dir).stages
+        if not s.warmup
+    ]
 
 
 class FidelityRow(BaseModel):

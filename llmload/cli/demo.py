@@ -8,10 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
-
 from llmload.errors import InputError
-from llmload.rundir import REPORT_FILE, SUMMARY_FILE
+from llmload.rundir import REPORT_FILE, read_summary
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 LOCUSTFILE = Path("loadtests/chat.py")
@@ -47,20 +45,20 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
         ]  # fmt: skip
         code = subprocess.run(command, check=False).returncode
     run_dir = Path(reports_dir) / run_id
-    if not (run_dir / SUMMARY_FILE).is_file():
+    summary = read_summary(run_dir)
+    if summary is None:
         print(f"llmload demo: the load test wrote no report (locust exit code {code})", file=sys.stderr)
         return code or 1
-    summary = orjson.loads((run_dir / SUMMARY_FILE).read_bytes())
-    r, ttft = summary["requests"], summary["latency_ms"]["ttft"]
+    r, ttft = summary.requests, summary.latency_ms.ttft
     print(
-        f"\nllmload demo: {r['scheduled']} requests scheduled, {r['ok']} ok, {r['failed']} failed, "
-        f"{r['cancelled']} cancelled, {r['not_sent']} not sent; TTFT p50 {ttft['p50']:.1f} ms, p99 {ttft['p99']:.1f} ms"
+        f"\nllmload demo: {r.scheduled} requests scheduled, {r.ok} ok, {r.failed} failed, "
+        f"{r.cancelled} cancelled, {r.not_sent} not sent; TTFT p50 {ttft.p50 or 0:.1f} ms, p99 {ttft.p99 or 0:.1f} ms"
     )
-    for stage in summary["stages"]:
-        judged = "not judged" if stage["warmup"] else "shortfall" if stage["shortfall"] else "held"
+    for stage in summary.stages:
+        judged = "not judged" if stage.warmup else "shortfall" if stage.shortfall else "held"
         print(
-            f"  stage {stage['name']:>7}: target {stage['target_qps']:.2f} req/s, offered {stage['offered_qps']:.2f},"
-            f" achieved {stage['achieved_qps']:.2f}, first turns {stage['turn_mix'].get('1', 0):.0%} ({judged})"
+            f"  stage {stage.name:>7}: target {stage.target_qps:.2f} req/s, offered {stage.offered_qps:.2f},"
+            f" achieved {stage.achieved_qps:.2f}, first turns {stage.turn_mix.get('1', 0):.0%} ({judged})"
         )
     print(f"report: {run_dir / REPORT_FILE}")
     return code

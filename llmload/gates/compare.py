@@ -20,7 +20,6 @@ from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, Positiv
 from llmload import rundir
 from llmload.errors import InputError
 from llmload.models import ANSWERED_STATUSES, GoodputSLO, RequestCounts, RunManifest, Strict, Summary
-from llmload.observe.summary import server_summary
 from llmload.report.goodput import good_requests
 from llmload.report.summary import summarize
 from llmload.stats.sketch import Histograms, buckets, quantiles
@@ -152,12 +151,12 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
         raise InputError(f"{run_dir}: no request records")
     block = np.arange(n) * min(n, BOOTSTRAP_BLOCKS) // n  # records as written: neighbours in time
     blocks = int(block[-1]) + 1
-    judged = ~frame.stage.isin([s.name for s in manifest.stages if s.warmup]).to_numpy(dtype=bool)
+    judged = frame.stage.isin([s.name for s in manifest.judged_stages]).to_numpy(dtype=bool)
     ok = judged & (frame.status == "ok").to_numpy(dtype=bool)
     itl = records.itl(ok, block, blocks)
     good = good_requests(records, goodput_slo)
-    summary = summarize(frame, manifest, itl=itl.percentiles(), good=good)  # summarize_run's, one ITL pass
-    summary.server = server_summary(run.server, manifest.judged_started_at)
+    # summarize_run's, but one ITL pass for both: the gaps are counted by block, not by stage
+    summary = summarize(frame, manifest, itl=itl.percentiles(), stage_itl_p50=None, server=run.server, good=good)
     tokens = frame.output_tokens.fillna(0).to_numpy(dtype=float)
     per_record = [
         ok,
@@ -178,7 +177,7 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
         manifest=manifest,
         summary=summary,
         requests=n,
-        plan_s=sum(stage.duration_s for stage in manifest.stages if not stage.warmup),
+        plan_s=sum(stage.duration_s for stage in manifest.judged_stages),
         blocks=np.column_stack([np.bincount(block, weights=column, minlength=blocks) for column in per_record]),
         latency=latency,
         goodput_slo=goodput_slo,

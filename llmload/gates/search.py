@@ -31,10 +31,10 @@ import yaml
 
 from llmload.errors import InputError
 from llmload.gates.verdict import SoakCriteria
-from llmload.models import Probe, SearchOutcome, SearchResult, Summary, Verdict
+from llmload.models import Probe, SearchOutcome, SearchResult
 from llmload.process_group import start_in_group
 from llmload.report.search_page import render_page
-from llmload.rundir import SUMMARY_FILE, VERDICT_FILE
+from llmload.rundir import read_summary
 from llmload.workload import load_workload
 
 RESULT_FILE = "search.json"
@@ -236,11 +236,10 @@ class Searcher:
         return probe
 
     def _read(self, run_id: str, qps: float, hold_s: float, confirm: bool) -> Probe:
-        run_dir = self.directory / run_id
-        if not (run_dir / VERDICT_FILE).is_file() or not (run_dir / SUMMARY_FILE).is_file():
+        summary = read_summary(self.directory / run_id)
+        if summary is None or summary.verdict is None:
             return Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
-        verdict = Verdict.model_validate_json((run_dir / VERDICT_FILE).read_bytes())
-        hold = Summary.model_validate_json((run_dir / SUMMARY_FILE).read_bytes()).stages[-1]
+        verdict, hold = summary.verdict, summary.stages[-1]
         failed_checks = [r for r in verdict.reasons if r.startswith("FAIL")]
         only_short = bool(verdict.failed_kinds) and set(verdict.failed_kinds) == {"hold_length"}
         queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if only_short else None

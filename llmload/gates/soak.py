@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from llmload import rundir
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
@@ -65,11 +63,11 @@ def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
     run_dir = Path(soak.reports_dir) / soak.run_id
     rundir.claim(run_dir)  # before Locust: a used directory's old verdict must not be read as this run's
     code = subprocess.run([*soak.command(), *passthrough], check=False).returncode
-    summary_path = run_dir / rundir.SUMMARY_FILE
-    if summary_path.is_file():
-        verdict = orjson.loads(summary_path.read_bytes()).get("verdict") or {}
-        print(f"\nllmload soak: {'PASS' if verdict.get('passed') else 'FAIL'}")
-        for reason in verdict.get("reasons", []):
+    summary = rundir.read_summary(run_dir)
+    if summary is not None:
+        verdict = summary.verdict
+        print(f"\nllmload soak: {'PASS' if verdict is not None and verdict.passed else 'FAIL'}")
+        for reason in verdict.reasons if verdict is not None else []:
             print(f"  - {reason}")
         print(f"report: {run_dir / rundir.REPORT_FILE}")
     return code

@@ -24,8 +24,7 @@ from pydantic import BaseModel, Field
 from llmload.capacity.plan import MAX_NUM_SEQS_DEFAULT, CapacityReport
 from llmload.capacity.render import format_bytes
 from llmload.errors import InputError
-from llmload.rundir import load
-from llmload.schedule import WARMUP_STAGE
+from llmload.rundir import require_summary
 
 # Assumed timing when no run was measured: a loaded GPU server's typical figures (docs/capacity.md).
 DEFAULT_TTFT_MS = 300.0
@@ -272,16 +271,13 @@ def preflight(
 def measured_timing(run_dir: Path) -> tuple[dict[str, TimingBasis], TimingBasis]:
     """Mean E2E of a run's successful requests, per stage and over its judged stages (Little's law
     takes the mean). E2E grows with load: a run at a lower rate than a stage underestimates it."""
-    frame = load(run_dir).records.frame
-    ok = frame[frame["status"] == "ok"]
-    if ok.empty:
-        raise InputError(f"{run_dir}: no successful request to measure E2E from")
+    summary = require_summary(run_dir)
+    overall = summary.latency_ms.e2e.mean
+    if overall is None:
+        raise InputError(f"{run_dir}: no successful request in its judged stages to measure E2E from")
     by_stage = {
-        str(stage): TimingBasis(e2e_s=float(e2e) / 1000, source=f"measured: {run_dir.name}, stage {stage}")
-        for stage, e2e in ok.groupby("stage")["e2e_ms"].mean().items()
+        s.name: TimingBasis(e2e_s=s.e2e_mean_ms / 1000, source=f"measured: {run_dir.name}, stage {s.name}")
+        for s in summary.stages
+        if s.e2e_mean_ms is not None
     }
-    judged = ok[ok["stage"] != WARMUP_STAGE]
-    overall = TimingBasis(
-        e2e_s=float(judged["e2e_ms"].mean()) / 1000, source=f"measured: {run_dir.name}, all judged stages"
-    )
-    return by_stage, overall
+    return by_stage, TimingBasis(e2e_s=overall / 1000, source=f"measured: {run_dir.name}, all judged stages")

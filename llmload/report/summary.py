@@ -9,6 +9,7 @@ digits. ITL gaps are counted in log-linear histograms (llmload.stats.sketch).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,13 +34,13 @@ from llmload.models import (
     TurnSummary,
 )
 from llmload.observe.observer import LAG_WARNING_MS
-from llmload.observe.summary import series_max, server_summary
+from llmload.observe.summary import ServerSamples, series_max, server_summary, window_increase
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
 from llmload.rundir import Run
 from llmload.servers.kinds import kind
-from llmload.stats.percentiles import percentiles, quantile, token_percentiles
-from llmload.stats.sketch import Histograms
+from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
+from llmload.stats.sketch import BUCKETS, Histograms
 
 CPU_WARNING_PERCENT = 60.0
 STEAL_WARNING_PERCENT = 2.0
@@ -72,19 +73,27 @@ def goodput(rows: pd.DataFrame, good: pd.Series | None, seconds: float) -> Goodp
     )
 
 
-def _stage_summaries(df: pd.DataFrame, manifest: RunManifest, good: pd.Series | None) -> list[StageSummary]:
+def _stage_summaries(
+    df: pd.DataFrame,
+    manifest: RunManifest,
+    good: pd.Series | None,
+    itl_p50: Sequence[float | None],
+    server: pd.DataFrame,
+) -> list[StageSummary]:
     """Per stage: target, offered (scheduled) and achieved (sent in the stage's window) rates, goodput
-    (of the same window), and what the stage carried (turn depths, prompt lengths). Shortfall is
-    judged against the target. Rows are selected with the few columns used: a run can hold 10M records."""
+    (of the same window), what the stage carried (turn depths, prompt lengths), and the preemptions
+    vLLM counted in its window. Shortfall is judged against the target. Rows are selected with the
+    few columns used: a run can hold 10M records."""
     out = []
     sent_at = df.sent_at.to_numpy(dtype=float)
     is_sent = (df.status != "not_sent").to_numpy(dtype=bool)
-    for stage in manifest.stages:
+    for stage, stage_itl_p50 in zip(manifest.stages, itl_p50, strict=True):
         mine = (df.stage == stage.name).to_numpy(dtype=bool)
         columns = ["status", "turn", "schedule_delay_ms", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
         rows = df.loc[mine, columns]
         window_start = manifest.started_at + stage.start_s
-        in_window = is_sent & (sent_at >= window_start) & (sent_at < window_start + stage.duration_s)
+        window_end = window_start + stage.duration_s
+        in_window = is_sent & (sent_at >= window_start) & (sent_at < window_end)
         sent_in_window = int(in_window.sum())
         delay_p99 = quantile(rows.schedule_delay_ms, 99)
         ok = rows[rows.status == "ok"]
@@ -107,6 +116,9 @@ def _stage_summaries(df: pd.DataFrame, manifest: RunManifest, good: pd.Series | 
                 ttft_p99_ms=quantile(ok.ttft_ms, 99),
                 e2e_p50_ms=quantile(ok.e2e_ms, 50),
                 e2e_p99_ms=quantile(ok.e2e_ms, 99),
+                e2e_mean_ms=mean(ok.e2e_ms),
+                itl_p50_ms=stage_itl_p50,
+                preemptions=window_increase(server[server.t <= window_end], "preemptions_total", window_start),
                 output_tokens_per_s=float(ok.output_tokens.fillna(0).sum()) / stage.duration_s,
                 prompt_tokens_p50=quantile(ok.prompt_tokens, 50),
                 prompt_tokens_p99=quantile(ok.prompt_tokens, 99),
@@ -170,15 +182,18 @@ def summarize(
     manifest: RunManifest,
     *,
     itl: Percentiles,
+    stage_itl_p50: Sequence[float | None] | None,
+    server: ServerSamples,
     good: pd.Series | None = None,
-    lag_max_ms: float | None = None,
 ) -> Summary:
     """The run's summary. The stage table covers every stage; every other figure leaves out the
-    warm-up, which is reported but never judged. `itl`: of the gaps of the same requests as TTFT
-    (they are streamed apart from `df`: see summarize_run); `good`: which records met the goodput
+    warm-up, which is reported but never judged. `itl`: of the gaps of the same requests as TTFT,
+    and `stage_itl_p50` each stage's median gap (both streamed apart from `df`: see summarize_run;
+    None: not counted); `server`: its samples (server.jsonl); `good`: which records met the goodput
     SLO (llmload.goodput.good_requests), None without one."""
-    stages = _stage_summaries(df, manifest, good)
-    in_warmup = df.stage.isin({s.name for s in manifest.stages if s.warmup})
+    itl_p50 = stage_itl_p50 if stage_itl_p50 is not None else [None] * len(manifest.stages)
+    stages = _stage_summaries(df, manifest, good, itl_p50, server.frame)
+    in_warmup = ~df.stage.isin({s.name for s in manifest.judged_stages})
     if in_warmup.any():
         df = df[~in_warmup]
     # only the columns used: a run can hold 10M records, each copy of the frame a gigabyte
@@ -194,7 +209,7 @@ def summarize(
     finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
     # over the judged stages (or less, when stopped early): warm-up, start-up and drain would make
     # throughput depend on how a run began and wound down rather than on the target
-    judged_start = manifest.started_at + sum(s.duration_s for s in manifest.stages if s.warmup)
+    judged_start = manifest.judged_started_at
     elapsed = max(1e-9, min(finished, manifest.started_at + manifest.stages[-1].end_s) - judged_start)
     output_tokens = float(ok.output_tokens.fillna(0).sum())
     prompt_tokens = float(ok.prompt_tokens.fillna(0).sum())
@@ -214,6 +229,7 @@ def summarize(
             f" (steal > {STEAL_WARNING_PERCENT:.0f}%): latency tails include descheduled vCPUs;"
             " repeat on a quieter or dedicated machine"
         )
+    lag_max_ms = series_max(server.frame.client_lag_ms)
     if lag_max_ms is not None and lag_max_ms > LAG_WARNING_MS:
         warnings.append(
             f"the load generator stalled for up to {lag_max_ms / 1000:.2f} s (its timer fired that late; "
@@ -282,6 +298,7 @@ def summarize(
             examples={str(k): str(v) for k, v in examples.items()},
         ),
         output_lengths=lengths,
+        server=server_summary(server, manifest.judged_started_at),
     )
 
 
@@ -315,40 +332,52 @@ def _unforced_warning(lengths: OutputLengths, server: ServerIdentity | None) -> 
 @dataclass(frozen=True)
 class RunItl:
     """The gaps of a run's successful requests in one pass over requests.parquet: a histogram per
-    window of send time (the report's chart), judged and warm-up apart (the summary pools the judged)."""
+    (window of send time, stage) that holds any, so the report's chart sums a window's, the summary
+    a stage's and the judged stages' (a window meets one stage or two: few more histograms than windows)."""
 
     window_s: float
-    windows: int
-    histograms: Histograms  # group w: window w of the judged stages; windows + w: of the warm-up
+    window: np.ndarray  # of each histogram
+    stage: np.ndarray  # of each histogram: its index in the manifest's stages
+    judged_stage: np.ndarray  # of each stage: whether it is judged
+    histograms: Histograms
 
     @classmethod
     def count(cls, records: RunRecords, manifest: RunManifest, window_s: float = math.inf) -> RunItl:
         frame = records.frame
-        ok = (frame.status == "ok").to_numpy(dtype=bool)
+        names = [s.name for s in manifest.stages]
+        stage = pd.Categorical(frame.stage, categories=names).codes.astype(np.int64)  # -1: no stage of the plan
+        ok = (frame.status == "ok").to_numpy(dtype=bool) & (stage >= 0)
         since = frame.sent_at.to_numpy(dtype=float) - manifest.started_at
         window = np.nan_to_num(np.clip(np.floor(since / window_s), 0, None)).astype(np.int64)
-        windows = int(window[ok].max()) + 1 if ok.any() else 1
-        warmup = frame.stage.isin([s.name for s in manifest.stages if s.warmup]).to_numpy(dtype=bool)
-        return cls(window_s, windows, records.itl(ok, window + windows * warmup, 2 * windows))
+        pair = window * len(names) + stage
+        pairs = np.flatnonzero(np.bincount(pair[ok]))  # those that hold a request, ascending
+        groups = np.where(ok, np.searchsorted(pairs, pair), 0)
+        judged = np.isin(names, [s.name for s in manifest.judged_stages])
+        histograms = records.itl(ok, groups, len(pairs))
+        return cls(window_s, pairs // len(names), pairs % len(names), judged, histograms)
 
     @property
     def judged(self) -> Percentiles:
-        return self.histograms.percentiles(slice(0, self.windows))
+        return self.histograms.percentiles(self.judged_stage[self.stage])
+
+    def stage_p50(self) -> list[float | None]:
+        """Each stage's median gap, in the manifest's order."""
+        return [self.histograms.percentiles(self.stage == i).p50 for i in range(len(self.judged_stage))]
 
     def by_window(self) -> np.ndarray:
         """Counts per bucket of each window (rows), warm-up included."""
-        counts: np.ndarray = self.histograms.counts[: self.windows] + self.histograms.counts[self.windows :]
+        counts = np.zeros((int(self.window.max(initial=0)) + 1, BUCKETS), dtype=np.int64)
+        np.add.at(counts, self.window, self.histograms.counts)
         return counts
 
 
 def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl]:
-    """The run's summary, with its server block, and the ITL histograms of `window_s` windows it was
-    computed from (the HTML's latency chart draws them): one pass over the gaps for both."""
+    """The run's summary and the ITL histograms of `window_s` windows it was computed from (the
+    HTML's latency chart draws them): one pass over the gaps for both."""
     records, manifest = run.records, run.manifest
     itl = RunItl.count(records, manifest, window_s)
     summary = summarize(
-        records.frame, manifest, itl=itl.judged, good=good_requests(records, manifest.goodput_slo),
-        lag_max_ms=series_max(run.server.frame.client_lag_ms),
+        records.frame, manifest, itl=itl.judged, stage_itl_p50=itl.stage_p50(), server=run.server,
+        good=good_requests(records, manifest.goodput_slo),
     )  # fmt: skip
-    summary.server = server_summary(run.server, manifest.judged_started_at)
     return summary, itl

@@ -28,6 +28,13 @@ def token_percentiles(values: pd.Series) -> TokenPercentiles:
     return TokenPercentiles(p50=p.p50, p95=p.p95, p99=p.p99, max=p.max)
 
 
+def mean(values: pd.Series | np.ndarray) -> float | None:
+    """The mean of the values present (as Percentiles.mean); None when there are none."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[~np.isnan(arr)]
+    return float(arr.mean()) if arr.size else None
+
+
 def quantile(values: pd.Series | np.ndarray, q: float) -> float | None:
     """The q-th percentile (0..100) of the values present; None when there are none."""
     arr = np.asarray(values, dtype=float)

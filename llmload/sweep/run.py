@@ -24,7 +24,7 @@ from llmload.models import SearchResult, Summary, SweepMode, SweepResult, SweepR
 from llmload.report.sweep_page import write_pages
 from llmload.serve_config.reader import read_serve_config
 from llmload.sweep.configs import CONFIG_FILE, SweepConfig
-from llmload.sweep.server import ServerProcess, free_port, serve_command
+from llmload.sweep.server import ServerProcess, Startup, free_port, serve_command
 
 RESULT_FILE = "sweep.json"
 ROW_FILE = "row.json"  # a configuration's row once it is done: what --resume skips
@@ -76,33 +76,48 @@ class Sweep:
         self.save()
 
     def _config(self, config: SweepConfig) -> SweepRow:
+        """The configuration's row: its server started, its startup recorded, then judged if it started."""
         directory = self.directory / config.name
-        path = directory / CONFIG_FILE
-        row = SweepRow(name=config.name, varied=config.varied, predicted_startup=self._capacity(path))
-        for earlier in (SEARCH_DIR, SOAK_RUN):  # an interrupted attempt's runs are kept, beside the new ones
-            if (directory / earlier).exists():
-                (directory / earlier).rename(directory / f"{earlier}-interrupted-{time.strftime('%Y%m%d-%H%M%S')}")
-        port = free_port()
-        print(f"llmload sweep: {config.name}: starting the server ...", end="", flush=True)
-        with ServerProcess(serve_command(self.result.serve, path, port), directory / SERVER_LOG, port) as server:
+        row = SweepRow(
+            name=config.name, varied=config.varied, predicted_startup=self._capacity(directory / CONFIG_FILE)
+        )
+        _keep_interrupted_attempt(directory)
+        with self._server(directory) as server:
             startup = server.wait_healthy(self.startup_timeout_s)
-            row.startup_s = round(startup.seconds, 1)
-            row.kv_cache_tokens, row.max_concurrency = startup.kv_cache_tokens, startup.max_concurrency
-            row.concurrency_tokens, row.kv_cache_gib = startup.concurrency_tokens, startup.kv_cache_gib
-            row.prediction_warnings = list(startup.warnings) if self.result.predicted else []
-            if not startup.started:
-                row.server, row.reason = "did_not_start", startup.reason
-                print(f" did not start: {startup.reason}")
-            else:
-                print(f" healthy after {startup.seconds:.0f} s at {server.url}")
-                row.server = "interrupted"  # until its search or soak has finished
-                if self.mode == "search":
-                    self._search(row, directory, server.url)
-                else:
-                    self._soak(row, directory, server.url)
-                row.server = "started"
+            self._record_startup(row, startup, server.url)
+            if startup.started:
+                self._judge(row, directory, server.url)
         (directory / ROW_FILE).write_bytes(orjson.dumps(row.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
         return row
+
+    def _server(self, directory: Path) -> ServerProcess:
+        """The configuration's server, on a free port, its log beside its config (started on `with`)."""
+        port = free_port()
+        print(f"llmload sweep: {directory.name}: starting the server ...", end="", flush=True)
+        return ServerProcess(
+            serve_command(self.result.serve, directory / CONFIG_FILE, port), directory / SERVER_LOG, port
+        )
+
+    def _record_startup(self, row: SweepRow, startup: Startup, url: str) -> None:
+        """What the start showed, printed and into the row: its seconds and KV figures, or why it did not start."""
+        row.startup_s = round(startup.seconds, 1)
+        row.kv_cache_tokens, row.max_concurrency = startup.kv_cache_tokens, startup.max_concurrency
+        row.concurrency_tokens, row.kv_cache_gib = startup.concurrency_tokens, startup.kv_cache_gib
+        row.prediction_warnings = list(startup.warnings) if self.result.predicted else []
+        if not startup.started:
+            row.server, row.reason = "did_not_start", startup.reason
+            print(f" did not start: {startup.reason}")
+        else:
+            print(f" healthy after {startup.seconds:.0f} s at {url}")
+
+    def _judge(self, row: SweepRow, directory: Path, host: str) -> None:
+        """The search or soak of a started server; the row says `interrupted` until it has finished."""
+        row.server = "interrupted"
+        if self.mode == "search":
+            self._search(row, directory, host)
+        else:
+            self._soak(row, directory, host)
+        row.server = "started"
 
     def _capacity(self, path: Path) -> str:
         """What `llmload capacity --vllm-config` says of the file before anything starts."""
@@ -182,12 +197,18 @@ class Sweep:
         write_pages(self.result, self.directory)
 
 
+def _keep_interrupted_attempt(directory: Path) -> None:
+    """An interrupted attempt's runs are kept, renamed, beside the new ones."""
+    for earlier in (SEARCH_DIR, SOAK_RUN):
+        if (directory / earlier).exists():
+            (directory / earlier).rename(directory / f"{earlier}-interrupted-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def _figures(row: SweepRow, run_dir: Path, stage: str | None) -> Summary | None:
     """The run's figures at `stage` (None: its last, a probe's hold) and its server's peaks, into the row."""
-    path = run_dir / rundir.SUMMARY_FILE
-    if not path.is_file():
+    summary = rundir.read_summary(run_dir)
+    if summary is None:
         return None
-    summary = Summary.model_validate_json(path.read_bytes())
     chosen = next((s for s in summary.stages if s.name == stage), None) if stage else summary.stages[-1]
     if chosen is not None:
         row.measured_at_qps = chosen.target_qps

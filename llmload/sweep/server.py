@@ -22,6 +22,8 @@ from llmload.sim.profiles import STARTUP_WARNING
 PLACEHOLDERS = ("{config}", "{port}")
 STOP_TIMEOUT_S = 20.0  # SIGTERM, then this long before SIGKILL to the group (vLLM shuts down in a few seconds)
 _EXCEPTION = re.compile(r"(\w+(?:Error|Exception): .+)$")
+LOG_TAIL_LINES = 3  # a start that failed without vLLM's error or an exception: the log's last lines say why
+LOG_LINE_CHARS = 200
 
 
 def serve_command(template: str, config: Path, port: int) -> list[str]:
@@ -58,7 +60,8 @@ class Startup:
 
 def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str | None = None) -> Startup:
     """The startup figures from a server's log, through the startup-log explainer; for a server that
-    did not start, vLLM's reason in its own numbers, else its last exception, else `fallback`."""
+    did not start, vLLM's reason in its own numbers, else its last exception, else `fallback` with the
+    log's last lines (a server refusing a flag says so in one line)."""
     explanation = explain_vllm_log(log_text)
     facts: dict[str, float | int | str] = {}
     for finding in explanation.findings:
@@ -67,7 +70,7 @@ def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str 
     if not started:
         failure = next((f for f in explanation.findings if f.kind in FAILURE_KINDS), None)
         exceptions = _EXCEPTION.findall(log_text)
-        reason = failure.meaning if failure else exceptions[-1][:300] if exceptions else fallback
+        reason = failure.meaning if failure else exceptions[-1][:300] if exceptions else _with_tail(fallback, log_text)
     memory = facts.get("available_kv_gib", facts.get("kv_set_gib"))
     return Startup(
         started=started,
@@ -79,6 +82,14 @@ def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str 
         kv_cache_gib=float(memory) if isinstance(memory, int | float) else None,
         warnings=tuple(line.split(STARTUP_WARNING, 1)[1] for line in log_text.splitlines() if STARTUP_WARNING in line),
     )
+
+
+def _with_tail(fallback: str | None, log_text: str) -> str | None:
+    """`fallback; its log ends: line | line | line`, the last non-empty lines trimmed; `fallback` for an empty log."""
+    tail = [line.strip()[:LOG_LINE_CHARS] for line in log_text.splitlines() if line.strip()][-LOG_TAIL_LINES:]
+    if not tail:
+        return fallback
+    return "; ".join(part for part in (fallback, "its log ends: " + " | ".join(tail)) if part)
 
 
 def _int(value: object) -> int | None:

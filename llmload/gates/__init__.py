@@ -1,0 +1,8 @@
+"""The gates: a run, or runs, judged PASS or FAIL, and the commands built on that judgement.
+
+- ``verdict``: the soak verdict's checks of a run (its hold stage), one reason line each.
+- ``soak``: ``llmload soak``, a Locust run with the soak's stages and the verdict.
+- ``search``: ``llmload search``, the highest rate whose hold passes, probe by probe.
+- ``compare``: ``llmload compare``, the bootstrap regression gate between two runs.
+- ``passthrough``: the flags a gate hands to Locust, checked against those it sets itself.
+"""

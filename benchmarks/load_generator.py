@@ -26,7 +26,7 @@ import numpy as np
 from benchmarks import client_on_core_0
 from llmload.client import ChatClient, StreamResult
 from llmload.replay import StealMeter
-from llmload.servers.request import chat_body
+from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
 
 MESSAGES = [{"role": "user", "content": "benchmark"}]

@@ -15,7 +15,7 @@ import time
 
 from llmload.calibrate.render import render_fit
 from llmload.calibrate.run import CalibrationSettings, calibrate
-from llmload.serve_config.reader import read_serve_config
+from llmload.server.serve_config import read_serve_config
 from llmload.sim.profiles import PROFILES
 from tests.vllm_harness import VllmServer, build_tiny_model
 

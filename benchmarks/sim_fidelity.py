@@ -38,7 +38,7 @@ from llmload.calibrate.fidelity import FidelityRow, compare_search, compare_stag
 from llmload.calibrate.render import render_fit
 from llmload.calibrate.run import CalibrationSettings, calibrate
 from llmload.models import SearchResult
-from llmload.serve_config.reader import read_serve_config
+from llmload.server.serve_config import read_serve_config
 from llmload.sim.process import SimProcess
 from llmload.workload import save_workload
 from llmload.workload.synth import synthesize_chat_workload

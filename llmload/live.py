@@ -111,7 +111,7 @@ class LiveStats:
         self, stages: Sequence[Stage], plan_offsets: np.ndarray, started_at: float, server: ServerIdentity | None = None
     ) -> None:
         self.stages = list(stages)
-        self.identity = server  # which server the run met (llmload/servers)
+        self.identity = server  # which server the run met (llmload/server)
         self.started_at = started_at
         self._plan = np.sort(plan_offsets)  # every planned request, seconds from the start
         self.registry = CollectorRegistry(auto_describe=True)

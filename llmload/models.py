@@ -88,7 +88,7 @@ AUTO_FIT = -1  # --max-model-len -1 (or auto): vLLM takes the longest sequence i
 
 
 class ServeConfig(Strict):
-    """What a `vllm serve` config file and command line set (llmload/serve_config): None is vLLM's
+    """What a `vllm serve` config file and command line set (llmload/server/serve_config.py): None is vLLM's
     default. Keys vLLM accepts that llmload does not model are kept in `not_modelled`."""
 
     model: str | None = None
@@ -210,7 +210,7 @@ class Stage(Strict):
 
 
 class ServerIdentity(Strict):
-    """Which server a run met (llmload/servers/detect.py): its kind in llmload/servers/kinds.yaml,
+    """Which server a run met (llmload/server/detect.py): its kind in llmload/server/kinds.yaml,
     its version where it tells one, and what told them."""
 
     kind: str

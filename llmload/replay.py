@@ -31,7 +31,7 @@ from llmload.failures import HEALTH_PROBED
 from llmload.models import Message, RequestRecord, Session, Stage
 from llmload.records import request_record, with_health
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, stage_at, trace_session_starts
-from llmload.servers.request import RequestShape
+from llmload.server.request import RequestShape
 from llmload.workload.tokens import Tokenizer
 
 RecordSink = Callable[[RequestRecord], None]

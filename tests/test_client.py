@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from llmload.client import ChatClient, Limits
-from llmload.servers.request import chat_body
+from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
 
 MODEL = "llmload-sim"  # the name the embedded target serves

@@ -4,6 +4,7 @@ imported only by the Locust glue (the engine runs and is tested without it)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import llmload
@@ -79,3 +80,50 @@ def test_only_the_locust_glue_imports_locust() -> None:
         if any(name == "locust" or name.startswith("locust.") for name in _imports(path))
     )
     assert importers and all(name.startswith("llmload.locust") for name in importers), importers
+
+
+def _rooms() -> dict[Path, list[str]]:
+    """Each package of llmload (a room) and the names of what it holds: modules and sub-rooms."""
+    rooms = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        room = init.parent
+        if room == PACKAGE:
+            continue
+        inside = [p.stem for p in room.glob("*.py") if p.stem not in ("__init__", "__main__")]
+        inside += [p.name for p in room.iterdir() if (p / "__init__.py").exists()]
+        rooms[room] = sorted(inside)
+    return rooms
+
+
+def _named(name: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
+
+
+def test_every_folder_of_python_is_a_room_whose_docstring_lists_its_modules() -> None:
+    folders = {p.parent for p in PACKAGE.rglob("*.py")}
+    assert folders == {PACKAGE, *_rooms()}, "a folder of modules without an __init__.py"
+    for room, inside in _rooms().items():
+        docstring = ast.get_docstring(ast.parse((room / "__init__.py").read_text(encoding="utf-8"))) or ""
+        missing = [name for name in inside if not _named(name, docstring)]
+        assert not missing, f"{room.relative_to(PACKAGE.parent)}/__init__.py does not name {missing}"
+
+
+def test_the_architecture_room_table_names_every_room_and_its_modules() -> None:
+    """docs/ARCHITECTURE.md's table is the map a newcomer reads: a room or module it does not name
+    is a room nobody can find."""
+    rows = [
+        line.split("|")[1:3]
+        for line in (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| `")
+    ]
+    table = {name: what for first, what in rows for name in re.findall(r"`([\w./]+)`", first)}
+    for module in PACKAGE.glob("*.py"):
+        if module.stem not in ("__init__", "__main__"):
+            assert f"{module.name}" in table, f"no row of the room table names llmload/{module.name}"
+    for room, inside in _rooms().items():
+        if room.parent != PACKAGE:
+            continue  # a sub-room (workload/formats/) is named in its room's row
+        row = table.get(f"{room.name}/")
+        assert row is not None, f"no row of the room table names llmload/{room.name}/"
+        missing = [name for name in inside if not _named(name, row)]
+        assert not missing, f"the row of {room.name}/ does not name {missing}"

@@ -20,7 +20,7 @@ from llmload.observe.metrics import VLLM, parse_metrics
 from llmload.observe.observer import Observer, ServerSample
 from llmload.observe.summary import read_server, server_summary
 from llmload.rundir import SERVER_FILE
-from llmload.servers.request import chat_body
+from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
 from llmload.sweep.server import free_port
 from tests.locust_runs import REPO, locust_command, small_workload

@@ -15,8 +15,8 @@ from llmload.models import Message, RequestRecord, Session, Turn
 from llmload.plan import PlanFlags, RunPlan
 from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender, WorkerShare
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
-from llmload.servers.kinds import kind
-from llmload.servers.request import RequestShape
+from llmload.server.kinds import kind
+from llmload.server.request import RequestShape
 from llmload.workload.tokens import get_tokenizer
 from tests.locust_runs import small_workload
 from tests.wire_server import canned_server, chat_stream

@@ -16,7 +16,7 @@ import pytest
 
 from llmload.cli import build_parser, main
 from llmload.errors import InputError
-from llmload.serve_config.reader import read_serve_config
+from llmload.server.serve_config import read_serve_config
 from llmload.sim.process import SimProcess
 from tests.locust_runs import REPO, metrics_text, run_locust, small_workload, tiny_llama_config
 

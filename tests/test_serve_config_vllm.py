@@ -15,8 +15,8 @@ import pytest
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli import main
 from llmload.errors import InputError
-from llmload.serve_config.options import CAPTURE
-from llmload.serve_config.reader import read_serve_config
+from llmload.server.serve_config import read_serve_config
+from llmload.server.vllm_options import CAPTURE
 from llmload.sim.process import SimProcess
 from tests.locust_runs import metrics_text
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
@@ -40,7 +40,7 @@ def vllm_python(script: Path, stdin: str = "") -> str:
 
 
 def test_the_captured_options_are_the_installed_vllms(vllm_tiny_model: Path) -> None:
-    """Refresh with the command in llmload/serve_config/capture.py when this fails after an upgrade."""
+    """Refresh with the command in llmload/server/capture.py when this fails after an upgrade."""
     captured = json.loads(vllm_python(CAPTURE.with_name("capture.py")))
     assert captured == json.loads(CAPTURE.read_text(encoding="utf-8"))
 

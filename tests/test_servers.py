@@ -1,4 +1,4 @@
-"""Server kinds (llmload/servers): which server a URL is, what its requests carry, and a field a
+"""Server kinds (llmload/server): which server a URL is, what its requests carry, and a field a
 server refuses dropped for the rest of the run. Detection is checked against loopback servers that
 answer each probe the way the real server does (its source, quoted in kinds.yaml's `read_from`),
 and against the embedded target; the real servers that run here are in test_servers_real.py."""
@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from llmload.errors import InputError
-from llmload.servers.detect import identify, require_calibrating_server
-from llmload.servers.kinds import compatibility_table, kind, kinds
-from llmload.servers.request import RequestShape, parse_extra_body
+from llmload.server.detect import identify, require_calibrating_server
+from llmload.server.kinds import compatibility_table, kind, kinds
+from llmload.server.request import RequestShape, parse_extra_body
 from llmload.sim.process import SimProcess
 from tests.locust_runs import fixed_output_workload, run_locust
 from tests.wire_server import serve

@@ -1,4 +1,4 @@
-"""The servers that run on these CPUs, each checked against its row of llmload/servers/kinds.yaml
+"""The servers that run on these CPUs, each checked against its row of llmload/server/kinds.yaml
 (what docs/servers.md prints): told apart by llmload's probes, how its stream ends and where its
 usage comes, whether it refuses an unknown field, whether the way llmload forces a length gives
 exactly that length, the metrics it is read for and its tokenize endpoint. Then the sample
@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from llmload.observe.metrics import metric_totals
-from llmload.servers.detect import identify
-from llmload.servers.kinds import kind
-from llmload.servers.request import RequestShape
+from llmload.server.detect import identify
+from llmload.server.kinds import kind
+from llmload.server.request import RequestShape
 from tests.locust_runs import REPO, llmload_cli, metrics_text, run_locust
 from tests.server_harness import HarnessServer
 

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmload.client import ChatClient, Limits, StreamResult
 from llmload.models import ServeConfig
 from llmload.observe.metrics import scrape
-from llmload.servers.request import chat_body
+from llmload.server.request import chat_body
 from llmload.sim import SimProcess
 from llmload.sim.config import FaultSpec
 from llmload.sim.engine import dry_run

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmload.client import ChatClient, StreamResult
-from llmload.servers.request import chat_body
+from llmload.server.request import chat_body
 from tests.wire_server import canned_server
 
 CAPTURED = Path(__file__).parent / "data" / "vllm-0.32"

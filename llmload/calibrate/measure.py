@@ -29,7 +29,7 @@ from llmload.calibrate.target import public_url
 from llmload.client import ChatClient, Limits, StreamResult
 from llmload.errors import InputError
 from llmload.observe.metrics import scrape
-from llmload.servers.request import chat_body
+from llmload.server.request import chat_body
 from llmload.sim.profiles import EngineProfile
 
 SHORT_PROMPT = 32  # tokens: the shortest probes' prompts (a chat template and a head take ~15)

@@ -1,4 +1,4 @@
-"""A `vllm serve` configuration (llmload/serve_config) as capacity inputs: the model it names and the
+"""A `vllm serve` configuration (llmload/server/serve_config.py) as capacity inputs: the model it names and the
 GPU it runs on."""
 
 from __future__ import annotations

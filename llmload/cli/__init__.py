@@ -1,6 +1,10 @@
 """`llmload` command line: one module per command, each with HELP, `add_arguments(parser)` and
 `run(args)` (PASSTHROUGH commands also get the flags they do not know, for Locust). Every user
-error is an InputError, and becomes exit code 2 here and nowhere else."""
+error is an InputError, and becomes exit code 2 here and nowhere else.
+
+Commands: `workload` (build, stats, synth), `capacity`, `sim` and `sim_calibrate` (the embedded
+target and its calibration), `demo`, `report`, `compare`, `soak`, `search`, `sweep`; `aliases`
+keeps a retired flag spelling working, with a warning."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from llmload.preflight.fit import (
 )
 from llmload.preflight.render import render_preflight
 from llmload.schedule import DEFAULT_STAGE_PERCENTS, build_stages, parse_stage_percents
-from llmload.serve_config.arguments import add_serving_arguments, serving_config
+from llmload.server.arguments import add_serving_arguments, serving_config
 
 HELP = "KV-cache capacity of a model or a vLLM config, a workload's preflight, or explain a vLLM startup log"
 

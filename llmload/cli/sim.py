@@ -14,7 +14,7 @@ from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli import sim_calibrate
 from llmload.cli.aliases import DeprecatedAlias as _DeprecatedAlias
 from llmload.errors import InputError, validation_message
-from llmload.serve_config.arguments import add_serving_arguments, serving_config, serving_files_given
+from llmload.server.arguments import add_serving_arguments, serving_config, serving_files_given
 from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, SimConfig, SlowTokens
 from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
 from llmload.yamlfile import load_yaml_model

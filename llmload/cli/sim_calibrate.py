@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llmload.serve_config.arguments import add_serving_arguments
+from llmload.server.arguments import add_serving_arguments
 
 HELP = "fit a profile to a running vLLM server: `llmload sim calibrate --host URL -o profile.yaml`"
 
@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from llmload.calibrate.render import render_fit
     from llmload.calibrate.run import CalibrationSettings, calibrate
     from llmload.errors import InputError
-    from llmload.serve_config.arguments import serving_config
-    from llmload.servers.detect import require_calibrating_server
+    from llmload.server.arguments import serving_config
+    from llmload.server.detect import require_calibrating_server
 
     if args.output.exists() and not args.force:
         raise InputError(f"--output {args.output} exists: give --force to replace it, or another file")

@@ -33,7 +33,7 @@ from llmload.models import (
     Verdict,
 )
 from llmload.rundir import SERVER_FILE, Run
-from llmload.servers.kinds import kind as server_kind
+from llmload.server.kinds import kind as server_kind
 from llmload.stats import windows
 from llmload.stats.trend import Trend
 from llmload.yamlfile import load_yaml_model

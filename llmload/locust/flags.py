@@ -13,7 +13,7 @@ from llmload.gates.verdict import add_criteria_arguments
 from llmload.plan import PlanFlags
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.schedule import ARRIVAL_PROCESSES, parse_duration
-from llmload.servers.kinds import kinds
+from llmload.server.kinds import kinds
 
 DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
 
@@ -47,7 +47,7 @@ def add_arguments(parser: Any) -> None:
     group.add_argument(
         "--server-kind", default=None, choices=list(kinds()),
         help="the kind of server (default: found by probing it): what its requests carry, how its streams end,"
-        " which metrics it exports (llmload/servers/kinds.yaml)",
+        " which metrics it exports (llmload/server/kinds.yaml)",
     )  # fmt: skip
     group.add_argument(
         "--extra-body", default=None, metavar="JSON",

@@ -36,9 +36,9 @@ from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
 from llmload.schedule import ArrivalSchedule, RunClock
-from llmload.servers.detect import identify
-from llmload.servers.kinds import kind
-from llmload.servers.request import RequestShape, parse_extra_body, server_line
+from llmload.server.detect import identify
+from llmload.server.kinds import kind
+from llmload.server.request import RequestShape, parse_extra_body, server_line
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 from llmload.workload import Workload
 

@@ -12,7 +12,7 @@ from geventhttpclient import HTTPClient
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from llmload.servers.kinds import MetricField, kind
+from llmload.server.kinds import MetricField, kind
 
 VLLM = kind("vllm")  # what an observer reads when nobody says which server it watches
 

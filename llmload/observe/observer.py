@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
 from llmload.observe.host import HostMeter
 from llmload.observe.metrics import VLLM, fetch, parse_metrics
-from llmload.servers.kinds import ServerKind
+from llmload.server.kinds import ServerKind
 
 log = logging.getLogger(__name__)
 

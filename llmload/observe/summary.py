@@ -14,7 +14,7 @@ import pandas as pd
 from llmload.models import GpuSummary, ServerSummary
 from llmload.observe.gpu import GpuSample
 from llmload.observe.observer import ServerSample
-from llmload.servers.kinds import METRIC_FIELDS
+from llmload.server.kinds import METRIC_FIELDS
 
 
 def _server_lines(path: Path) -> list[dict[str, Any]]:

@@ -1,2 +1,3 @@
-"""What a run's records become: the summary (computed once), report.md and report.html, and the
-capacity search's page."""
+"""What a run's records become: the summary, computed once (`summary`), goodput against the SLOs
+(`goodput`), report.md (`markdown`) and report.html (`html`), the capacity search's page
+(`search_page`) and the sweep's pages (`sweep_page`)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmload.format import fmt, percent
 from llmload.models import ServerSummary, Summary
-from llmload.servers.kinds import kind
+from llmload.server.kinds import kind
 from llmload.stats.sketch import METHOD as ITL_METHOD
 
 

@@ -38,7 +38,7 @@ from llmload.observe.summary import ServerSamples, series_max, server_summary, w
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
 from llmload.rundir import Run
-from llmload.servers.kinds import kind
+from llmload.server.kinds import kind
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
 from llmload.stats.sketch import BUCKETS, Histograms
 

@@ -16,7 +16,7 @@ import yaml
 
 from llmload.errors import InputError
 from llmload.models import ConfigValue
-from llmload.serve_config.reader import known_option, read_serve_config
+from llmload.server.serve_config import known_option, read_serve_config
 from llmload.yamlfile import load_yaml_mapping
 
 CONFIG_FILE = "config.yaml"

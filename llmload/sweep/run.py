@@ -22,7 +22,7 @@ from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boun
 from llmload.gates.soak import SoakRun, run_soak
 from llmload.models import SearchResult, Summary, SweepMode, SweepResult, SweepRow
 from llmload.report.sweep_page import write_pages
-from llmload.serve_config.reader import read_serve_config
+from llmload.server.serve_config import read_serve_config
 from llmload.sweep.configs import CONFIG_FILE, SweepConfig
 from llmload.sweep.server import ServerProcess, Startup, free_port, serve_command
 

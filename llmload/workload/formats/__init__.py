@@ -8,6 +8,8 @@ sessions and synthesis are the builder's job (`llmload.workload.build`).
 
 Each format is one module declaring its `FORMAT` (name, sniff, parser); `FORMATS` lists them in
 the order `--format` offers them. Adding a format is one new module and one entry in `FORMATS`.
+Today: `openai_jsonl`, `sharegpt`, `vllm_log`, `azure_trace` and `mooncake`, over the shared
+types and JSON-line helpers of `common`.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from llmload.models import ServeConfig
-from llmload.serve_config.options import vllm_options
-from llmload.serve_config.reader import read_serve_config
+from llmload.server.serve_config import read_serve_config
+from llmload.server.vllm_options import vllm_options
 
 SERVING_FLAGS = "serving_flags"  # the argparse destination holding the setting flags as typed
 # Fields that name the model rather than size the server: each command names its model its own way.

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import ConfigValue, ServeConfig
-from llmload.serve_config.options import REMOVED, Option, read_value, vllm_options
+from llmload.server.vllm_options import REMOVED, Option, read_value, vllm_options
 from llmload.yamlfile import yaml_entries
 
 COMMAND_LINE = "--vllm-args"

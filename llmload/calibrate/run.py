@@ -24,7 +24,7 @@ from llmload.calibrate.measure import (
 )
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.regression import Fit, Observation, fit_steady_load, fit_timing
-from llmload.calibrate.target import ServerFacts, kv_sizing, public_url, read_facts
+from llmload.calibrate.target import ServerFacts, public_url, read_facts, sized_serving
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
 from llmload.sim.profiles import CalibrationFit, EngineProfile, SteadyLoadPoint, StepTiming
@@ -152,13 +152,12 @@ def _measure(
 
 def serving_profile(facts: ServerFacts, settings: CalibrationSettings, name: str) -> EngineProfile:
     """The server's serving settings as a profile (no timing yet); its own config, when given, wins."""
-    dtype, kv_bytes = kv_sizing(facts)
     try:
         profile = EngineProfile(
             name=name,
             description=f"{facts.served_model}, calibrated against its server",
             calibration="llmload sim calibrate",
-            serving=facts.serve_config(dtype, kv_bytes),
+            serving=sized_serving(facts),
             timing=_UNTIMED,
         )
         if settings.serve is not None:

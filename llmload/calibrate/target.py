@@ -66,42 +66,21 @@ def get_text(url: str, path: str, timeout_s: float = 30.0) -> str:
 
 @dataclass
 class ServerFacts:
-    """The serving settings a calibrated profile takes from the server, and where each came from."""
+    """What a server says about itself: its vLLM settings as one ServeConfig (the served model, its
+    context length, KV pool and limits, `origins` saying where each came from), and what is not a
+    setting: the name it serves under, the blocks its pool holds, the startup log's settings."""
 
     served_model: str
-    model: str
-    """A bundled model name or a config.json path (EngineProfile.model)."""
-    max_model_len: int
-    block_size: int
+    serving: ServeConfig
+    """Its model is a bundled model name or a config.json path (the KV geometry that sizes the pool);
+    `kv_cache_memory_bytes` is what the server was given (/metrics), when it was given one."""
     num_blocks: int
-    enable_prefix_caching: bool
-    kv_cache_dtype: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    kv_cache_memory_bytes: int | None
-    """What the server was given (/metrics), when it was given one."""
     settings: dict[str, object] = field(default_factory=dict)
     """The startup log's settings (--vllm-log)."""
     assumed: dict[str, str] = field(default_factory=dict)
     """Settings taken from vLLM's defaults, each with a note that says so."""
     sources: dict[str, str] = field(default_factory=dict)
-
-    def serve_config(self, dtype: str, kv_cache_memory_bytes: int) -> ServeConfig:
-        """What was read from the server as its vLLM settings, with the dtype and KV memory that size its
-        pool (`kv_sizing`); `origins` says where each came from."""
-        return ServeConfig(
-            model=self.model,
-            served_model_name=self.served_model,
-            dtype=dtype,
-            kv_cache_dtype=self.kv_cache_dtype,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            enable_prefix_caching=self.enable_prefix_caching,
-            origins=self.sources,
-        )
+    """Where each figure came from: the settings' origins and the pool's block count."""
 
 
 def served_model(url: str, name: str | None) -> dict[str, Any]:
@@ -190,41 +169,48 @@ def read_facts(url: str, *, model_name: str | None, model_config: str | None, vl
                 f"{key} {default}: vLLM's default for {'the CPU backend' if on_cpu else 'GPUs under 70 GiB'}; "
                 "the server does not export it (give --vllm-config or --vllm-args if it was set)"
             )
-    return ServerFacts(
-        served_model=str(card["id"]),
+    serving = ServeConfig(
         model=model_of(str(card.get("root") or card["id"]), model_config),
+        served_model_name=str(card["id"]),
         max_model_len=int(card["max_model_len"]),
         block_size=block_size,
-        num_blocks=num_blocks,
         enable_prefix_caching=prefix_caching,
         kv_cache_dtype=kv_dtype,
         kv_cache_memory_bytes=kv_bytes,
-        settings=settings,
-        assumed=assumed,
-        sources=sources,
+        tensor_parallel_size=settings.get("tensor_parallel_size"),  # type: ignore[arg-type]
+        pipeline_parallel_size=settings.get("pipeline_parallel_size"),  # type: ignore[arg-type]
+        origins={k: v for k, v in sources.items() if k in ServeConfig.model_fields},
         **limits,
     )
+    return ServerFacts(
+        served_model=str(card["id"]), serving=serving, num_blocks=num_blocks, settings=settings, assumed=assumed,
+        sources=sources,
+    )  # fmt: skip
 
 
 def _layout(facts: ServerFacts, spec: ModelSpec, dtype: str) -> KVLayout:
+    vllm = facts.serving.resolved()
     return kv_layout(
         spec,
-        tensor_parallel_size=int(facts.settings.get("tensor_parallel_size", 1)),  # type: ignore[call-overload]
-        pipeline_parallel_size=int(facts.settings.get("pipeline_parallel_size", 1)),  # type: ignore[call-overload]
+        tensor_parallel_size=vllm.tensor_parallel_size,
+        pipeline_parallel_size=vllm.pipeline_parallel_size,
         dtype=dtype,  # type: ignore[arg-type]
-        kv_cache_dtype=facts.kv_cache_dtype,  # type: ignore[arg-type]
-        block_size=facts.block_size,
+        kv_cache_dtype=vllm.kv_cache_dtype,  # type: ignore[arg-type]
+        block_size=vllm.block_size,
     )
 
 
-def kv_sizing(facts: ServerFacts) -> tuple[str, int]:
-    """The model dtype and the KV memory (as --kv-cache-memory-bytes) with which `plan_capacity`
-    allocates exactly the server's blocks: when the server was given its KV memory, the dtype whose
-    bytes per block divide it into that many blocks (vLLM's `--dtype` is not exported), else `auto`."""
-    spec = load_model(facts.model)
-    dtype = "auto"
-    if facts.kv_cache_memory_bytes is not None:
+def sized_serving(facts: ServerFacts) -> ServeConfig:
+    """The server's settings with the model dtype and the KV memory (as --kv-cache-memory-bytes) with
+    which `plan_capacity` allocates exactly the server's blocks: when the server was given its KV
+    memory, the dtype whose bytes per block divide it into that many blocks (vLLM's `--dtype` is not
+    exported), else `auto`."""
+    spec = load_model(str(facts.serving.model))
+    given = facts.serving.kv_cache_memory_bytes
+    sized = {"dtype": "auto", "kv_cache_memory_bytes": facts.num_blocks * _layout(facts, spec, "auto").bytes_per_block}
+    if given is not None:
         for candidate in ("auto", spec.dtype, "bfloat16", "float16", "float32"):
-            if facts.kv_cache_memory_bytes // _layout(facts, spec, candidate).bytes_per_block == facts.num_blocks:
-                return candidate, facts.kv_cache_memory_bytes
-    return dtype, facts.num_blocks * _layout(facts, spec, dtype).bytes_per_block
+            if given // _layout(facts, spec, candidate).bytes_per_block == facts.num_blocks:
+                sized = {"dtype": candidate, "kv_cache_memory_bytes": given}
+                break
+    return facts.serving.model_copy(update=sized)

@@ -184,8 +184,6 @@ def run(args: argparse.Namespace) -> int:
         values["profile"] = profile_for(serving)
     if "model_name" not in values and (serving.served_model_name or serving.model):
         values["model_name"] = serving.served_model_name or serving.model
-    if serving.max_model_len is not None and serving.max_model_len > 0:
-        values["max_model_len"] = serving.max_model_len
     try:
         config = SimConfig(**values, serving=serving, faults=faults)
     except ValidationError as e:

@@ -129,11 +129,13 @@ class FaultPlan(Strict):
         return self.engine_death is not None or bool(self.slow_tokens)
 
 
+PACED_MAX_MODEL_LEN = 4096
+
+
 class SimConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port")
     model_name: str = Field(default="llmload-sim", min_length=1)
-    max_model_len: PositiveInt = Field(default=4096, description="with --profile, replaces the profile's")
     tokenizer: str = Field(default="cl100k_base", description="counts prompts: cl100k_base or hf:DIR")
     profile: str | None = Field(default=None, description="engine mode: a built-in profile name or a YAML file")
     serving: ServeConfig = Field(
@@ -167,6 +169,13 @@ class SimConfig(Strict):
         if self.profile is None and engine_flags:
             raise ValueError(f"{', '.join(engine_flags)} configure the engine: give --profile")
         return self
+
+    @property
+    def paced_max_model_len(self) -> int:
+        """Fixed pacing's context length: the serving settings' when set (auto-fit has no KV cache to
+        fit here), else 4096. With --profile the profile's, replaced by the same setting, counts."""
+        given = self.serving.max_model_len
+        return given if given is not None and given > 0 else PACED_MAX_MODEL_LEN
 
     def ttft_s(self, prompt_tokens: int) -> float:
         prefill = prompt_tokens / self.prefill_tokens_per_s if self.prefill_tokens_per_s else 0.0

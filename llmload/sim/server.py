@@ -149,7 +149,7 @@ class SimServer:
     def __init__(self, config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None = None) -> None:
         self.config = config
         profile = engine_plan[0] if engine_plan else None
-        self.max_model_len = profile.max_model_len if profile else config.max_model_len
+        self.max_model_len = profile.max_model_len if profile else config.paced_max_model_len
         self.fingerprint = wire.system_fingerprint(config.model_name, self.max_model_len)
         self.tokenizer = PromptTokenizer(config.tokenizer)
         self.lag = LagStats()

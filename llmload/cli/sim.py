@@ -34,58 +34,35 @@ def _parsed(parse: Any) -> Any:
     return convert
 
 
-def _default(field: str) -> object:
-    return SimConfig.model_fields[field].default
+def _setting(group: Any, field: str) -> None:
+    """A flag named, typed, defaulted and explained by its SimConfig field, so the two cannot drift."""
+    info = SimConfig.model_fields[field]
+    group.add_argument(
+        "--" + field.replace("_", "-"),
+        type=info.annotation,
+        default=info.default,
+        help=f"{info.description} (default: %(default)s)",
+    )
 
 
 HELP = "the embedded OpenAI-compatible target (vLLM-like on the wire)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--host", default=_default("host"), help="address to bind (default: %(default)s)")
-    add("--port", type=int, default=_default("port"), help="port; 0 picks a free one (default: %(default)s)")
-    add(
+    for field in ("host", "port", "tokenizer", "default_max_tokens", "concurrency_limit"):
+        _setting(parser, field)
+    parser.add_argument(
         "--model",
         "--model-name",
         dest="model_name",
         action=_DeprecatedAlias,
         default=None,
-        help=f"served model name (default: the vLLM config's served-model-name, else {_default('model_name')}); "
-        "--model-name is its old spelling",
+        help="served model name (default: the vLLM config's served-model-name, else "
+        f"{SimConfig.model_fields['model_name'].default}); --model-name is its old spelling",
     )
-    add(
-        "--tokenizer",
-        default=_default("tokenizer"),
-        help="counts prompt tokens: cl100k_base, or hf:DIR for a model's own tokenizer (default: %(default)s)",
-    )
-    add(
-        "--default-max-tokens",
-        type=int,
-        default=_default("default_max_tokens"),
-        help="chat output length when the request sets none (default: %(default)s)",
-    )
-
-    add(
-        "--concurrency-limit",
-        type=int,
-        default=_default("concurrency_limit"),
-        help="requests in flight above this get vLLM's 503 busy error; 0 = unlimited (default: %(default)s)",
-    )
-
     paced = parser.add_argument_group("fixed pacing (without --profile): exact, configured timing")
-    paced.add_argument(
-        "--ttft-ms", type=float, default=_default("ttft_ms"), help="base time to first token, ms (default: %(default)s)"
-    )
-    paced.add_argument(
-        "--prefill-tokens-per-s",
-        type=float,
-        default=_default("prefill_tokens_per_s"),
-        help="adds prompt_tokens / this to the TTFT; 0 = off (default: %(default)s)",
-    )
-    paced.add_argument(
-        "--itl-ms", type=float, default=_default("itl_ms"), help="time between tokens, ms (default: %(default)s)"
-    )
+    for field in ("ttft_ms", "prefill_tokens_per_s", "itl_ms"):
+        _setting(paced, field)
 
     engine = parser.add_argument_group("engine mode: vLLM's scheduler and paged KV cache, timed by a profile")
     engine.add_argument(
@@ -129,12 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="T1:T2:MS",
         help="from T1 to T2 s after startup every token takes MS longer; repeatable",
     )
-    add(
+    parser.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="usage carries prompt_tokens_details.cached_tokens, like vLLM's flag of that name",
     )
-    add(
+    parser.add_argument(
         "--refuse-fields",
         type=lambda text: tuple(name for name in text.split(",") if name),
         default=None,

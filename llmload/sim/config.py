@@ -133,20 +133,22 @@ PACED_MAX_MODEL_LEN = 4096
 
 
 class SimConfig(Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port")
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: int = Field(default=8000, ge=0, le=65535, description="port; 0 picks a free one")
     model_name: str = Field(default="llmload-sim", min_length=1)
-    tokenizer: str = Field(default="cl100k_base", description="counts prompts: cl100k_base or hf:DIR")
+    tokenizer: str = Field(
+        default="cl100k_base", description="counts prompt tokens: cl100k_base, or hf:DIR for a model's own tokenizer"
+    )
     profile: str | None = Field(default=None, description="engine mode: a built-in profile name or a YAML file")
     serving: ServeConfig = Field(
         default=ServeConfig(), description="vLLM's settings of the server simulated (--vllm-config, flags)"
     )
-    ttft_ms: NonNegativeFloat = Field(default=20.0, description="base time to first token")
+    ttft_ms: NonNegativeFloat = Field(default=20.0, description="base time to first token, ms")
     prefill_tokens_per_s: NonNegativeFloat = Field(
         default=0.0, description="adds prompt_tokens / this to the TTFT; 0 = off"
     )
-    itl_ms: NonNegativeFloat = Field(default=5.0, description="time between output tokens")
-    default_max_tokens: PositiveInt = Field(default=64, description="output length when the request gives none")
+    itl_ms: NonNegativeFloat = Field(default=5.0, description="time between output tokens, ms")
+    default_max_tokens: PositiveInt = Field(default=64, description="chat output length when the request sets none")
     faults: FaultPlan = FaultPlan()
     concurrency_limit: NonNegativeInt = Field(
         default=0, description="requests in flight above this get vLLM's 503 busy error; 0 = unlimited"

@@ -57,7 +57,8 @@ class Geometric(Strict):
 
 class Empirical(Strict):
     """Percentiles of a real distribution: the inverse CDF is piecewise linear through them, and its
-    first and last segments extend to percentiles 0 and 100, so each given percentile is reproduced."""
+    first and last segments extend to percentiles 0 (not below 0) and 100, so each given percentile
+    is reproduced; give a low one (p1, p5) for a short lower tail."""
 
     kind: Literal["percentiles"]
     points: dict[float, float] = Field(description="percentile (0..100) -> value")
@@ -82,7 +83,7 @@ class Empirical(Strict):
         if qs[0] > 0:  # extend the first segment down to percentile 0
             slope = (vs[1] - vs[0]) / (qs[1] - qs[0])
             qs.insert(0, 0.0)
-            vs.insert(0, vs[0] - slope * qs[1])
+            vs.insert(0, max(0.0, vs[0] - slope * qs[1]))
         if qs[-1] < 1:
             slope = (vs[-1] - vs[-2]) / (qs[-1] - qs[-2])
             vs.append(vs[-1] + slope * (1 - qs[-1]))

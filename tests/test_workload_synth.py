@@ -157,3 +157,12 @@ def test_like_the_azure_trace_exits_0_and_leaves_what_it_lacks_unjudged(
     assert rows["prompt tokens P99"].endswith("✓ |") and rows["arrival rate requests/s"].endswith("✓ |")
     assert rows["think time s P50"] == "| think time s P50 | — | — | — | — |"
     assert len(load_workload(out).sessions) == 2000
+
+
+def test_like_with_three_times_the_sessions_keeps_the_request_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "big.yaml"
+    assert synth("--like", str(SAMPLE), "-o", str(out), "--sessions", "900") == 0
+    assert "| arrival rate requests/s | 2.734 | 2.734 |" in capsys.readouterr().out
+    assert len(load_workload(out).sessions) == 900

@@ -62,11 +62,44 @@ def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) ->
     if not np.isnan(starts).any():
         gaps = np.diff(starts)
         chosen = gaps[_balanced(gaps.size, sessions - 1, rng)] if gaps.size else np.zeros(sessions - 1)
-        offsets = np.concatenate([[0.0], np.cumsum(chosen)]).round(3).tolist()
+        offsets = np.concatenate([[0.0], np.cumsum(chosen)]).tolist()
+    picked = [real[i] for i in _balanced(len(real), sessions, rng).tolist()]
+    if offsets[0] is not None:
+        offsets = _paced(np.asarray(offsets), picked, _request_rate(table["arrival_s"].to_numpy(dtype=float)))
     return [
-        SessionShape(new_tokens=real[i][0], output_tokens=real[i][1], think_times_s=real[i][2], offset_s=offset)
-        for i, offset in zip(_balanced(len(real), sessions, rng).tolist(), offsets, strict=True)
+        SessionShape(new_tokens=news, output_tokens=outs, think_times_s=thinks, offset_s=offset)
+        for (news, outs, thinks), offset in zip(picked, offsets, strict=True)
     ]
+
+
+def _request_rate(arrivals: np.ndarray) -> float | None:
+    """Requests per second as `workload_stats` counts it: gaps / first-to-last span."""
+    span = float(np.nanmax(arrivals) - np.nanmin(arrivals)) if arrivals.size else 0.0
+    return (arrivals.size - 1) / span if span > 0 else None
+
+
+def _paced(
+    offsets: np.ndarray, picked: list[tuple[list[int], list[int | None], list[float]]], rate: float | None
+) -> list[float | None]:
+    """Session starts stretched (bisection on one scale) so the synthetic workload has the real request
+    rate: with more or fewer sessions than the real one, its last sessions' turns weigh differently in
+    the first-to-last span."""
+    arrivals = [np.cumsum(thinks) for _, _, thinks in picked]
+    if rate is None or sum(a.size for a in arrivals) < 2:
+        return offsets.round(3).tolist()
+
+    def rate_at(scale: float) -> float:
+        times = np.concatenate([offset * scale + a for offset, a in zip(offsets, arrivals, strict=True)])
+        return _request_rate(times) or float("inf")
+
+    low, high = 0.0, 1.0
+    while rate_at(high) > rate and high < 1e6:  # the rate falls as the starts stretch
+        low, high = high, high * 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if rate_at(middle) > rate else (low, middle)
+    scale = high
+    return (offsets * scale).round(3).tolist()
 
 
 def redraw(

@@ -41,7 +41,8 @@ from llmload.models import SearchResult
 from llmload.server.serve_config import read_serve_config
 from llmload.sim.process import SimProcess
 from llmload.workload import save_workload
-from llmload.workload.synth import synthesize_chat_workload
+from llmload.workload.distributions import LogNormal
+from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
 from tests.locust_runs import llmload_cli, run_locust
 from tests.vllm_harness import SERVED_MODEL_NAME, VllmServer, build_tiny_model
 
@@ -85,10 +86,12 @@ def load_average() -> float:
 def fidelity_workload(model: Path, directory: Path) -> Path:
     """Single-turn chats in the model's own tokens (shared system prompts, so the prefix cache works
     as in production), none longer than the context: a request vLLM refuses would fail every probe."""
-    spec, sessions = synthesize_chat_workload(
-        "fidelity", sessions=6000, seed=3, max_turns=1, system_prompts=(300, 600, 900), user_tokens_median=100,
-        output_tokens_median=150, tokenizer=f"hf:{model}",
+    options = SynthOptions(
+        sessions=6000, seed=3, max_turns=1, shared_prefixes=[PrefixPool(count=3, tokens=600)],
+        prefix_popularity=Popularity(zipf_s=None), prompt_tokens=LogNormal(kind="lognormal", median=100, sigma=0.9),
+        output_tokens=LogNormal(kind="lognormal", median=150, sigma=0.7), tokenizer=f"hf:{model}",
     )  # fmt: skip
+    spec, sessions = synthesize_workload("fidelity", options)
     fits = [s for s in sessions if all((t.prompt_tokens or 0) + t.output_tokens + 32 <= MAX_MODEL_LEN for t in s.turns)]
     return save_workload(spec.model_copy(update={"model": SERVED_MODEL_NAME}), fits, directory / "w.yaml")
 

@@ -22,7 +22,8 @@ from llmload.models import Message, Session, Turn, WorkloadSpec
 from llmload.records import read_records
 from llmload.sim.profiles import CalibrationFit, CalibrationPoint, EngineProfile
 from llmload.workload import save_workload
-from llmload.workload.synth import TextSynthesizer, synthesize_chat_workload
+from llmload.workload.distributions import LogNormal
+from llmload.workload.synth import PrefixPool, SynthOptions, TextSynthesizer, synthesize_workload
 from llmload.workload.tokens import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,16 +33,16 @@ LOCUSTFILE = REPO / "loadtests" / "chat.py"
 def small_workload(
     directory: Path, name: str = "small", *, max_turns: int = 3, think_s: float = 0.3, output_median: float = 16
 ) -> Path:
-    spec, sessions = synthesize_chat_workload(
-        name,
+    options = SynthOptions(
         sessions=60,
         seed=2,
         max_turns=max_turns,
-        system_prompts=(40, 80),
-        user_tokens_median=30,
-        output_tokens_median=output_median,
-        think_time_median_s=think_s,
+        shared_prefixes=[PrefixPool(count=2, tokens=60)],
+        prompt_tokens=LogNormal(kind="lognormal", median=30, sigma=0.9),
+        output_tokens=LogNormal(kind="lognormal", median=output_median, sigma=0.7),
+        think_time_s=LogNormal(kind="lognormal", median=think_s, sigma=0.8),
     )
+    spec, sessions = synthesize_workload(name, options)
     return save_workload(spec, sessions, directory / f"{name}.yaml")
 
 

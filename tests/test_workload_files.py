@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmload.workload import WorkloadError, load_workload, save_workload
-from llmload.workload.synth import TextSynthesizer, synthesize_chat_workload
+from llmload.workload.synth import SynthOptions, TextSynthesizer, synthesize_workload
 from llmload.workload.tokens import get_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,14 +32,14 @@ def test_synthetic_text_has_the_exact_token_count() -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    spec, sessions = synthesize_chat_workload("rt", sessions=5, seed=1)
+    spec, sessions = synthesize_workload("rt", SynthOptions(sessions=5, seed=1))
     path = save_workload(spec, sessions, tmp_path / "rt.yaml")
     loaded = load_workload(path)
     assert loaded.sessions == sessions and loaded.spec.name == "rt"
 
 
 def test_misspelt_key_names_the_key_and_file(tmp_path: Path) -> None:
-    spec, sessions = synthesize_chat_workload("typo", sessions=2)
+    spec, sessions = synthesize_workload("typo", SynthOptions(sessions=2))
     path = save_workload(spec, sessions, tmp_path / "typo.yaml")
     path.write_text(path.read_text().replace("target_qps", "taget_qps") + "taget_qps: 3\n")
     with pytest.raises(WorkloadError, match=r"typo\.yaml: taget_qps: unknown key"):
@@ -47,7 +47,7 @@ def test_misspelt_key_names_the_key_and_file(tmp_path: Path) -> None:
 
 
 def test_bad_session_line_names_file_and_line(tmp_path: Path) -> None:
-    spec, sessions = synthesize_chat_workload("bad", sessions=3)
+    spec, sessions = synthesize_workload("bad", SynthOptions(sessions=3))
     path = save_workload(spec, sessions, tmp_path / "bad.yaml")
     jsonl = tmp_path / "bad.sessions.jsonl"
     lines = jsonl.read_text().splitlines()

@@ -9,11 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from llmload.errors import InputError
 from llmload.workload.build import BuildOptions, build_workload, source_table
+from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
+from llmload.workload.like import compare, like_shapes, redraw, render_comparison
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
-from llmload.workload.synth import synthesize_chat_workload
+from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
 
 HELP = "build, synthesize and inspect workload files"
 _WORKLOAD_SUFFIXES = (".yaml", ".yml")
@@ -117,50 +123,123 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stats(args: argparse.Namespace) -> int:
-    paths = [Path(p) for p in args.inputs]
+def _input_table(inputs: list[str], args: argparse.Namespace) -> tuple[pd.DataFrame, str | None]:
+    """The request table of a workload YAML or of logs (read as `build` reads them), and how its
+    think times were found."""
+    paths = [Path(p) for p in inputs]
     if len(paths) == 1 and paths[0].suffix in _WORKLOAD_SUFFIXES:
         workload = load_workload(paths[0])
-        table = request_table(workload)
         think_times = (workload.spec.stats or {}).get("think_times")  # as the build found them
-    else:
-        log = source_table(paths, _options(args))
-        _report_counts("skipped bad", log.skipped)
-        _report_counts("ignored", log.ignored)
-        table, think_times = log.table, log.think_times
-    note = think_times if isinstance(think_times, str) else None
-    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=note)
+        return request_table(workload), think_times if isinstance(think_times, str) else None
+    log = source_table(paths, _options(args))
+    _report_counts("skipped bad", log.skipped)
+    _report_counts("ignored", log.ignored)
+    return log.table, log.think_times
+
+
+def _stats(args: argparse.Namespace) -> int:
+    table, think_times = _input_table(args.inputs, args)
+    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=think_times)
     print(stats.model_dump_json(indent=2) if args.json else render_stats(stats), end="\n" if args.json else "")
     if args.plot:
         print(f"plot: {plot_stats(table, stats, Path(args.plot))}", file=sys.stderr)
     return 0
 
 
+_DISTRIBUTION_FLAGS = {
+    "prompt_tokens": "--prompt-tokens",
+    "output_tokens": "--output-tokens",
+    "turns": "--turns",
+    "think_time_s": "--think-time",
+}
+
+
+def _synth_options(args: argparse.Namespace, **extra: object) -> SynthOptions:
+    """The options the flags give; a flag left out keeps the model's default."""
+    values: dict[str, object] = {
+        field: parse_distribution(getattr(args, field), flag)
+        for field, flag in _DISTRIBUTION_FLAGS.items()
+        if getattr(args, field) is not None
+    }
+    if args.shared_prefix is not None:
+        values["shared_prefixes"] = [PrefixPool.parse(text) for text in args.shared_prefix]
+    if args.prefix_popularity is not None:
+        values["prefix_popularity"] = Popularity.parse(args.prefix_popularity)
+    for field in ("sessions", "seed", "max_turns", "output_length", "prefix_sessions", "tokenizer"):
+        if getattr(args, field) is not None:
+            values[field] = getattr(args, field)
+    return SynthOptions.from_flags(**{**extra, **values})
+
+
 def _synth(args: argparse.Namespace) -> int:
     out = Path(args.output)
-    spec, sessions = synthesize_chat_workload(
-        out.name.removesuffix(".yaml").removesuffix(".yml"),
-        sessions=args.sessions,
-        seed=args.seed,
-        max_turns=args.max_turns,
-        think_time_median_s=args.think_time,
-    )
+    name = out.name.removesuffix(".yaml").removesuffix(".yml")
+    if args.like is None:
+        options = _synth_options(args)
+        spec, sessions = synthesize_workload(name, options)
+    else:
+        if args.turns is not None:
+            raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
+        table, _ = _input_table(args.like, args)
+        real = workload_stats(table)
+        options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
+        rng = np.random.default_rng([options.seed, 1])
+        given = {field for field in _DISTRIBUTION_FLAGS if getattr(args, field) is not None}
+        shapes = redraw(like_shapes(table, options.sessions, rng), options, given, rng)
+        generator = {"like": list(args.like), "redrawn": sorted(given), **options.model_dump(mode="json")}
+        spec, sessions = synthesize_workload(
+            name, options, shapes=shapes, prefix_in_first_turn=True, generator=generator
+        )
+        spec = spec.model_copy(update={"target_qps": real.requests_per_s})
     if args.target_qps:
         spec = spec.model_copy(update={"target_qps": args.target_qps})
     save_workload(spec, sessions, out)
     requests = sum(len(s.turns) for s in sessions)
-    print(f"wrote {out} ({len(sessions)} sessions, {requests} requests) and {out.parent / spec.sessions}")
-    return 0
+    print(
+        f"wrote {out} ({len(sessions)} sessions, {requests} requests) and {out.parent / spec.sessions}; "
+        f"text of {options.tokenizer} tokens, every length exact under it"
+    )
+    if args.like is None:
+        return 0
+    synthetic = workload_stats(request_table(load_workload(out)))  # as written, not as intended
+    rows = compare(real, synthetic)
+    print(render_comparison(rows), end="")
+    return 1 if any(row.within is False for row in rows) else 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="workload_command", required=True)
-    synth = commands.add_parser("synth", help="a synthetic multi-turn chat workload")
+    synth = commands.add_parser(
+        "synth",
+        help="a synthetic multi-turn chat workload, or one like a real workload",
+        description="Synthesize multi-turn chat sessions from distributions (KIND:KEY=VALUE,...: fixed:512, "
+        "normal:mean=300,sd=50, lognormal:median=400,sigma=0.8, geometric:p=0.3, "
+        "percentiles:p50=300,p90=900,p99=2000), or with --like the shapes of a real workload or log with none "
+        "of its text; --like prints the real and synthetic figures side by side and exits 1 if one is off.",
+    )
     synth.add_argument("-o", "--output", required=True, help="workload YAML to write (sessions JSONL beside it)")
-    synth.add_argument("--sessions", type=int, default=200)
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--max-turns", type=int, default=8)
-    synth.add_argument("--think-time", type=float, default=4.0, help="median seconds between turns")
+    synth.add_argument("--like", nargs="+", metavar="WORKLOAD|SOURCE", help="a workload YAML, or logs, to match")
+    _source_arguments(synth)
+    synth.add_argument("--sessions", type=_positive(int), help="default: 200, or as many as the --like source")
+    synth.add_argument("--seed", type=int)
+    synth.add_argument("--prompt-tokens", help="new tokens of each turn (default lognormal:median=90,sigma=0.9)")
+    synth.add_argument("--output-tokens", help="tokens of each reply (default lognormal:median=160,sigma=0.7)")
+    synth.add_argument("--output-length", choices=("fixed", "free"), help="fixed (default): replies forced to their "
+                       "length; free: the length is max_tokens and the model stops where it likes")  # fmt: skip
+    synth.add_argument("--turns", help="turns per session (default geometric:p=0.3)")
+    synth.add_argument("--max-turns", type=_positive(int), help="cap on turns per session (default 8)")
+    synth.add_argument(
+        "--think-time", dest="think_time_s", help="seconds between turns (default lognormal:median=4,sigma=0.8)"
+    )
+    synth.add_argument(
+        "--shared-prefix",
+        action="append",
+        metavar="COUNT:TOKENS",
+        help="COUNT prefixes of TOKENS tokens (system prompts, documents); repeat for several pools, a session "
+        "takes one of each (default 3:400 without --like, none with it)",
+    )
+    synth.add_argument("--prefix-popularity", help="zipf:S (default zipf:1.1) or uniform")
+    synth.add_argument("--prefix-sessions", type=float, help="share of sessions that start with prefixes (default 1)")
     synth.add_argument("--target-qps", type=float, default=None)
     synth.set_defaults(workload_run=_synth)
     _add_build_and_stats(commands)

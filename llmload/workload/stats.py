@@ -45,6 +45,8 @@ class TurnLengths(BaseModel):
     turn: int
     requests: int
     prompt_tokens_p50: float
+    prompt_tokens_p90: float
+    prompt_tokens_p95: float
     prompt_tokens_p99: float
 
 
@@ -63,6 +65,7 @@ class WorkloadStats(BaseModel):
     duration_s: float | None = Field(description="first to last arrival; None without times")
     requests_per_s: float | None = Field(description="mean request rate: 1 / mean inter-arrival time")
     inter_arrival_s: Percentiles
+    think_time_s: Percentiles = Field(description="from a turn's arrival to its session's next turn's; follow-up turns")
     think_times: str | None = Field(default=None, description="how the source's think times were found")
     max_tokens_p99: float | None = Field(description="P99 of max_tokens, or of the output length where unset")
     max_tokens: int | None = Field(description="the max_tokens the recommendation assumes")
@@ -93,10 +96,13 @@ def workload_stats(
             turn=int(turn) + 1,
             requests=len(rows),
             prompt_tokens_p50=float(np.percentile(rows, 50)),
+            prompt_tokens_p90=float(np.percentile(rows, 90)),
+            prompt_tokens_p95=float(np.percentile(rows, 95)),
             prompt_tokens_p99=float(np.percentile(rows, 99)),
         )
         for turn, rows in prompt.groupby(table["turn"], sort=True)
     ]
+    turn_gaps = table["arrival_s"].astype(float).groupby(table["session_id"], sort=False).diff()
     limit = table["max_tokens"].astype(float).fillna(output)
     limit_p99 = percentiles(limit).p99
     prompt_p99 = percentiles(prompt).p99
@@ -116,6 +122,7 @@ def workload_stats(
         duration_s=span,
         requests_per_s=gaps.size / span if span else None,
         inter_arrival_s=percentiles(gaps),
+        think_time_s=percentiles(turn_gaps),
         max_tokens_p99=limit_p99,
         max_tokens=assumed,
         max_tokens_configured=max_tokens is not None,
@@ -191,6 +198,7 @@ def render_stats(stats: WorkloadStats) -> str:
         ("total tokens", stats.total_tokens, 0),
         ("turns per session", stats.turns_per_session, 1),
         ("inter-arrival s", stats.inter_arrival_s, 3),
+        ("think time s", stats.think_time_s, 2),
     ):
         cells = " | ".join(fmt(v, digits) for v in (p.p50, p.p90, p.p95, p.p99, p.max, p.mean))
         lines.append(f"| {name} | {cells} | {p.count:,} |")

@@ -3,16 +3,24 @@
 Exact counts matter: a replay must send the prompt lengths the workload promises. Text is built
 from words that are one token each in the chosen tokenizer, so n words are n tokens; the result
 is checked with the tokenizer itself. Length-only traces (issue 3) and `--redact` reuse this.
+
+A workload is made in two steps: session shapes (lengths and times, no text), drawn from the
+`SynthOptions` distributions or copied from a real workload (`like`), then text of those lengths,
+with shared prefixes (system prompts, documents) at the start of a chosen share of sessions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
 
-from llmload.models import Message, Session, Turn, WorkloadSource, WorkloadSpec
+from llmload.errors import InputError, validation_message
+from llmload.models import Message, Session, Strict, Turn, WorkloadSource, WorkloadSpec
+from llmload.workload.distributions import Distribution, Geometric, LogNormal
 from llmload.workload.tokens import Tokenizer, get_tokenizer
 
 _WORDS = """
@@ -55,75 +63,181 @@ class TextSynthesizer:
         return text
 
 
-def _lognormal_ints(rng: np.random.Generator, median: float, sigma: float, n: int, *, lo: int, hi: int) -> list[int]:
-    return np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), lo, hi).astype(int).tolist()
+class PrefixPool(Strict):
+    """`--shared-prefix COUNT:TOKENS`: COUNT different prefixes (system prompts, documents) of TOKENS each."""
+
+    count: PositiveInt
+    tokens: PositiveInt
+
+    @classmethod
+    def parse(cls, text: str) -> PrefixPool:
+        count, _, tokens = text.partition(":")
+        try:
+            return cls(count=int(count), tokens=int(tokens))
+        except (ValueError, ValidationError):
+            raise InputError(f"--shared-prefix {text!r}: expected COUNT:TOKENS, two positive integers") from None
 
 
-def synthesize_chat_workload(
+class Popularity(Strict):
+    """How often each prefix of a pool is chosen: Zipf (the k-th most popular ~ 1/k^s) or uniform."""
+
+    zipf_s: float | None = Field(default=1.1, gt=0, description="None: uniform")
+
+    @classmethod
+    def parse(cls, text: str) -> Popularity:
+        if text == "uniform":
+            return cls(zipf_s=None)
+        kind, _, exponent = text.partition(":")
+        try:
+            if kind != "zipf":
+                raise ValueError
+            return cls(zipf_s=float(exponent))
+        except (ValueError, ValidationError):
+            raise InputError(f"--prefix-popularity {text!r}: expected uniform or zipf:S with S > 0") from None
+
+    def weights(self, count: int) -> np.ndarray:
+        ranks = np.arange(1, count + 1, dtype=float)
+        raw = np.ones(count) if self.zipf_s is None else ranks**-self.zipf_s
+        return raw / raw.sum()
+
+
+class SynthOptions(Strict):
+    """What `llmload workload synth` draws; token counts are under `tokenizer`, clipped at 1."""
+
+    sessions: PositiveInt = 200
+    seed: int = 0
+    turns: Distribution = Geometric(kind="geometric", p=0.3)
+    max_turns: PositiveInt = 8
+    prompt_tokens: Distribution = Field(
+        default=LogNormal(kind="lognormal", median=90, sigma=0.9), description="new tokens of each turn"
+    )
+    output_tokens: Distribution = LogNormal(kind="lognormal", median=160, sigma=0.7)
+    output_length: Literal["fixed", "free"] = Field(
+        default="fixed", description="fixed: the reply is forced to its drawn length; free: that length is max_tokens"
+    )
+    think_time_s: Distribution = LogNormal(kind="lognormal", median=4.0, sigma=0.8)
+    session_rate: PositiveFloat = Field(default=1.0, description="sessions started per second (Poisson)")
+    shared_prefixes: list[PrefixPool] = Field(default_factory=lambda: [PrefixPool(count=3, tokens=400)])
+    prefix_popularity: Popularity = Popularity()
+    prefix_sessions: float = Field(default=1.0, ge=0, le=1, description="share of sessions that start with prefixes")
+    tokenizer: str = "cl100k_base"
+
+    @classmethod
+    def from_flags(cls, **values: object) -> SynthOptions:
+        """The options from command-line values; a refused value is an `InputError` naming its flag."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise InputError(validation_message(exc, flags={"think_time_s": "think-time"})) from None
+
+
+@dataclass
+class SessionShape:
+    """A session without its text: what each turn adds, its reply, and when it is sent."""
+
+    new_tokens: list[int]
+    output_tokens: list[int | None]
+    think_times_s: list[float]  # per turn; the first turn's is 0
+    offset_s: float | None
+
+
+def draw_tokens(distribution: Distribution, rng: np.random.Generator, n: int) -> list[int]:
+    """Token counts: whole numbers, at least 1."""
+    return np.maximum(np.rint(distribution.draw(rng, n)), 1).astype(int).tolist()
+
+
+def draw_seconds(distribution: Distribution, rng: np.random.Generator, n: int) -> list[float]:
+    return np.maximum(distribution.draw(rng, n), 0.0).round(2).tolist()
+
+
+def draw_shapes(options: SynthOptions, rng: np.random.Generator) -> list[SessionShape]:
+    turn_counts = np.clip(np.rint(options.turns.draw(rng, options.sessions)), 1, options.max_turns).astype(int)
+    offsets = np.cumsum(rng.exponential(1 / options.session_rate, options.sessions)).round(3).tolist()
+    shapes = []
+    for n_turns, offset in zip(turn_counts.tolist(), offsets, strict=True):
+        thinks = draw_seconds(options.think_time_s, rng, n_turns)
+        shapes.append(
+            SessionShape(
+                new_tokens=draw_tokens(options.prompt_tokens, rng, n_turns),
+                output_tokens=list(draw_tokens(options.output_tokens, rng, n_turns)),
+                think_times_s=[0.0, *thinks[1:]],
+                offset_s=offset,
+            )
+        )
+    return shapes
+
+
+class _Prefixes:
+    """The shared prefixes: one text per prefix, chosen per session by popularity."""
+
+    def __init__(self, options: SynthOptions, synth: TextSynthesizer, rng: np.random.Generator) -> None:
+        self._options = options
+        self._rng = rng
+        self._texts = [[synth.text(pool.tokens) for _ in range(pool.count)] for pool in options.shared_prefixes]
+        self._weights = [options.prefix_popularity.weights(pool.count) for pool in options.shared_prefixes]
+
+    def choose(self) -> str:
+        """The prefix text of the next session ("" for one that starts without)."""
+        if not self._texts or self._rng.random() >= self._options.prefix_sessions:
+            return ""
+        return "".join(
+            texts[self._rng.choice(len(texts), p=w)] for texts, w in zip(self._texts, self._weights, strict=True)
+        )
+
+
+def synthesize_workload(
     name: str,
+    options: SynthOptions,
     *,
-    sessions: int = 200,
-    seed: int = 0,
-    max_turns: int = 8,
-    system_prompts: Sequence[int] = (180, 320, 650),
-    user_tokens_median: float = 90,
-    output_tokens_median: float = 160,
-    think_time_median_s: float = 4.0,
-    tokenizer: str = "cl100k_base",
+    shapes: list[SessionShape] | None = None,
+    prefix_in_first_turn: bool = False,
+    generator: dict[str, object] | None = None,
 ) -> tuple[WorkloadSpec, list[Session]]:
-    """Multi-turn chat sessions with production-like length tails.
+    """Sessions of the given shapes (drawn from `options` when None) made into text.
 
-    Turns per session fall off geometrically from 1 to `max_turns`; user messages and replies
-    are log-normal (long right tails, as in real chat logs); a few shared system prompts let
-    prefix caching behave as it does in production.
+    A session's prefix is its first message (system); with `prefix_in_first_turn` it takes its
+    tokens from the first turn's new tokens (shapes copied from a real workload already hold them),
+    else it comes on top. Each turn's `prompt_tokens` is the history as the tokenizer counts it.
     """
-    rng = np.random.default_rng(seed)
-    synth = TextSynthesizer(get_tokenizer(tokenizer), seed)
-    systems = [synth.text(n) for n in system_prompts]
-    system_tokens = list(system_prompts)
-    turn_counts = np.minimum(rng.geometric(0.3, sessions), max_turns).tolist()
-    offsets = np.cumsum(rng.exponential(1.0, sessions)).tolist()
+    rng = np.random.default_rng(options.seed)
+    tokenizer = get_tokenizer(options.tokenizer)
+    synth = TextSynthesizer(tokenizer, options.seed)
+    shapes = draw_shapes(options, rng) if shapes is None else shapes
+    prefixes = _Prefixes(options, synth, rng)
     out: list[Session] = []
-    for index, n_turns in enumerate(turn_counts):
-        system_choice = int(rng.integers(0, len(systems)))
-        user_lengths = _lognormal_ints(rng, user_tokens_median, 0.9, n_turns, lo=4, hi=4000)
-        output_lengths = _lognormal_ints(rng, output_tokens_median, 0.7, n_turns, lo=8, hi=1024)
-        thinks = np.clip(rng.lognormal(np.log(think_time_median_s), 0.8, n_turns), 0.5, 60.0).round(2).tolist()
-        history = system_tokens[system_choice]
+    for index, shape in enumerate(shapes):
+        prefix = prefixes.choose()
+        history = tokenizer.count(prefix) if prefix else 0
         turns = []
-        for k in range(n_turns):
-            messages = [Message(role="user", content=synth.text(user_lengths[k]))]
-            if k == 0:
-                messages.insert(0, Message(role="system", content=systems[system_choice]))
-            history += user_lengths[k]
+        for k, (new, output, think) in enumerate(
+            zip(shape.new_tokens, shape.output_tokens, shape.think_times_s, strict=True)
+        ):
+            user = max(1, new - history) if k == 0 and prefix_in_first_turn else new
+            messages = [Message(role="user", content=synth.text(user))]
+            if k == 0 and prefix:
+                messages.insert(0, Message(role="system", content=prefix))
+            history += user
+            forced = output if options.output_length == "fixed" else None
             turns.append(
                 Turn(
                     messages=messages,
-                    max_tokens=output_lengths[k],
-                    output_tokens=output_lengths[k],
-                    think_time_s=0.0 if k == 0 else thinks[k],
+                    max_tokens=output,
+                    output_tokens=forced,
+                    think_time_s=think,
                     prompt_tokens=history,
                 )
             )
-            history += output_lengths[k]
-        out.append(Session(id=f"{name}-{index:05d}", offset_s=round(offsets[index], 3), turns=turns))
+            history += output or 0
+        out.append(Session(id=f"{name}-{index:05d}", offset_s=shape.offset_s, turns=turns))
     spec = WorkloadSpec(
         version=1,
         name=name,
         source=WorkloadSource(
             format="synthetic-chat",
             built_at=datetime.now(UTC).replace(microsecond=0),
-            generator={
-                "sessions": sessions,
-                "seed": seed,
-                "max_turns": max_turns,
-                "system_prompts": list(system_prompts),
-                "user_tokens_median": user_tokens_median,
-                "output_tokens_median": output_tokens_median,
-                "think_time_median_s": think_time_median_s,
-            },
+            generator=generator if generator is not None else options.model_dump(mode="json"),
         ),
-        tokenizer=tokenizer,
+        tokenizer=options.tokenizer,
         sessions=f"{name}.sessions.jsonl",
     )
     return spec, out

@@ -1,0 +1,223 @@
+"""`llmload workload synth --like`: a synthetic workload with a real one's figures and none of its text.
+
+Matching approach: the real sessions' length skeletons (each turn's new prompt tokens, its output
+tokens, the time since the previous turn, the session's start gap) are resampled and given
+synthetic text of exactly those token counts. Drawing per-turn lengths from fitted distributions
+would lose how a session's turns relate (history growth, long sessions of long messages), and the
+real per-turn prompt percentiles would only be approached. The resampling is balanced (every real
+session used `n // N` times, the rest drawn without replacement) rather than a plain bootstrap:
+a bootstrap of a few hundred sessions moves a P99 by more than the 5% the check allows on its own.
+
+The check does not trust the resampling: the written workload is read back, its prompt lengths are
+the history of the tokenizer-counted text, and `workload_stats` computes both sides' figures the
+same way. Figures are rows of data (`figures`), each with its tolerance, so adding one is one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from llmload.format import fmt
+from llmload.workload.stats import WorkloadStats
+from llmload.workload.synth import SessionShape, SynthOptions, draw_seconds, draw_tokens
+
+RELATIVE_TOLERANCE = 0.05
+POINTS_TOLERANCE = 5.0
+MIN_TURN_REQUESTS = 50  # a per-turn percentile of fewer requests is too noisy to judge
+_QUANTILES = ("p50", "p90", "p95", "p99")
+
+
+def _balanced(total: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n indexes into `total` items: each item n // total times, the rest without replacement, shuffled."""
+    picked = np.concatenate([np.tile(np.arange(total), n // total), rng.choice(total, n % total, replace=False)])
+    return rng.permutation(picked)
+
+
+def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) -> list[SessionShape]:
+    """`sessions` session shapes resampled from a request table's sessions (lengths and times only)."""
+    by_session = table.groupby("session_id", sort=False)
+    prompt = table["prompt_tokens"].to_numpy(dtype=float)
+    output = table["output_tokens"].to_numpy(dtype=float)
+    previous = by_session["prompt_tokens"].shift().to_numpy(dtype=float) + np.nan_to_num(
+        by_session["output_tokens"].shift().to_numpy(dtype=float)
+    )
+    first = table["turn"].to_numpy() == 0
+    new = np.maximum(np.where(first, prompt, prompt - previous), 1).astype(int)
+    think = np.nan_to_num(by_session["arrival_s"].diff().to_numpy(dtype=float)).round(3)
+    codes = pd.factorize(table["session_id"])[0]
+    bounds = np.flatnonzero(np.diff(codes)) + 1
+    real = [
+        (news.tolist(), [None if np.isnan(o) or o < 1 else int(o) for o in outs], [0.0, *thinks[1:].tolist()])
+        for news, outs, thinks in zip(
+            np.split(new, bounds), np.split(output, bounds), np.split(think, bounds), strict=True
+        )
+    ]
+    starts = np.sort(by_session["arrival_s"].first().to_numpy(dtype=float))
+    offsets: list[float | None] = [None] * sessions
+    if not np.isnan(starts).any():
+        gaps = np.diff(starts)
+        chosen = gaps[_balanced(gaps.size, sessions - 1, rng)] if gaps.size else np.zeros(sessions - 1)
+        offsets = np.concatenate([[0.0], np.cumsum(chosen)]).tolist()
+    picked = [real[i] for i in _balanced(len(real), sessions, rng).tolist()]
+    if offsets[0] is not None:
+        offsets = _paced(np.asarray(offsets), picked, _request_rate(table["arrival_s"].to_numpy(dtype=float)))
+    return [
+        SessionShape(new_tokens=news, output_tokens=outs, think_times_s=thinks, offset_s=offset)
+        for (news, outs, thinks), offset in zip(picked, offsets, strict=True)
+    ]
+
+
+def _request_rate(arrivals: np.ndarray) -> float | None:
+    """Requests per second as `workload_stats` counts it: gaps / first-to-last span."""
+    span = float(np.nanmax(arrivals) - np.nanmin(arrivals)) if arrivals.size else 0.0
+    return (arrivals.size - 1) / span if span > 0 else None
+
+
+def _paced(
+    offsets: np.ndarray, picked: list[tuple[list[int], list[int | None], list[float]]], rate: float | None
+) -> list[float | None]:
+    """Session starts stretched (bisection on one scale) so the synthetic workload has the real request
+    rate: with more or fewer sessions than the real one, its last sessions' turns weigh differently in
+    the first-to-last span."""
+    arrivals = [np.cumsum(thinks) for _, _, thinks in picked]
+    if rate is None or sum(a.size for a in arrivals) < 2:
+        return offsets.round(3).tolist()
+
+    def rate_at(scale: float) -> float:
+        times = np.concatenate([offset * scale + a for offset, a in zip(offsets, arrivals, strict=True)])
+        return _request_rate(times) or float("inf")
+
+    low, high = 0.0, 1.0
+    while rate_at(high) > rate and high < 1e6:  # the rate falls as the starts stretch
+        low, high = high, high * 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if rate_at(middle) > rate else (low, middle)
+    scale = high
+    return (offsets * scale).round(3).tolist()
+
+
+def redraw(
+    shapes: list[SessionShape], options: SynthOptions, given: set[str], rng: np.random.Generator
+) -> list[SessionShape]:
+    """The shapes with the parts whose distribution was given on the command line drawn from it instead."""
+    out = []
+    for shape in shapes:
+        n = len(shape.new_tokens)
+        news = draw_tokens(options.prompt_tokens, rng, n) if "prompt_tokens" in given else shape.new_tokens
+        outputs: list[int | None] = (
+            list(draw_tokens(options.output_tokens, rng, n)) if "output_tokens" in given else shape.output_tokens
+        )
+        thinks = (
+            [0.0, *draw_seconds(options.think_time_s, rng, n)[1:]] if "think_time_s" in given else shape.think_times_s
+        )
+        out.append(SessionShape(new_tokens=news, output_tokens=outputs, think_times_s=thinks, offset_s=shape.offset_s))
+    return out
+
+
+# --------------------------------------------------------------------------- the side-by-side check
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One compared figure: how to read it from a workload's statistics, and how far off it may be."""
+
+    name: str
+    read: Callable[[WorkloadStats], float | None]
+    tolerance: Literal["relative", "points"]  # relative: 5% of the real value; points: 5 percentage points
+    digits: int = 0
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: Figure
+    real: float | None
+    synthetic: float | None
+
+    @property
+    def off(self) -> float | None:
+        """How far off: a fraction of the real value, or points; None when the real figure is unknown."""
+        if self.real is None:
+            return None
+        if self.synthetic is None:
+            return float("inf")
+        if self.figure.tolerance == "points":
+            return self.synthetic - self.real
+        if self.real == 0:
+            return 0.0 if self.synthetic == 0 else float("inf")
+        return (self.synthetic - self.real) / abs(self.real)
+
+    @property
+    def within(self) -> bool | None:
+        off = self.off
+        if off is None:
+            return None
+        return abs(off) <= (RELATIVE_TOLERANCE if self.figure.tolerance == "relative" else POINTS_TOLERANCE)
+
+
+def _quantile_figures(name: str, read: Callable[[WorkloadStats], object], digits: int = 0) -> list[Figure]:
+    return [
+        Figure(f"{name} {q.upper()}", lambda s, q=q: getattr(read(s), q), "relative", digits)  # type: ignore[misc]
+        for q in _QUANTILES
+    ]
+
+
+def _turn_figures(turn: int) -> list[Figure]:
+    def read(stats: WorkloadStats, q: str) -> float | None:
+        row = next((r for r in stats.prompt_tokens_by_turn if r.turn == turn), None)
+        return None if row is None else float(getattr(row, f"prompt_tokens_{q}"))
+
+    return [
+        Figure(f"prompt tokens turn {turn} {q.upper()}", lambda s, q=q: read(s, q), "relative")  # type: ignore[misc]
+        for q in _QUANTILES
+    ]
+
+
+def figures(real: WorkloadStats) -> list[Figure]:
+    """The figures compared: per-turn rows for the real turns with at least `MIN_TURN_REQUESTS` requests."""
+    turns = [r.turn for r in real.prompt_tokens_by_turn if r.requests >= MIN_TURN_REQUESTS]
+    return [
+        *_quantile_figures("prompt tokens", lambda s: s.prompt_tokens),
+        *(f for turn in turns for f in _turn_figures(turn)),
+        *_quantile_figures("output tokens", lambda s: s.output_tokens),
+        *_quantile_figures("turns per session", lambda s: s.turns_per_session, 1),
+        *_quantile_figures("think time s", lambda s: s.think_time_s, 2),
+        Figure("arrival rate requests/s", lambda s: s.requests_per_s, "relative", 3),
+    ]
+
+
+def compare(real: WorkloadStats, synthetic: WorkloadStats) -> list[Row]:
+    return [Row(f, f.read(real), f.read(synthetic)) for f in figures(real)]
+
+
+def render_comparison(rows: list[Row]) -> str:
+    """The side-by-side table, then which figures are off."""
+    lines = ["| figure | real | synthetic | off by | within |", "|---|---:|---:|---:|:---:|"]
+    for row in rows:
+        off = row.off
+        if off is None:
+            shown = "—"
+        elif row.figure.tolerance == "points":
+            shown = f"{off:+.1f} pts"
+        else:
+            shown = "∞" if off == float("inf") else f"{100 * off:+.1f}%"
+        mark = {None: "—", True: "✓", False: "✗"}[row.within]
+        digits = row.figure.digits
+        real, synthetic = (fmt(v, digits).replace("–", "—") for v in (row.real, row.synthetic))
+        lines.append(f"| {row.figure.name} | {real} | {synthetic} | {shown} | {mark} |")
+    off_rows = [row.figure.name for row in rows if row.within is False]
+    lines += [
+        "",
+        f"Tolerance: {100 * RELATIVE_TOLERANCE:g}% of the real value ({POINTS_TOLERANCE:g} points for shares); "
+        f"per-turn rows for turns with at least {MIN_TURN_REQUESTS} real requests; — : the real source does "
+        "not have the figure, not judged.",
+        f"{len(off_rows)} figure(s) off: {', '.join(off_rows)}"
+        if off_rows
+        else "Every judged figure is within tolerance.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,168 @@
+"""`llmload workload synth`: distributions, exact lengths under the tokenizer, shared prefixes, and
+`--like` (the real and synthetic figures side by side, exit 1 when one is off, 2 on bad input)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmload.cli import main
+from llmload.errors import InputError
+from llmload.workload import load_workload
+from llmload.workload.distributions import parse_distribution
+from llmload.workload.synth import SynthOptions, draw_tokens, synthesize_workload
+from llmload.workload.tokens import get_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "tests" / "data" / "logs"
+SAMPLE = REPO / "workloads" / "chat-multiturn.yaml"
+
+
+def synth(*argv: str) -> int:
+    return main(["workload", "synth", *argv])
+
+
+def test_fixed_is_exact_and_lengths_are_clipped_at_one_token() -> None:
+    rng = np.random.default_rng(0)
+    assert draw_tokens(parse_distribution("fixed:512", "--x"), rng, 50) == [512] * 50
+    assert min(draw_tokens(parse_distribution("normal:mean=2,sd=5", "--x"), rng, 2000)) == 1
+
+
+def test_lognormal_median_and_normal_mean() -> None:
+    rng = np.random.default_rng(1)
+    lognormal = parse_distribution("lognormal:median=400,sigma=0.8", "--x").draw(rng, 20_000)
+    assert np.median(lognormal) == pytest.approx(400, rel=0.03)
+    normal = parse_distribution("normal:mean=300,sd=50", "--x").draw(rng, 20_000)
+    assert (normal.mean(), normal.std()) == (pytest.approx(300, rel=0.01), pytest.approx(50, rel=0.03))
+
+
+def test_empirical_percentiles_are_reproduced() -> None:
+    wanted = {50: 300, 90: 900, 99: 2000}
+    spec = parse_distribution("percentiles:p50=300,p90=900,p99=2000", "--x")
+    values = spec.draw(np.random.default_rng(2), 50_000)
+    for q, value in wanted.items():
+        assert np.percentile(values, q) == pytest.approx(value, rel=0.03), q
+    assert np.all(np.diff(np.sort(values)) >= 0) and values.min() >= 0
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("percentiles:p50=3000,p99=2000", "p50=3000 is above p99=2000: percentiles cannot decrease"),
+        ("percentiles:p50=300", "at least two percentiles"),
+        ("lognormal:median=400,sigmaa=0.8", "sigmaa: unknown key"),
+        ("lognormal:median=400", "sigma: missing"),
+        ("normal:mean=300,sd=-1", "sd: Input should be greater than or equal to 0"),
+        ("poisson:lam=3", "unknown distribution 'poisson'"),
+        ("fixed:many", "could not convert"),
+    ],
+)
+def test_impossible_or_malformed_distribution_is_refused_with_its_reason(text: str, reason: str) -> None:
+    with pytest.raises(InputError, match="--prompt-tokens") as caught:
+        parse_distribution(text, "--prompt-tokens")
+    assert reason in str(caught.value)
+
+
+def test_impossible_request_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "w.yaml"
+    assert synth("-o", str(out), "--prompt-tokens", "percentiles:p50=3000,p90=2500,p99=2000") == 2
+    assert "p50=3000 is above p90=2500" in capsys.readouterr().err and not out.exists()
+    for bad in (["--shared-prefix", "3x400"], ["--prefix-popularity", "zipf:-1"], ["--prefix-sessions", "1.5"]):
+        assert synth("-o", str(out), *bad) == 2, bad
+    assert synth("-o", str(out), "--like", str(SAMPLE), "--turns", "fixed:3") == 2
+    assert "--turns cannot be given with --like" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tokenizer", ["cl100k_base", f"hf:{LOGS / 'tiny-tokenizer'}"])
+def test_lengths_are_exact_under_the_tokenizer(tmp_path: Path, tokenizer: str) -> None:
+    out = tmp_path / "w.yaml"
+    argv = ["-o", str(out), "--sessions", "30", "--tokenizer", tokenizer, "--prompt-tokens", "fixed:37"]
+    assert synth(*argv, "--output-tokens", "fixed:20", "--shared-prefix", "2:50", "--shared-prefix", "3:30") == 0
+    workload = load_workload(out)
+    assert workload.spec.tokenizer == tokenizer
+    count = get_tokenizer(tokenizer).count
+    for session in workload.sessions:
+        history = 0
+        for k, turn in enumerate(session.turns):
+            user = [m.content for m in turn.messages if m.role == "user"]
+            assert [count(text) for text in user] == [37]
+            system = [m.content for m in turn.messages if m.role == "system"]
+            assert len(system) == (k == 0)
+            history += sum(count(m.content) for m in turn.messages)
+            assert turn.prompt_tokens == history
+            assert turn.output_tokens == turn.max_tokens == 20
+            history += 20
+        assert count(session.turns[0].messages[0].content) == 80  # one prefix of each pool: 50 + 30
+
+
+def test_shared_prefixes_count_share_and_zipf_popularity() -> None:
+    options = SynthOptions.from_flags(
+        sessions=2000, seed=3, shared_prefixes=[{"count": 5, "tokens": 20}], prefix_sessions=0.8, max_turns=1
+    )
+    _, sessions = synthesize_workload("p", options)
+    systems = Counter(s.turns[0].messages[0].content for s in sessions if s.turns[0].messages[0].role == "system")
+    assert len(systems) == 5
+    assert sum(systems.values()) / len(sessions) == pytest.approx(0.8, abs=0.03)
+    by_popularity = [n for _, n in systems.most_common()]
+    ranks = np.arange(1, 6.0) ** -1.1
+    expected = ranks / ranks.sum() * sum(by_popularity)
+    assert by_popularity[0] > 2 * by_popularity[-1]
+    assert np.allclose(by_popularity, expected, rtol=0.15)
+
+
+def test_uniform_popularity_and_free_output(tmp_path: Path) -> None:
+    out = tmp_path / "w.yaml"
+    flags = ["--shared-prefix", "4:10", "--prefix-popularity", "uniform", "--output-length", "free", "--seed", "4"]
+    assert synth("-o", str(out), "--sessions", "800", "--max-turns", "1", *flags) == 0
+    sessions = load_workload(out).sessions
+    systems = Counter(s.turns[0].messages[0].content for s in sessions)
+    assert len(systems) == 4 and max(systems.values()) < 1.25 * min(systems.values())
+    assert all(t.output_tokens is None and t.max_tokens for s in sessions for t in s.turns)
+
+
+def test_like_the_sample_workload_exits_0_without_its_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "like.yaml"
+    assert synth("--like", str(SAMPLE), "-o", str(out)) == 0
+    table = capsys.readouterr().out
+    assert "| prompt tokens turn 2 P99 |" in table and "| think time s P95 |" in table and "✗" not in table
+    real, synthetic = load_workload(SAMPLE), load_workload(out)
+    assert len(synthetic.sessions) == len(real.sessions)
+    texts = lambda w: {m.content for s in w.sessions for t in s.turns for m in t.messages}  # noqa: E731
+    assert not texts(real) & texts(synthetic)
+    # independent of the comparison: the written prompts hold exactly the real lengths' multiset
+    prompts = lambda w: sorted(t.prompt_tokens for s in w.sessions for t in s.turns)  # noqa: E731
+    assert prompts(synthetic) == prompts(real)
+
+
+def test_like_a_deliberately_different_synth_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "off.yaml"
+    assert synth("--like", str(SAMPLE), "-o", str(out), "--output-tokens", "fixed:80") == 1
+    printed = capsys.readouterr().out
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in printed.splitlines()}
+    assert rows["output tokens P50"].endswith("✗ |") and "-49.7%" in rows["output tokens P50"]
+    assert rows["prompt tokens turn 2 P50"].endswith("✗ |")  # the history holds the shorter replies
+    assert rows["prompt tokens turn 1 P50"].endswith("✓ |") and rows["turns per session P50"].endswith("✓ |")
+    assert "figure(s) off: prompt tokens P50" in printed
+
+
+def test_like_the_azure_trace_exits_0_and_leaves_what_it_lacks_unjudged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "azure.yaml"
+    assert synth("--like", str(LOGS / "azure-conv-2000.csv"), "-o", str(out)) == 0
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()}
+    assert rows["prompt tokens P99"].endswith("✓ |") and rows["arrival rate requests/s"].endswith("✓ |")
+    assert rows["think time s P50"] == "| think time s P50 | — | — | — | — |"
+    assert len(load_workload(out).sessions) == 2000
+
+
+def test_like_with_three_times_the_sessions_keeps_the_request_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "big.yaml"
+    assert synth("--like", str(SAMPLE), "-o", str(out), "--sessions", "900") == 0
+    assert "| arrival rate requests/s | 2.734 | 2.734 |" in capsys.readouterr().out
+    assert len(load_workload(out).sessions) == 900

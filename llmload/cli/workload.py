@@ -9,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llmload.models import ReusablePrefix
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.files import load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
+from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, workload_prefix
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import synthesize_chat_workload
 
@@ -28,6 +30,13 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--skip-bad", action="store_true", help="skip malformed lines (counted by reason) instead of failing"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive(int),
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per prefix-cache block of the reusable-prefix figure (vLLM: 16 on GPU, 128 on CPU; "
+        "Mooncake hash_ids are 512 whatever this says)",
     )
 
 
@@ -88,7 +97,9 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> BuildOptions:
-    return BuildOptions(format=args.format, tokenizer=args.tokenizer, skip_bad=args.skip_bad, **extra)
+    return BuildOptions(
+        format=args.format, tokenizer=args.tokenizer, skip_bad=args.skip_bad, block_size=args.block_size, **extra
+    )
 
 
 def _report_counts(verb: str, counts: Counter[str]) -> None:
@@ -123,13 +134,14 @@ def _stats(args: argparse.Namespace) -> int:
         workload = load_workload(paths[0])
         table = request_table(workload)
         think_times = (workload.spec.stats or {}).get("think_times")  # as the build found them
+        reuse: ReusablePrefix | str | None = workload_prefix(workload, block_size=args.block_size)
     else:
         log = source_table(paths, _options(args))
         _report_counts("skipped bad", log.skipped)
         _report_counts("ignored", log.ignored)
-        table, think_times = log.table, log.think_times
+        table, think_times, reuse = log.table, log.think_times, log.reusable_prefix
     note = think_times if isinstance(think_times, str) else None
-    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=note)
+    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=note, reusable_prefix=reuse)
     print(stats.model_dump_json(indent=2) if args.json else render_stats(stats), end="\n" if args.json else "")
     if args.plot:
         print(f"plot: {plot_stats(table, stats, Path(args.plot))}", file=sys.stderr)

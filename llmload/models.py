@@ -458,6 +458,34 @@ class GpuSummary(Strict):
     utilization_max_percent: float | None
 
 
+class TurnReuse(BaseModel):
+    """The reusable share of prompt tokens at one turn index (1 = first turn)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int
+    requests: int
+    share: float | None
+
+
+class ReusablePrefix(BaseModel):
+    """Prompt tokens an infinite prefix cache could serve (llmload/workload/prefix.py defines it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_size: PositiveInt = Field(description="tokens per block; 512 for Mooncake hash_ids")
+    basis: str = Field(description="what the blocks were cut from: message text, or the log's hash_ids")
+    requests: int
+    prompt_tokens: int = Field(description="content tokens of the prompts counted, replies included")
+    reusable_tokens: int
+    history_tokens: int = Field(description="reusable, first sent by the same session")
+    shared_tokens: int = Field(description="reusable, first sent by another session")
+    share: float | None = Field(description="reusable / prompt tokens; None without prompt tokens")
+    history_share: float | None
+    shared_share: float | None
+    by_turn: list[TurnReuse]
+
+
 class ServerSummary(BaseModel):
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None

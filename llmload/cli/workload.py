@@ -13,11 +13,13 @@ import numpy as np
 import pandas as pd
 
 from llmload.errors import InputError
+from llmload.models import ReusablePrefix
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
 from llmload.workload.like import compare, like_shapes, redraw, render_comparison
+from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, workload_prefix
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
 
@@ -34,6 +36,13 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--skip-bad", action="store_true", help="skip malformed lines (counted by reason) instead of failing"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive(int),
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per prefix-cache block of the reusable-prefix figure (vLLM: 16 on GPU, 128 on CPU; "
+        "Mooncake hash_ids are 512 whatever this says)",
     )
 
 
@@ -94,7 +103,9 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> BuildOptions:
-    return BuildOptions(format=args.format, tokenizer=args.tokenizer, skip_bad=args.skip_bad, **extra)
+    return BuildOptions(
+        format=args.format, tokenizer=args.tokenizer, skip_bad=args.skip_bad, block_size=args.block_size, **extra
+    )
 
 
 def _report_counts(verb: str, counts: Counter[str]) -> None:
@@ -123,23 +134,26 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _input_table(inputs: list[str], args: argparse.Namespace) -> tuple[pd.DataFrame, str | None]:
-    """The request table of a workload YAML or of logs (read as `build` reads them), and how its
-    think times were found."""
+def _input_table(
+    inputs: list[str], args: argparse.Namespace
+) -> tuple[pd.DataFrame, str | None, ReusablePrefix | str | None]:
+    """The request table of a workload YAML or of logs (read as `build` reads them), how its think
+    times were found, and its reusable prefix (or why it has none)."""
     paths = [Path(p) for p in inputs]
     if len(paths) == 1 and paths[0].suffix in _WORKLOAD_SUFFIXES:
         workload = load_workload(paths[0])
         think_times = (workload.spec.stats or {}).get("think_times")  # as the build found them
-        return request_table(workload), think_times if isinstance(think_times, str) else None
+        reuse: ReusablePrefix | str | None = workload_prefix(workload, block_size=args.block_size)
+        return request_table(workload), think_times if isinstance(think_times, str) else None, reuse
     log = source_table(paths, _options(args))
     _report_counts("skipped bad", log.skipped)
     _report_counts("ignored", log.ignored)
-    return log.table, log.think_times
+    return log.table, log.think_times, log.reusable_prefix
 
 
 def _stats(args: argparse.Namespace) -> int:
-    table, think_times = _input_table(args.inputs, args)
-    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=think_times)
+    table, think_times, reuse = _input_table(args.inputs, args)
+    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=think_times, reusable_prefix=reuse)
     print(stats.model_dump_json(indent=2) if args.json else render_stats(stats), end="\n" if args.json else "")
     if args.plot:
         print(f"plot: {plot_stats(table, stats, Path(args.plot))}", file=sys.stderr)
@@ -180,7 +194,7 @@ def _synth(args: argparse.Namespace) -> int:
     else:
         if args.turns is not None:
             raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
-        table, _ = _input_table(args.like, args)
+        table, _, _ = _input_table(args.like, args)
         real = workload_stats(table)
         options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
         rng = np.random.default_rng([options.seed, 1])

@@ -1,6 +1,7 @@
 """Workloads: the file format (v1) and loading (`files`), synthesis (`synth`) from
 distributions (`distributions`) or like a real workload (`like`), building from request logs
-(`formats`, `build`), statistics (`stats`) and token counts (`tokens`); the `workload`
+(`formats`, `build`), statistics (`stats`), the reusable prefix an infinite prefix cache could
+serve (`prefix`) and token counts (`tokens`); the `workload`
 commands are in llmload/cli/workload.py.
 
 Only the file API is imported here, so that loading a workload stays light."""

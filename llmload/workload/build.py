@@ -35,10 +35,11 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
-from llmload.models import WorkloadSource, WorkloadSpec
+from llmload.models import ReusablePrefix, WorkloadSource, WorkloadSpec
 from llmload.workload.files import WorkloadError
 from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, read_log
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
+from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, NO_TEXT, PrefixBlocks
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
@@ -62,6 +63,8 @@ class BuildOptions(BaseModel):
     max_open_sessions: PositiveInt = 100_000
     seed: int = 0
     model: str | None = None
+    block_size: PositiveInt = DEFAULT_BLOCK_SIZE
+    """Tokens per block of the reusable-prefix figure (llmload/workload/prefix.py)."""
 
 
 class BuildError(WorkloadError):
@@ -88,6 +91,8 @@ class LogTable:
     skipped: Counter[str]
     ignored: Counter[str]
     think_times: str | None = None
+    reusable_prefix: ReusablePrefix | str | None = None
+    """The reusable-prefix figure, or why the log has none."""
 
 
 @dataclass
@@ -281,8 +286,11 @@ every value is checked where the log is read."""
 class _Finisher:
     """Closed sessions to session lines: token counts, synthesized or redacted text, table rows."""
 
-    def __init__(self, name: str, tokenizer: Tokenizer, *, write: bool, redact: bool, seed: int) -> None:
+    def __init__(
+        self, name: str, tokenizer: Tokenizer, prefix: PrefixBlocks, *, write: bool, redact: bool, seed: int
+    ) -> None:
         self.name = name
+        self.prefix = prefix
         self.tokenizer = tokenizer
         self.write = write
         self.redact = redact
@@ -307,7 +315,34 @@ class _Finisher:
 
     def finish(self, batch: Sequence[_Open]) -> list[Record]:
         counts = self._counts(batch)
-        return [s for s in (self._session(o, counts) for o in batch) if s is not None]
+        records = []
+        for session in batch:
+            first_row = len(self.table.turn)
+            record = self._session(session, counts)
+            self._add_prefix(session, first_row)
+            if record is not None:
+                records.append(record)
+        return records
+
+    def _add_prefix(self, session: _Open, first_row: int) -> None:
+        """The session's blocks for the reusable-prefix figure: from hash ids, else from message text."""
+        arrivals = self.table.arrival[first_row:]
+        if session.turns[0].hash_ids is not None:
+            for request, arrival in zip(session.turns, arrivals, strict=True):
+                self.prefix.add_hashed(request.hash_ids or [], request.prompt_tokens or 0, arrival)
+            return
+        if session.turns[0].messages is None:
+            return  # lengths only: nothing to cut blocks from
+        encode = self.tokenizer.encode
+        replies = self.table.output[first_row:]
+        turns = [
+            (
+                np.fromiter((t for m in request.messages or () for t in encode(m["content"])), dtype=np.int64),
+                0 if math.isnan(reply) else int(reply),
+            )
+            for request, reply in zip(session.turns, replies, strict=True)
+        ]
+        self.prefix.add_session(turns, arrivals)
 
     def _counts(self, batch: Sequence[_Open]) -> Iterator[int]:
         """Content token counts of each turn's new messages then reply (all turns in order), when needed."""
@@ -476,7 +511,12 @@ def _run(
         tokenizer = get_tokenizer(options.tokenizer)
     except TokenizerError as exc:
         raise WorkloadError(str(exc)) from None
-    finisher = _Finisher(name, tokenizer, write=out is not None, redact=options.redact, seed=options.seed)
+    prefix = (
+        PrefixBlocks.from_hash_ids()
+        if fmt == "mooncake"
+        else PrefixBlocks.from_text(options.block_size, options.tokenizer)
+    )
+    finisher = _Finisher(name, tokenizer, prefix, write=out is not None, redact=options.redact, seed=options.seed)
     sessions = _Sessions(options.session_gap_s, options.max_open_sessions)
     issues: list[Issue] = []
     skipped: Counter[str] = Counter()
@@ -519,7 +559,8 @@ def _run(
     if not seen:
         raise WorkloadError(f"no requests in {', '.join(map(str, sources))}")
     table = finisher.table.frame(name, sessions.count)
-    return LogTable(table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis))
+    reuse = prefix.result() if prefix.requests else NO_TEXT
+    return LogTable(table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis), reuse)
 
 
 def think_time_note(basis: Counter[str]) -> str | None:
@@ -560,7 +601,7 @@ def build_workload(
     try:
         with partial.open("wb") as out:
             log = _run([Path(s) for s in sources], options, name, out=out, progress=progress)
-        stats = workload_stats(log.table, think_times=log.think_times)
+        stats = workload_stats(log.table, think_times=log.think_times, reusable_prefix=log.reusable_prefix)
         spec = WorkloadSpec(
             version=1,
             name=name,

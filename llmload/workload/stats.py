@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmload.format import fmt
-from llmload.models import Percentiles, Session
+from llmload.format import fmt, percent
+from llmload.models import Percentiles, ReusablePrefix, Session
 from llmload.stats.percentiles import percentiles
 from llmload.workload.files import Workload
 from llmload.workload.tokens import get_tokenizer
@@ -71,6 +71,10 @@ class WorkloadStats(BaseModel):
     max_tokens: int | None = Field(description="the max_tokens the recommendation assumes")
     max_tokens_configured: bool = Field(description="max_tokens was given, not taken from the source")
     recommended_max_model_len: int | None = Field(description="P99 prompt + max_tokens, rounded up to a multiple of 16")
+    reusable_prefix: ReusablePrefix | None = Field(
+        default=None, description="prompt tokens an infinite prefix cache could serve (llmload/workload/prefix.py)"
+    )
+    reusable_prefix_absent: str | None = Field(default=None, description="why there is no reusable_prefix")
 
 
 def _round_up(value: float, multiple: int) -> int:
@@ -78,10 +82,15 @@ def _round_up(value: float, multiple: int) -> int:
 
 
 def workload_stats(
-    table: pd.DataFrame, *, max_tokens: int | None = None, think_times: str | None = None
+    table: pd.DataFrame,
+    *,
+    max_tokens: int | None = None,
+    think_times: str | None = None,
+    reusable_prefix: ReusablePrefix | str | None = None,
 ) -> WorkloadStats:
     """Statistics of a request table; `max_tokens` overrides the source's P99 in the recommendation,
-    and `think_times` says how the source's think times were found (the table cannot tell)."""
+    `think_times` says how the source's think times were found, and `reusable_prefix` is the figure
+    of `llmload.workload.prefix` or why it is absent (the table has no text to compute either from)."""
     missing = set(TABLE_COLUMNS) - set(table.columns)
     if missing:
         raise ValueError(f"request table lacks columns {sorted(missing)}")
@@ -127,6 +136,8 @@ def workload_stats(
         max_tokens=assumed,
         max_tokens_configured=max_tokens is not None,
         recommended_max_model_len=recommended,
+        reusable_prefix=None if isinstance(reusable_prefix, str) else reusable_prefix,
+        reusable_prefix_absent=reusable_prefix if isinstance(reusable_prefix, str) else None,
     )
 
 
@@ -222,7 +233,30 @@ def render_stats(stats: WorkloadStats) -> str:
             f"{fmt(stats.prompt_tokens.p99, 0)} + max_tokens {stats.max_tokens:,} ({origin}), "
             f"rounded up to a multiple of {MAX_MODEL_LEN_MULTIPLE}."
         )
+    lines += _render_reuse(stats)
     return "\n".join(lines) + "\n"
+
+
+def _render_reuse(stats: WorkloadStats) -> list[str]:
+    reuse = stats.reusable_prefix
+    if reuse is None:
+        absent = stats.reusable_prefix_absent
+        return [] if absent is None else [f"Reusable prefix: none ({absent})."]
+    lines = [
+        "",
+        f"Reusable prefix (an infinite prefix cache, {reuse.block_size}-token blocks, from {reuse.basis}): "
+        f"{percent(reuse.share, 1)} of {reuse.prompt_tokens:,} prompt tokens: "
+        f"history {percent(reuse.history_share, 1)}, shared with other sessions {percent(reuse.shared_share, 1)}.",
+        "",
+        "| turn | requests | reusable |",
+        "|---:|---:|---:|",
+    ]
+    shown = reuse.by_turn[:_TURN_ROWS_SHOWN]
+    lines += [f"| {row.turn} | {row.requests:,} | {percent(row.share, 1)} |" for row in shown]
+    hidden = len(reuse.by_turn) - _TURN_ROWS_SHOWN
+    if hidden > 0:
+        lines.append(f"| … | {hidden} more turn indexes (see --json) | |")
+    return lines
 
 
 def plot_stats(table: pd.DataFrame, stats: WorkloadStats, path: Path) -> Path:

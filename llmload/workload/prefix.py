@@ -1,0 +1,269 @@
+"""Reusable prefix: the share of prompt tokens an infinite prefix cache could serve.
+
+Defined as vLLM's prefix cache keys its blocks, with no eviction:
+
+- a prompt's tokens are cut into full blocks of `block_size`; a partial tail block never counts;
+- block i's key is a hash of blocks 0..i, so a block matches only with its whole prefix;
+- a request's reusable tokens are `block_size` × the number of its blocks whose key an earlier
+  request (by arrival, ties in file order) already produced. Because keys are chained, those
+  blocks are always a leading run;
+- a reusable block is *history* when the earliest request that produced its key is in the same
+  session, else *shared* (a system prompt, document or few-shot block another session sent first).
+
+What a prompt is: the content tokens of its messages (chat-template tokens are ignored, so the
+share is over message content, as `cl100k_base` counts it). Turn k's prompt is turn k-1's prompt,
+then turn k-1's reply, then turn k's new messages. A workload holds no reply text (the server
+writes it), so a reply is modelled as `output_tokens` tokens unique to its request: never shared
+with another session, but history for the same session's later turns.
+
+How it is computed, for a million requests: each message is tokenized once, and a session's
+turns are laid end to end as one token stream (a turn's prompt is a prefix of the next), so a
+block is hashed once per session, not once per request. Block keys are prefix hashes: the
+cumulative (wrapping uint64) sum of a 64-bit mix of (token, position), vectorised in numpy over
+batches of sessions. The key of every block goes into int64 columns with the request that first
+includes it in its session; one sort by (key, arrival) finds each key's first producer. Memory is
+~16 bytes per (session, block) while collecting and ~60 during the final sort; no per-request
+Python objects are kept. A 64-bit key collision (odds ~1e-7 in 10^12 block pairs) would count a
+block as reusable.
+
+Mooncake traces carry `hash_ids`, already one id per 512-token prefix block: they are used as the
+blocks (block size 512, whatever `--block-size` says), chained again so that the same id at a
+different prefix cannot match. Every Mooncake line is its own session, so its reuse counts as
+shared. Formats with neither text nor hashes (azure_trace) have no figure, and say why.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+
+from llmload.models import ReusablePrefix, TurnReuse
+from llmload.workload.files import Workload
+from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
+from llmload.workload.stats import request_table
+from llmload.workload.tokens import get_tokenizer
+
+DEFAULT_BLOCK_SIZE = 16
+NO_TEXT = "the log carries no text or hashes"
+_FLUSH_UNITS = 1 << 21  # tokens hashed per numpy batch: ~100 MB of temporaries
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective scramble of uint64 values (wrapping arithmetic)."""
+    z = values + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class PrefixBlocks:
+    """Collects the block keys of sessions (text) or of Mooncake lines (hash ids), then `result()`.
+
+    Add sessions in any order; arrivals decide which request was first. `unit_tokens` is how many
+    tokens one stream element stands for (512 for hash ids, 1 for tokens)."""
+
+    def __init__(self, block_size: int, *, basis: str) -> None:
+        if block_size < 1:
+            raise ValueError(f"block size must be positive, not {block_size}")
+        self.block_size = block_size
+        self.basis = basis
+        self._unit_tokens = 1
+        # per request, in insertion order (a session's turns are contiguous)
+        self._session = array("q")
+        self._turn = array("q")
+        self._arrival = array("d")
+        self._prompt_tokens = array("q")
+        self._prompt_blocks = array("q")
+        # per (session, block): its key and the request that first includes it
+        self._keys = array("q")
+        self._owners = array("q")
+        # the batch being collected, hashed by `_flush`
+        self._pieces: list[np.ndarray] = []
+        self._piece_units = 0
+        self._session_starts: list[int] = []
+        self._prompt_ends: list[int] = []
+        self._sessions = 0
+        self._replies = 0
+        self._flushed_requests = 0
+
+    @property
+    def requests(self) -> int:
+        return len(self._session)
+
+    @classmethod
+    def from_text(cls, block_size: int, tokenizer: str) -> PrefixBlocks:
+        """Blocks of message tokens (the tokenizer named for the figure's basis)."""
+        return cls(block_size, basis=f"message text ({tokenizer}), replies as unique tokens")
+
+    @classmethod
+    def from_hash_ids(cls) -> PrefixBlocks:
+        """Blocks from Mooncake `hash_ids`: one element per 512-token block."""
+        blocks = cls(1, basis="the log's hash_ids (Mooncake, 512-token blocks)")
+        blocks._unit_tokens = MOONCAKE_BLOCK_TOKENS
+        return blocks
+
+    def add_session(self, turns: Sequence[tuple[np.ndarray, int]], arrivals: np.ndarray | Sequence[float]) -> None:
+        """One session: each turn's new message tokens (int64, ids ≥ 0) and its reply's length in tokens."""
+        if self._unit_tokens != 1:
+            raise ValueError("a hash-id collection takes add_hashed, not add_session")
+        self._session_starts.append(self._piece_units)
+        length = 0
+        for index, ((tokens, _), arrival) in enumerate(zip(turns, arrivals, strict=True)):
+            if index:
+                previous_reply = turns[index - 1][1]
+                if previous_reply > 0:  # a token unique to that reply, repeated: shared by no other request
+                    self._replies += 1
+                    self._pieces.append(np.full(previous_reply, -self._replies, dtype=np.int64))
+                    length += previous_reply
+            self._pieces.append(np.asarray(tokens, dtype=np.int64))
+            length += len(tokens)
+            self._add_request(index, arrival, length, length)
+            self._prompt_ends.append(self._piece_units + length)
+        self._close_session(length)
+
+    def add_hashed(self, hash_ids: Sequence[int], prompt_tokens: int, arrival: float) -> None:
+        """One Mooncake line: its own session, its full 512-token blocks' hash ids."""
+        full = min(len(hash_ids), prompt_tokens // self._unit_tokens)
+        self._session_starts.append(self._piece_units)
+        self._pieces.append(np.asarray(hash_ids[:full], dtype=np.int64))
+        self._add_request(0, arrival, prompt_tokens, full)
+        self._prompt_ends.append(self._piece_units + full)
+        self._close_session(full)
+
+    def _add_request(self, turn: int, arrival: float, prompt_tokens: int, prompt_units: int) -> None:
+        self._session.append(self._sessions)
+        self._turn.append(turn)
+        self._arrival.append(arrival)
+        self._prompt_tokens.append(prompt_tokens)
+        self._prompt_blocks.append(prompt_units // self.block_size)
+
+    def _close_session(self, length: int) -> None:
+        self._sessions += 1
+        self._piece_units += length
+        if self._piece_units >= _FLUSH_UNITS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hash the collected sessions' streams and keep one key per full block."""
+        if not self._session_starts:
+            return
+        stream = np.concatenate(self._pieces).view(np.uint64) if self._pieces else np.zeros(0, np.uint64)
+        starts = np.asarray(self._session_starts, dtype=np.int64)
+        lengths = np.diff(np.append(starts, len(stream)))
+        base = np.repeat(starts, lengths)
+        position = np.arange(len(stream), dtype=np.int64) - base
+        with np.errstate(over="ignore"):
+            prefix = np.cumsum(_mix(stream ^ _mix(position.view(np.uint64))), dtype=np.uint64)
+            before = np.concatenate(([np.uint64(0)], prefix))[base]  # the stream's sum before each session
+            ends = np.flatnonzero((position + 1) % self.block_size == 0)
+            keys = _mix(prefix[ends] - before[ends])
+        owners = np.searchsorted(np.asarray(self._prompt_ends, dtype=np.int64), ends + 1, side="left")
+        self._keys.frombytes(keys.view(np.int64).tobytes())
+        self._owners.frombytes((owners + self._flushed_requests).astype(np.int64).tobytes())
+        self._flushed_requests += len(self._prompt_ends)
+        self._pieces, self._piece_units, self._session_starts, self._prompt_ends = [], 0, [], []
+
+    def result(self, counted: np.ndarray | None = None) -> ReusablePrefix:
+        """The figure over the requests `counted` (a boolean mask in insertion order; all by default).
+        Every request added, counted or not, fills the cache for the later ones."""
+        self._flush()
+        share = _reuse(self)
+        mask = np.ones(len(self._session), dtype=bool) if counted is None else np.asarray(counted, dtype=bool)
+        if mask.shape != (len(self._session),):
+            raise ValueError(f"counted has {mask.size} entries for {len(self._session)} requests")
+        scale = self.block_size * self._unit_tokens
+        prompt = np.frombuffer(self._prompt_tokens, dtype=np.int64)
+        reusable, shared = share[0] * scale, share[1] * scale
+        turn = np.frombuffer(self._turn, dtype=np.int64)[mask]
+        by_turn_prompt = np.bincount(turn, weights=prompt[mask])
+        by_turn_reusable = np.bincount(turn, weights=reusable[mask])
+        by_turn_requests = np.bincount(turn)
+        total = int(prompt[mask].sum())
+        reusable_total = int(reusable[mask].sum())
+        shared_total = int(shared[mask].sum())
+        return ReusablePrefix(
+            block_size=scale,
+            basis=self.basis,
+            requests=int(mask.sum()),
+            prompt_tokens=total,
+            reusable_tokens=reusable_total,
+            history_tokens=reusable_total - shared_total,
+            shared_tokens=shared_total,
+            share=_ratio(reusable_total, total),
+            history_share=_ratio(reusable_total - shared_total, total),
+            shared_share=_ratio(shared_total, total),
+            by_turn=[
+                TurnReuse(turn=index + 1, requests=int(n), share=_ratio(r, p))
+                for index, (n, r, p) in enumerate(zip(by_turn_requests, by_turn_reusable, by_turn_prompt, strict=True))
+                if n
+            ],
+        )
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return float(part) / float(whole) if whole else None
+
+
+def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
+    """(reusable blocks, shared blocks) per request, from the collected keys."""
+    session = np.frombuffer(blocks._session, dtype=np.int64)
+    arrival = np.frombuffer(blocks._arrival, dtype=np.float64)
+    count = len(session)
+    rank = np.empty(count, dtype=np.int64)
+    rank[np.lexsort((np.arange(count), arrival))] = np.arange(count)  # NaN arrivals last, in file order
+    keys = np.frombuffer(blocks._keys, dtype=np.int64)
+    owners = np.frombuffer(blocks._owners, dtype=np.int64)
+    if not keys.size:
+        return np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+    order = rank[owners]
+    by_key = np.lexsort((order, keys))
+    sorted_keys = keys[by_key]
+    group_start = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    first = np.repeat(by_key[group_start], np.diff(np.r_[group_start, len(by_key)]))
+    seen = np.empty(len(keys), dtype=bool)
+    seen[by_key] = order[by_key] > order[first]
+    other = np.empty(len(keys), dtype=bool)
+    other[by_key] = session[owners[first]] != session[owners[by_key]]
+    produced = np.bincount(owners, minlength=count)
+    seen_new = np.bincount(owners, weights=seen, minlength=count).astype(np.int64)
+    shared_new = np.bincount(owners, weights=other & seen, minlength=count).astype(np.int64)
+    inherited = np.frombuffer(blocks._prompt_blocks, dtype=np.int64) - produced  # earlier turns' blocks
+    # shared blocks of the session's earlier turns: a running sum restarted at each session
+    running = np.cumsum(shared_new)
+    session_first = np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
+    restart = np.repeat(running[session_first] - shared_new[session_first], np.diff(np.r_[session_first, count]))
+    shared_inherited = running - shared_new - restart
+    return inherited + seen_new, shared_inherited + shared_new
+
+
+def workload_prefix(
+    workload: Workload,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    arrivals: Sequence[float] | None = None,
+    replies: Sequence[float] | None = None,
+    counted: np.ndarray | None = None,
+) -> ReusablePrefix:
+    """The reusable prefix of a workload file, its requests in request-table order (sessions, then turns).
+
+    By default arrivals are the request table's and a reply is the turn's `output_tokens` (else
+    `max_tokens`, else 0); a run passes what it sent instead (send times, actual reply lengths, and
+    NaN arrivals for requests it never sent, which `counted` leaves out)."""
+    times: np.ndarray | Sequence[float] = (
+        request_table(workload)["arrival_s"].to_numpy() if arrivals is None else arrivals
+    )
+    encode = get_tokenizer(workload.spec.tokenizer).encode
+    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
+    request = 0
+    for session in workload.sessions:
+        turns: list[tuple[np.ndarray, int]] = []
+        for turn in session.turns:
+            tokens = [token for message in turn.messages for token in encode(message.content)]
+            reply = replies[request + len(turns)] if replies is not None else turn.output_tokens or turn.max_tokens
+            turns.append((np.asarray(tokens, dtype=np.int64), 0 if reply is None or math.isnan(reply) else int(reply)))
+        blocks.add_session(turns, times[request : request + len(turns)])
+        request += len(turns)
+    return blocks.result(counted)

@@ -1,0 +1,153 @@
+"""The reusable-prefix figure of `workload stats`: against an independent trie of blocks on the sample
+workload, and against shares worked out by hand on an OpenAI log, a Mooncake trace and an Azure trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llmload.cli import main
+from llmload.workload.files import load_workload
+from llmload.workload.stats import request_table
+from llmload.workload.tokens import get_tokenizer
+
+SAMPLE = Path(__file__).resolve().parents[1] / "workloads" / "chat-multiturn.yaml"
+
+
+def _stats(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    assert main(["workload", "stats", *args, "--json"]) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+def _naive_reuse(path: Path, block_size: int) -> tuple[int, int, int, int, dict[int, tuple[int, int]]]:
+    """Every prompt as a flat token list (replies as tokens unique to their request), its full blocks
+    looked up in a trie of every block an earlier prompt sent: (prompt, reusable, history, shared,
+    {turn: (prompt, reusable)})."""
+    workload = load_workload(path)
+    encode = get_tokenizer(workload.spec.tokenizer).encode
+    requests = []  # (arrival, file order, session, turn, flat prompt)
+    for session in workload.sessions:
+        flat: list[object] = []
+        for index, turn in enumerate(session.turns):
+            if index:
+                previous = session.turns[index - 1]
+                flat += [("reply", session.id, index - 1)] * (previous.output_tokens or previous.max_tokens or 0)
+            flat += [t for m in turn.messages for t in encode(m.content)]
+            requests.append((session.id, index, list(flat)))
+    arrivals = request_table(workload)["arrival_s"].tolist()
+    order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
+    trie: dict[tuple[int, tuple[object, ...]], tuple[int, str]] = {}  # (parent node, block) -> (node, first session)
+    totals = [0, 0, 0, 0]
+    by_turn: dict[int, tuple[int, int]] = {}
+    for i in order:
+        session, turn, flat = requests[i]
+        node, reusable, shared, matching = 0, 0, 0, True
+        for start in range(0, len(flat) - block_size + 1, block_size):
+            edge = (node, tuple(flat[start : start + block_size]))
+            if edge in trie and matching:
+                node, first = trie[edge]
+                reusable += block_size
+                shared += block_size if first != session else 0
+            else:
+                matching = False
+                if edge not in trie:
+                    trie[edge] = (len(trie) + 1, session)
+                node = trie[edge][0]
+        for k, v in enumerate((len(flat), reusable, reusable - shared, shared)):
+            totals[k] += v
+        p, r = by_turn.get(turn + 1, (0, 0))
+        by_turn[turn + 1] = (p + len(flat), r + reusable)
+    return totals[0], totals[1], totals[2], totals[3], by_turn
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_the_sample_workload_matches_an_independent_trie_of_blocks(
+    block_size: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reuse = _stats(capsys, str(SAMPLE), "--block-size", str(block_size))["reusable_prefix"]
+    assert isinstance(reuse, dict)
+    prompt, reusable, history, shared, by_turn = _naive_reuse(SAMPLE, block_size)
+    assert (reuse["prompt_tokens"], reuse["reusable_tokens"]) == (prompt, reusable)
+    assert (reuse["history_tokens"], reuse["shared_tokens"]) == (history, shared)
+    assert reuse["share"] == pytest.approx(reusable / prompt)
+    assert reuse["block_size"] == block_size and 0.2 < reuse["share"] < 1 and shared > 0 and history > 0
+    assert {row["turn"]: row["share"] for row in reuse["by_turn"]} == pytest.approx(
+        {turn: r / p for turn, (p, r) in by_turn.items()}
+    )
+    assert main(["workload", "stats", str(SAMPLE), "--block-size", str(block_size)]) == 0
+    text = capsys.readouterr().out
+    assert f"Reusable prefix (an infinite prefix cache, {block_size}-token blocks" in text
+    assert f"{100 * reusable / prompt:.1f}% of {prompt:,} prompt tokens" in text
+
+
+def _chat(at: float, messages: list[tuple[str, str]], reply: str, reply_tokens: int) -> bytes:
+    record = {
+        "timestamp": at,
+        "request": {"messages": [{"role": r, "content": c} for r, c in messages]},
+        "response": {
+            "choices": [{"message": {"role": "assistant", "content": reply}}],
+            "usage": {"prompt_tokens": 99, "completion_tokens": reply_tokens},
+        },
+    }
+    return orjson.dumps(record) + b"\n"
+
+
+def test_an_openai_log_gives_the_shares_worked_out_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """4-token blocks. System S: 8 tokens; users A1 6, B1 5, A2 4; A1's reply 3 tokens.
+    A1 = S+A1 (14 tokens, 3 blocks): nothing seen. B1 = S+B1 (13): S's 2 blocks, first sent by
+    session A: 8 shared. A2 = S+A1+reply+A2 (21, 5 blocks): A1's 3 blocks, 12 history; block 4
+    holds the reply, block 5 is new. Total 48 tokens, 20 reusable."""
+    system, a1, b1, a2, reply = " hello" * 8, " apple" * 6, " banana" * 5, " cherry" * 4, " yes" * 3
+    log = tmp_path / "chat.jsonl"
+    log.write_bytes(
+        _chat(1000.0, [("system", system), ("user", a1)], reply, 3)
+        + _chat(1001.0, [("system", system), ("user", b1)], " no" * 2, 2)
+        + _chat(1002.0, [("system", system), ("user", a1), ("assistant", reply), ("user", a2)], " ok", 1)
+    )
+    stats = _stats(capsys, str(log), "--block-size", "4")
+    assert stats["sessions"] == 2
+    reuse = stats["reusable_prefix"]
+    assert isinstance(reuse, dict)
+    assert (reuse["prompt_tokens"], reuse["reusable_tokens"], reuse["history_tokens"], reuse["shared_tokens"]) == (
+        48,
+        20,
+        12,
+        8,
+    )
+    assert [(row["turn"], row["requests"], row["share"]) for row in reuse["by_turn"]] == [
+        (1, 2, pytest.approx(8 / 27)),
+        (2, 1, pytest.approx(12 / 21)),
+    ]
+
+
+def test_mooncake_hash_ids_are_the_blocks_and_only_match_with_their_prefix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """512-token blocks whatever --block-size says; a partial last block never counts; id 2 first in
+    line 4 does not match line 1's id 2, which followed id 1."""
+    lines = [(0, 1100, [1, 2, 3]), (1000, 1536, [1, 2, 4]), (2000, 600, [5, 2]), (3000, 512, [2])]
+    log = tmp_path / "mooncake.jsonl"
+    log.write_bytes(
+        b"".join(
+            orjson.dumps({"timestamp": t, "input_length": n, "output_length": 10, "hash_ids": h}) + b"\n"
+            for t, n, h in lines
+        )
+    )
+    reuse = _stats(capsys, str(log), "--block-size", "16")["reusable_prefix"]
+    assert isinstance(reuse, dict)
+    assert reuse["block_size"] == 512 and "hash_ids" in reuse["basis"]
+    assert (reuse["prompt_tokens"], reuse["reusable_tokens"], reuse["shared_tokens"]) == (3748, 1024, 1024)
+
+
+def test_a_log_of_lengths_only_has_no_figure_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "azure.csv"
+    rows = ("TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:15:46.68,374,44", "2023-11-16 18:15:50.99,396,9")
+    log.write_text("\n".join(rows) + "\n")
+    stats = _stats(capsys, str(log))
+    assert stats["reusable_prefix"] is None
+    assert stats["reusable_prefix_absent"] == "the log carries no text or hashes"
+    assert main(["workload", "stats", str(log)]) == 0
+    assert "Reusable prefix: none (the log carries no text or hashes)." in capsys.readouterr().out

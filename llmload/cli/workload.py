@@ -18,7 +18,7 @@ from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
-from llmload.workload.like import compare, like_shapes, redraw, render_comparison
+from llmload.workload.like import compare, like_prefixes, like_shapes, redraw, render_comparison
 from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, workload_prefix
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
@@ -194,12 +194,15 @@ def _synth(args: argparse.Namespace) -> int:
     else:
         if args.turns is not None:
             raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
-        table, _, _ = _input_table(args.like, args)
-        real = workload_stats(table)
+        table, _, reuse = _input_table(args.like, args)
+        real = workload_stats(table, reusable_prefix=reuse)
         options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
         rng = np.random.default_rng([options.seed, 1])
         given = {field for field in _DISTRIBUTION_FLAGS if getattr(args, field) is not None}
         shapes = redraw(like_shapes(table, options.sessions, rng), options, given, rng)
+        if args.shared_prefix is None and real.reusable_prefix and real.reusable_prefix.shared_share:
+            pools = like_prefixes(shapes, real.reusable_prefix.shared_share, options.prefix_sessions, args.block_size)
+            options = options.model_copy(update={"shared_prefixes": pools})
         generator = {"like": list(args.like), "redrawn": sorted(given), **options.model_dump(mode="json")}
         spec, sessions = synthesize_workload(
             name, options, shapes=shapes, prefix_in_first_turn=True, generator=generator
@@ -215,7 +218,10 @@ def _synth(args: argparse.Namespace) -> int:
     )
     if args.like is None:
         return 0
-    synthetic = workload_stats(request_table(load_workload(out)))  # as written, not as intended
+    written = load_workload(out)  # figures as written, not as intended
+    synthetic = workload_stats(
+        request_table(written), reusable_prefix=workload_prefix(written, block_size=args.block_size)
+    )
     rows = compare(real, synthetic)
     print(render_comparison(rows), end="")
     return 1 if any(row.within is False for row in rows) else 0
@@ -250,7 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="COUNT:TOKENS",
         help="COUNT prefixes of TOKENS tokens (system prompts, documents); repeat for several pools, a session "
-        "takes one of each (default 3:400 without --like, none with it)",
+        "takes one of each (default 3:400; with --like, one pool sized to the real shared share)",
     )
     synth.add_argument("--prefix-popularity", help="zipf:S (default zipf:1.1) or uniform")
     synth.add_argument("--prefix-sessions", type=float, help="share of sessions that start with prefixes (default 1)")

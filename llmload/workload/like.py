@@ -24,7 +24,7 @@ import pandas as pd
 
 from llmload.format import fmt
 from llmload.workload.stats import WorkloadStats
-from llmload.workload.synth import SessionShape, SynthOptions, draw_seconds, draw_tokens
+from llmload.workload.synth import PrefixPool, SessionShape, SynthOptions, draw_seconds, draw_tokens
 
 RELATIVE_TOLERANCE = 0.05
 POINTS_TOLERANCE = 5.0
@@ -120,6 +120,40 @@ def redraw(
     return out
 
 
+LIKE_PREFIX_COUNT = 4  # the aggregate figure does not tell how many prefixes; the share hardly depends on it
+
+
+def like_prefixes(
+    shapes: list[SessionShape], shared_share: float, prefix_sessions: float, block_size: int
+) -> list[PrefixPool]:
+    """One pool of shared prefixes whose length gives the shapes the real shared share.
+
+    A session with a prefix of T tokens (cut to its first turn's new tokens less one) shares its
+    full blocks in every turn, so the expected shared tokens are `prefix_sessions` × Σ over sessions
+    of block-floor(min(T, first turn − 1)) × turns: non-decreasing in T, found by bisection against
+    the real share of the shapes' prompt tokens. The first session to send each prefix shares
+    nothing, which leaves the figure `LIKE_PREFIX_COUNT` sessions' worth low (a fraction of a point
+    for hundreds of sessions)."""
+    first = np.array([shape.new_tokens[0] - 1 for shape in shapes])
+    turns = np.array([len(shape.new_tokens) for shape in shapes])
+    prompt_total = sum(
+        sum(np.cumsum(shape.new_tokens)) + sum(np.cumsum([o or 0 for o in shape.output_tokens[:-1]]))
+        for shape in shapes
+    )
+    target = shared_share * prompt_total
+
+    def shared(tokens: int) -> float:
+        return prefix_sessions * float((np.minimum(tokens, first) // block_size * block_size * turns).sum())
+
+    if not shapes or target < block_size or shared(int(first.max())) == 0:
+        return []
+    low, high = 0, int(first.max())  # shared(low) < target <= shared(high), or high when out of reach
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if shared(middle) < target else (low, middle)
+    return [PrefixPool(count=LIKE_PREFIX_COUNT, tokens=high)]
+
+
 # --------------------------------------------------------------------------- the side-by-side check
 
 
@@ -188,6 +222,21 @@ def figures(real: WorkloadStats) -> list[Figure]:
         *_quantile_figures("turns per session", lambda s: s.turns_per_session, 1),
         *_quantile_figures("think time s", lambda s: s.think_time_s, 2),
         Figure("arrival rate requests/s", lambda s: s.requests_per_s, "relative", 3),
+        *_prefix_figures(),
+    ]
+
+
+def _prefix_figures() -> list[Figure]:
+    """The reusable prefix share and its parts, in percent: absent (no text) on either side is not judged."""
+
+    def percent(stats: WorkloadStats, part: str) -> float | None:
+        reuse = stats.reusable_prefix
+        value = None if reuse is None else getattr(reuse, part)
+        return None if value is None else 100 * value
+
+    return [
+        Figure(f"reusable prefix {name} %", lambda s, part=part: percent(s, part), "points", 1)  # type: ignore[misc]
+        for name, part in (("share", "share"), ("history", "history_share"), ("shared", "shared_share"))
     ]
 
 

@@ -185,6 +185,14 @@ class _Prefixes:
         )
 
 
+def _leading_words(text: str, words: int) -> str:
+    """The first `words` words of synthesized text (one token each in its tokenizer), all of it when shorter."""
+    if words <= 0:
+        return ""
+    parts = text.split(" ")  # synthesized text starts with a space: parts[0] == ""
+    return text if len(parts) <= words + 1 else " ".join(parts[: words + 1])
+
+
 def synthesize_workload(
     name: str,
     options: SynthOptions,
@@ -197,7 +205,9 @@ def synthesize_workload(
 
     A session's prefix is its first message (system); with `prefix_in_first_turn` it takes its
     tokens from the first turn's new tokens (shapes copied from a real workload already hold them),
-    else it comes on top. Each turn's `prompt_tokens` is the history as the tokenizer counts it.
+    cut to its leading words where the first turn is shorter, so the prompt lengths stay the shapes'
+    (the cut prefix still shares its full blocks with the whole one); else it comes on top.
+    Each turn's `prompt_tokens` is the history as the tokenizer counts it.
     """
     rng = np.random.default_rng(options.seed)
     tokenizer = get_tokenizer(options.tokenizer)
@@ -207,6 +217,8 @@ def synthesize_workload(
     out: list[Session] = []
     for index, shape in enumerate(shapes):
         prefix = prefixes.choose()
+        if prefix_in_first_turn:
+            prefix = _leading_words(prefix, shape.new_tokens[0] - 1)
         history = tokenizer.count(prefix) if prefix else 0
         turns = []
         for k, (new, output, think) in enumerate(

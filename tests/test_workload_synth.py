@@ -25,6 +25,17 @@ def synth(*argv: str) -> int:
     return main(["workload", "synth", *argv])
 
 
+def table_rows(printed: str) -> dict[str, str]:
+    """The --like table's lines by figure name."""
+    return {line.split(" | ")[0].lstrip("| "): line for line in printed.splitlines()}
+
+
+def real_and_synthetic(row: str) -> tuple[float, float]:
+    """The real and synthetic numbers of a --like table line."""
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    return float(cells[1].replace(",", "")), float(cells[2].replace(",", ""))
+
+
 def test_fixed_is_exact_and_lengths_are_clipped_at_one_token() -> None:
     rng = np.random.default_rng(0)
     assert draw_tokens(parse_distribution("fixed:512", "--x"), rng, 50) == [512] * 50
@@ -128,6 +139,10 @@ def test_like_the_sample_workload_exits_0_without_its_text(tmp_path: Path, capsy
     assert synth("--like", str(SAMPLE), "-o", str(out)) == 0
     table = capsys.readouterr().out
     assert "| prompt tokens turn 2 P99 |" in table and "| think time s P95 |" in table and "✗" not in table
+    rows = table_rows(table)
+    shares = {part: real_and_synthetic(rows[f"reusable prefix {part} %"]) for part in ("share", "history", "shared")}
+    assert {part: real for part, (real, _) in shares.items()} == {"share": 74.7, "history": 40.9, "shared": 33.8}
+    assert all(abs(synthetic - real) <= 5 for real, synthetic in shares.values()), shares
     real, synthetic = load_workload(SAMPLE), load_workload(out)
     assert len(synthetic.sessions) == len(real.sessions)
     texts = lambda w: {m.content for s in w.sessions for t in s.turns for m in t.messages}  # noqa: E731
@@ -141,11 +156,22 @@ def test_like_a_deliberately_different_synth_exits_1(tmp_path: Path, capsys: pyt
     out = tmp_path / "off.yaml"
     assert synth("--like", str(SAMPLE), "-o", str(out), "--output-tokens", "fixed:80") == 1
     printed = capsys.readouterr().out
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in printed.splitlines()}
+    rows = table_rows(printed)
     assert rows["output tokens P50"].endswith("✗ |") and "-49.7%" in rows["output tokens P50"]
     assert rows["prompt tokens turn 2 P50"].endswith("✗ |")  # the history holds the shorter replies
     assert rows["prompt tokens turn 1 P50"].endswith("✓ |") and rows["turns per session P50"].endswith("✓ |")
     assert "figure(s) off: prompt tokens P50" in printed
+
+
+def test_like_without_the_real_shared_prefixes_exits_1_on_the_shared_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "unshared.yaml"
+    assert synth("--like", str(SAMPLE), "-o", str(out), "--prefix-sessions", "0") == 1
+    rows = table_rows(capsys.readouterr().out)
+    assert real_and_synthetic(rows["reusable prefix shared %"]) == (33.8, 0.0)
+    assert rows["reusable prefix shared %"].endswith("| -33.8 pts | ✗ |")
+    assert rows["prompt tokens P99"].endswith("✓ |")  # the lengths are the shapes' whatever the prefixes
 
 
 def test_like_the_azure_trace_exits_0_and_leaves_what_it_lacks_unjudged(
@@ -153,9 +179,10 @@ def test_like_the_azure_trace_exits_0_and_leaves_what_it_lacks_unjudged(
 ) -> None:
     out = tmp_path / "azure.yaml"
     assert synth("--like", str(LOGS / "azure-conv-2000.csv"), "-o", str(out)) == 0
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()}
+    rows = table_rows(capsys.readouterr().out)
     assert rows["prompt tokens P99"].endswith("✓ |") and rows["arrival rate requests/s"].endswith("✓ |")
     assert rows["think time s P50"] == "| think time s P50 | — | — | — | — |"
+    assert rows["reusable prefix share %"] == "| reusable prefix share % | — | 0.0 | — | — |"  # no text: not judged
     assert len(load_workload(out).sessions) == 2000
 
 

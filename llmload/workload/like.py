@@ -8,6 +8,9 @@ real per-turn prompt percentiles would only be approached. The resampling is bal
 session used `n // N` times, the rest drawn without replacement) rather than a plain bootstrap:
 a bootstrap of a few hundred sessions moves a P99 by more than the 5% the check allows on its own.
 
+The reusable-prefix history share comes with the shapes; the shared share is matched by one pool
+of shared prefixes sized to it (`like_prefixes`), since the real figure is an aggregate.
+
 The check does not trust the resampling: the written workload is read back, its prompt lengths are
 the history of the tokenizer-counted text, and `workload_stats` computes both sides' figures the
 same way. Figures are rows of data (`figures`), each with its tolerance, so adding one is one row.

@@ -128,16 +128,16 @@ def _naive_reusable_share(run: LocustRun, block: int = 16) -> float:
 
 def test_the_report_puts_what_the_workload_could_hit_beside_what_the_server_hit(runs: dict[str, LocustRun]) -> None:
     """The reusable share of what the judged stages sent, beside the server's hit rate: the same figure
-    computed naively agrees, and a cache too small for the workload's sessions hits far below it."""
+    computed naively agrees, and a cache too small for the workload's sessions hits below it
+    (an ample one above it: chat-template tokens are reusable prefix the figure does not count)."""
     on, small = runs["on"].summary["server"], runs["small"].summary["server"]
     reuse = on["workload_prefix"]
     assert reuse["block_size"] == 16 and reuse["share"] == pytest.approx(_naive_reusable_share(runs["on"]), abs=1e-12)
     assert reuse["share"] == pytest.approx(reuse["history_share"] + reuse["shared_share"])
-    assert small["prefix_cache_hit_rate"] < small["workload_prefix"]["share"] - 0.1
+    assert small["prefix_cache_hit_rate"] < small["workload_prefix"]["share"] < on["prefix_cache_hit_rate"]
     report = (runs["small"].run_dir / "report.md").read_text()
     assert f"the workload could hit {100 * small['workload_prefix']['share']:.1f}%" in report
     assert f"the server hit {100 * small['prefix_cache_hit_rate']:.1f}%" in report
-    assert "The gap is the cache's own size and eviction" in report
     assert "the workload could hit" in (runs["on"].run_dir / "report.html").read_text()
 
 

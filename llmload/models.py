@@ -52,6 +52,10 @@ class Turn(Strict):
     )
 
 
+REPLAY_SEPARATOR = "~"
+"""A run longer than its workload replays it again: the n-th replay of session `id` is `id~n` in the records."""
+
+
 class Session(Strict):
     id: str
     offset_s: NonNegativeFloat | None = Field(default=None, description="arrival offset in the source")
@@ -494,6 +498,11 @@ class ServerSummary(BaseModel):
         description="prefix-cache hits / queries over the judged stages (deltas of vLLM's token counters)",
     )
     prefix_cache_queries: float | None = Field(default=None, description="prompt tokens looked up, judged stages")
+    workload_prefix: ReusablePrefix | None = Field(
+        default=None,
+        description="the share an infinite prefix cache could serve of the prompts the judged stages sent"
+        " (16-token blocks): the ceiling of prefix_cache_hit_rate; None without the workload file",
+    )
     waiting_max: float | None = None
     gpu_memory_usage_max: float | None = Field(default=None, description="the fullest GPU's memory used / total")
     gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")

@@ -300,6 +300,11 @@ class RunRecords:
         table = pq.read_table(self.parquet, columns=list(FAILURE_COLUMNS), filters=judged)
         return table.to_pandas()
 
+    def session_ids(self) -> pd.Series:
+        """Each record's session id, as a category (read apart from the frame: few readers need it)."""
+        file = pq.ParquetFile(self.parquet, read_dictionary=["session_id"], pre_buffer=False)
+        return file.read(columns=["session_id"]).column(0).to_pandas()
+
     def itl(self, selected: np.ndarray, groups: np.ndarray, count: int) -> Histograms:
         """Histograms of the gaps of the selected records, each in its record's group (a time window,
         a bootstrap block). A row group spans few groups: one pass over its gaps each."""

@@ -28,7 +28,7 @@ import psutil
 
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
-from llmload.models import Message, RequestRecord, Session, Stage
+from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage
 from llmload.records import request_record, with_health
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, stage_at, trace_session_starts
 from llmload.server.request import RequestShape
@@ -83,7 +83,7 @@ def _session_copy(sessions: Sequence[Session], index: int) -> Session:
     """The workload's `index`-th session, cycling the workload with unique ids."""
     session = sessions[index % len(sessions)]
     if index >= len(sessions):
-        session = session.model_copy(update={"id": f"{session.id}~{index // len(sessions)}"})
+        session = session.model_copy(update={"id": f"{session.id}{REPLAY_SEPARATOR}{index // len(sessions)}"})
     return session
 
 

@@ -18,6 +18,7 @@ from llmload.errors import InputError, validation_message
 from llmload.models import RunManifest, Summary, Verdict
 from llmload.observe.summary import ServerSamples, read_server
 from llmload.records import RunRecords
+from llmload.workload.files import Workload, WorkloadError, load_workload
 
 MANIFEST_FILE = "run.json"
 RECORDS_FILE = "requests.jsonl"
@@ -94,6 +95,13 @@ class Run:
     def finished_at(self) -> float:
         """When the run ended: as the run wrote it, else its last record's end (a killed run)."""
         return self.manifest.finished_at or float(self.records.frame.finished_at.max())
+
+    def workload(self) -> Workload | None:
+        """The workload file the run replayed, where run.json names it; None when it is gone or unreadable."""
+        try:
+            return load_workload(self.manifest.workload)
+        except (OSError, WorkloadError):
+            return None
 
 
 def load(run_dir: Path) -> Run:

@@ -23,6 +23,8 @@ from llmload.locust.views import tab_rows
 from llmload.models import Stage
 from llmload.observe.observer import ServerSample
 from llmload.sim.process import SimProcess
+from llmload.workload.files import load_workload
+from llmload.workload.tokens import get_tokenizer
 from tests.locust_runs import LocustRun, run_locust, small_workload
 
 ENGINE = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--enable-prompt-tokens-details")
@@ -94,6 +96,49 @@ def test_compare_shows_the_hit_rate_and_calls_its_loss_a_regression(
     (hit,) = [row for row in comparison.rows if row.metric == "prefix-cache hit rate"]
     assert hit.regressed and hit.baseline is not None and hit.current is not None
     assert hit.baseline - hit.current > 0.1
+
+
+def _naive_reusable_share(run: LocustRun, block: int = 16) -> float:
+    """The reusable share computed the slow, obvious way: each sent prompt laid out flat (messages'
+    tokens, each reply as tokens of its own), in send order; a block is reusable when an earlier
+    prompt held the same tokens up to its end. Counted over the judged stages' requests."""
+    workload = load_workload(run.manifest["workload"])
+    encode = get_tokenizer(workload.spec.tokenizer).encode
+    turns = {
+        s.id: [[t for m in turn.messages for t in encode(m.content)] for turn in s.turns] for s in workload.sessions
+    }
+    records = run.records
+    sent = records[records.status != "not_sent"].sort_values("sent_at", kind="stable")
+    replies = {(r.session_id, r.turn): int(np.nan_to_num(r.output_tokens)) for r in sent.itertuples()}
+    seen: set[tuple[object, ...]] = set()
+    reusable = prompt_tokens = 0
+    for r in sent.itertuples():
+        prompt: list[object] = []
+        for turn in range(r.turn + 1):
+            if turn:
+                prompt += [(r.session_id, turn - 1, i) for i in range(replies.get((r.session_id, turn - 1), 0))]
+            prompt += turns[r.session_id][turn]
+        prefixes = [tuple(prompt[: block * (i + 1)]) for i in range(len(prompt) // block)]
+        hits = next((i for i, p in enumerate(prefixes) if p not in seen), len(prefixes))
+        seen.update(prefixes)
+        if r.stage != "warm-up":
+            reusable, prompt_tokens = reusable + block * hits, prompt_tokens + len(prompt)
+    return reusable / prompt_tokens
+
+
+def test_the_report_puts_what_the_workload_could_hit_beside_what_the_server_hit(runs: dict[str, LocustRun]) -> None:
+    """The reusable share of what the judged stages sent, beside the server's hit rate: the same figure
+    computed naively agrees, and a cache too small for the workload's sessions hits below it
+    (an ample one above it: chat-template tokens are reusable prefix the figure does not count)."""
+    on, small = runs["on"].summary["server"], runs["small"].summary["server"]
+    reuse = on["workload_prefix"]
+    assert reuse["block_size"] == 16 and reuse["share"] == pytest.approx(_naive_reusable_share(runs["on"]), abs=1e-12)
+    assert reuse["share"] == pytest.approx(reuse["history_share"] + reuse["shared_share"])
+    assert small["prefix_cache_hit_rate"] < small["workload_prefix"]["share"] < on["prefix_cache_hit_rate"]
+    report = (runs["small"].run_dir / "report.md").read_text()
+    assert f"the workload could hit {100 * small['workload_prefix']['share']:.1f}%" in report
+    assert f"the server hit {100 * small['prefix_cache_hit_rate']:.1f}%" in report
+    assert "the workload could hit" in (runs["on"].run_dir / "report.html").read_text()
 
 
 def test_the_live_hit_rate_counts_from_the_runs_start() -> None:

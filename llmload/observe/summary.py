@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pandas as pd
 
-from llmload.models import GpuSummary, ServerSummary
+from llmload.models import GpuSummary, ReusablePrefix, ServerSummary
 from llmload.observe.gpu import GpuSample
 from llmload.observe.observer import ServerSample
 from llmload.server.kinds import METRIC_FIELDS
@@ -109,9 +109,12 @@ def hit_rate(hits: float | None, queries: float | None) -> float | None:
     return None if hits is None or not queries else hits / queries
 
 
-def server_summary(samples: ServerSamples, judged_from: float = -math.inf) -> ServerSummary | None:
+def server_summary(
+    samples: ServerSamples, judged_from: float = -math.inf, workload_prefix: ReusablePrefix | None = None
+) -> ServerSummary | None:
     """summary.json's `server` block; None when no sample read any metric or GPU (or no server.jsonl).
-    The prefix-cache figures count from `judged_from` (the first judged stage's start)."""
+    The prefix-cache figures count from `judged_from` (the first judged stage's start), beside what
+    the prompts sent could have hit (`workload_prefix`)."""
     frame, gpus = samples.frame, samples.gpus
     if frame[list(METRIC_FIELDS)].isna().all().all() and gpus.empty:
         return None
@@ -122,6 +125,7 @@ def server_summary(samples: ServerSamples, judged_from: float = -math.inf) -> Se
         preemptions=counter_increase(frame.preemptions_total),
         prefix_cache_hit_rate=hit_rate(hits, queries),
         prefix_cache_queries=queries,
+        workload_prefix=workload_prefix,
         waiting_max=series_max(frame.waiting),
         gpu_memory_usage_max=series_max(gpus.memory_used_fraction),
         gpus=_gpu_summaries(gpus),

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmload.format import fmt, percent
-from llmload.models import ServerSummary, Summary
+from llmload.models import ReusablePrefix, ServerSummary, Summary
 from llmload.server.kinds import kind
 from llmload.stats.sketch import METHOD as ITL_METHOD
+
+CACHE_GAP_NOTED = 0.10  # the server's hit rate this far below what the workload could hit: say why
 
 
 def turn_depths(mix: dict[str, float]) -> str:
@@ -23,7 +27,8 @@ def turn_depths(mix: dict[str, float]) -> str:
 def server_facts(summary: Summary) -> list[str]:
     """Sentences on the server: which it is, its own figures (KV cache, queue, preemptions over the
     whole run; prefix-cache hits of the judged stages), a figure its kind does not export said so
-    (never a blank that reads as zero), and whether the workload's output lengths were forced."""
+    (never a blank that reads as zero), what the prompts sent could have hit against what the server
+    hit, and whether the workload's output lengths were forced."""
     identity, server = summary.run.server, summary.server
     lines = []
     if identity is not None:
@@ -48,6 +53,8 @@ def server_facts(summary: Summary) -> list[str]:
                 f"{fmt(server.prefix_cache_queries, 0)} prompt tokens looked up in the judged stages."
             )
         lines.append(line)
+    if server is not None and server.workload_prefix is not None and server.workload_prefix.share is not None:
+        lines.append(_prefix_ceiling(server.workload_prefix, server.prefix_cache_hit_rate, figure))
     lengths = summary.output_lengths
     if lengths is not None:
         asked, got = lengths.requested_tokens, lengths.output_tokens
@@ -57,6 +64,23 @@ def server_facts(summary: Summary) -> list[str]:
             f" {fmt(got.p50, 0)} / p99 {fmt(got.p99, 0)}."
         )
     return lines
+
+
+def _prefix_ceiling(reuse: ReusablePrefix, hit_rate: float | None, figure: Callable[[str, str], str]) -> str:
+    """What the prompts sent could have hit in an infinite prefix cache against what the server hit;
+    a server well below it lost the rest to its cache's size and eviction."""
+    line = (
+        f"Prefix cache: the workload could hit {percent(reuse.share, 1)} (block {reuse.block_size}:"
+        f" {percent(reuse.history_share, 1)} history, {percent(reuse.shared_share, 1)} shared);"
+        f" the server hit {figure('prefix_cache_hits_total', percent(hit_rate, 1))}."
+    )
+    if hit_rate is not None and reuse.share is not None and reuse.share - hit_rate >= CACHE_GAP_NOTED:
+        line += (
+            " The gap is the cache's own size and eviction: blocks an infinite cache would have kept were"
+            " evicted before their prefix came back (a bigger KV cache, fewer concurrent sequences or"
+            " prefix-aware routing closes it)."
+        )
+    return line
 
 
 def _gpu_lines(server: ServerSummary | None) -> list[str]:

@@ -24,6 +24,7 @@ from llmload.models import (
     OutputLengths,
     Percentiles,
     RequestCounts,
+    ReusablePrefix,
     RunInfo,
     RunManifest,
     ServerIdentity,
@@ -41,6 +42,7 @@ from llmload.rundir import Run
 from llmload.server.kinds import kind
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
 from llmload.stats.sketch import BUCKETS, Histograms
+from llmload.workload.prefix import sent_prefix
 
 CPU_WARNING_PERCENT = 60.0
 STEAL_WARNING_PERCENT = 2.0
@@ -185,12 +187,14 @@ def summarize(
     stage_itl_p50: Sequence[float | None] | None,
     server: ServerSamples,
     good: pd.Series | None = None,
+    workload_prefix: ReusablePrefix | None = None,
 ) -> Summary:
     """The run's summary. The stage table covers every stage; every other figure leaves out the
     warm-up, which is reported but never judged. `itl`: of the gaps of the same requests as TTFT,
     and `stage_itl_p50` each stage's median gap (both streamed apart from `df`: see summarize_run;
     None: not counted); `server`: its samples (server.jsonl); `good`: which records met the goodput
-    SLO (llmload.goodput.good_requests), None without one."""
+    SLO (llmload.goodput.good_requests), None without one; `workload_prefix`: what the prompts the
+    judged stages sent could have hit in the prefix cache (`sent_reusable_prefix`)."""
     itl_p50 = stage_itl_p50 if stage_itl_p50 is not None else [None] * len(manifest.stages)
     stages = _stage_summaries(df, manifest, good, itl_p50, server.frame)
     in_warmup = ~df.stage.isin({s.name for s in manifest.judged_stages})
@@ -298,7 +302,7 @@ def summarize(
             examples={str(k): str(v) for k, v in examples.items()},
         ),
         output_lengths=lengths,
-        server=server_summary(server, manifest.judged_started_at),
+        server=server_summary(server, manifest.judged_started_at, workload_prefix),
     )
 
 
@@ -378,6 +382,24 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
     itl = RunItl.count(records, manifest, window_s)
     summary = summarize(
         records.frame, manifest, itl=itl.judged, stage_itl_p50=itl.stage_p50(), server=run.server,
-        good=good_requests(records, manifest.goodput_slo),
+        good=good_requests(records, manifest.goodput_slo), workload_prefix=sent_reusable_prefix(run),
     )  # fmt: skip
     return summary, itl
+
+
+def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:
+    """The share of prompt tokens an infinite prefix cache could serve, over the prompts the run sent
+    (warm-up ones fill the cache) and counted over the judged stages', as the server's hit rate is;
+    16-token blocks, vLLM's default (the server's own is not recorded). None without the workload
+    file (moved, or the report rebuilt elsewhere) or when the run sent what it does not hold."""
+    workload = run.workload()
+    if workload is None:
+        return None
+    frame = run.records.frame
+    sent = ((frame.status != "not_sent") & frame.sent_at.notna()).to_numpy(dtype=bool)
+    rows = frame.loc[sent, ["turn", "sent_at", "output_tokens"]].assign(
+        session_id=run.records.session_ids()[sent].to_numpy(),
+        counted=frame.stage[sent].isin([stage.name for stage in run.manifest.judged_stages]).to_numpy(dtype=bool),
+    )
+    prefix = sent_prefix(workload, rows)
+    return prefix if isinstance(prefix, ReusablePrefix) else None

@@ -34,13 +34,13 @@ shared. Formats with neither text nor hashes (azure_trace) have no figure, and s
 
 from __future__ import annotations
 
-import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+import pandas as pd
 
-from llmload.models import ReusablePrefix, TurnReuse
+from llmload.models import REPLAY_SEPARATOR, ReusablePrefix, Session, TurnReuse
 from llmload.workload.files import Workload
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from llmload.workload.stats import request_table
@@ -239,31 +239,80 @@ def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     return inherited + seen_new, shared_inherited + shared_new
 
 
-def workload_prefix(
-    workload: Workload,
-    *,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    arrivals: Sequence[float] | None = None,
-    replies: Sequence[float] | None = None,
-    counted: np.ndarray | None = None,
-) -> ReusablePrefix:
-    """The reusable prefix of a workload file, its requests in request-table order (sessions, then turns).
-
-    By default arrivals are the request table's and a reply is the turn's `output_tokens` (else
-    `max_tokens`, else 0); a run passes what it sent instead (send times, actual reply lengths, and
-    NaN arrivals for requests it never sent, which `counted` leaves out)."""
-    times: np.ndarray | Sequence[float] = (
-        request_table(workload)["arrival_s"].to_numpy() if arrivals is None else arrivals
-    )
+def workload_prefix(workload: Workload, *, block_size: int = DEFAULT_BLOCK_SIZE) -> ReusablePrefix:
+    """The reusable prefix of a workload file: its requests at the request table's arrivals, a reply
+    as long as the turn's `output_tokens` (else `max_tokens`, else 0). What a run sent: `sent_prefix`."""
+    arrivals = request_table(workload)["arrival_s"].to_numpy()
     encode = get_tokenizer(workload.spec.tokenizer).encode
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
     request = 0
     for session in workload.sessions:
-        turns: list[tuple[np.ndarray, int]] = []
-        for turn in session.turns:
-            tokens = [token for message in turn.messages for token in encode(message.content)]
-            reply = replies[request + len(turns)] if replies is not None else turn.output_tokens or turn.max_tokens
-            turns.append((np.asarray(tokens, dtype=np.int64), 0 if reply is None or math.isnan(reply) else int(reply)))
-        blocks.add_session(turns, times[request : request + len(turns)])
-        request += len(turns)
-    return blocks.result(counted)
+        tokens = _turn_tokens(session, encode)
+        replies = [turn.output_tokens or turn.max_tokens or 0 for turn in session.turns]
+        blocks.add_session(list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)])
+        request += len(tokens)
+    return blocks.result()
+
+
+def _turn_tokens(session: Session, encode: Callable[[str], list[int]]) -> list[np.ndarray]:
+    """Each turn's new message tokens: what it adds to the session's stream besides the last reply."""
+    return [
+        np.asarray([token for message in turn.messages for token in encode(message.content)], dtype=np.int64)
+        for turn in session.turns
+    ]
+
+
+def sent_prefix(
+    workload: Workload, sent: pd.DataFrame, *, block_size: int = DEFAULT_BLOCK_SIZE
+) -> ReusablePrefix | str:
+    """The reusable prefix of what a run sent: `sent` has one row per request sent (session_id,
+    turn, sent_at, output_tokens, and `counted`: whether the figure counts it), in any order.
+
+    Each replayed session is a session of the figure, its turns at their send times and its replies
+    their real lengths (a turn it never sent: no arrival, no reply). A workload session replayed
+    again (`id~n`, a run longer than the workload) is a session of its own with the same text, so its
+    turns reuse the first replay's blocks as shared ones, up to its first reply, which is its own.
+    Each workload session is tokenized once however often it was replayed. A string says why there
+    is no figure."""
+    if sent.empty:
+        return "the run sent no request"
+    index = {session.id: number for number, session in enumerate(workload.sessions)}
+    names = sent.session_id.astype("category")
+    played = [_played_session(str(name), index) for name in names.cat.categories]
+    if None in played:
+        return "the run sent sessions the workload file does not hold: it changed since the run"
+    known = [pair for pair in played if pair is not None]
+    codes = names.cat.codes.to_numpy()
+    session = np.asarray([number for number, _ in known], dtype=np.int64)[codes]
+    lap = np.asarray([lap for _, lap in known], dtype=np.int64)[codes]
+    turn = sent.turn.to_numpy(dtype=np.int64)
+    if (turn >= np.asarray([len(s.turns) for s in workload.sessions])[session]).any():
+        return "the run sent turns the workload file does not hold: it changed since the run"
+    sent_at = sent.sent_at.to_numpy(dtype=float)
+    replies = np.nan_to_num(sent.output_tokens.to_numpy(dtype=float)).astype(np.int64)
+    is_counted = sent.counted.to_numpy(dtype=bool)
+    order = np.lexsort((turn, lap, session))
+    starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
+    encode = get_tokenizer(workload.spec.tokenizer).encode
+    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
+    counted: list[np.ndarray] = []
+    tokens: list[np.ndarray] = []
+    tokenized = -1
+    for rows in np.split(order, starts[1:]):
+        if session[rows[0]] != tokenized:  # sorted by session: its replays follow one another
+            tokenized = int(session[rows[0]])
+            tokens = _turn_tokens(workload.sessions[tokenized], encode)
+        depth = int(turn[rows].max()) + 1
+        arrival, reply, mask = np.full(depth, np.nan), np.zeros(depth, dtype=np.int64), np.zeros(depth, dtype=bool)
+        arrival[turn[rows]], reply[turn[rows]], mask[turn[rows]] = sent_at[rows], replies[rows], is_counted[rows]
+        blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival)
+        counted.append(mask)
+    return blocks.result(np.concatenate(counted))
+
+
+def _played_session(name: str, index: dict[str, int]) -> tuple[int, int] | None:
+    """(workload session, replay) of a record's session id; None when the workload holds no such session."""
+    if name in index:
+        return index[name], 0
+    base, _, lap = name.rpartition(REPLAY_SEPARATOR)
+    return (index[base], int(lap)) if base in index and lap.isdigit() else None

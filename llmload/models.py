@@ -305,6 +305,9 @@ class RequestRecord(BaseModel):
     finished_at: float | None = None
     schedule_delay_ms: float | None = None
     ttft_ms: float | None = None
+    ttfo_ms: float | None = Field(
+        default=None, description="time to the first answer chunk after any reasoning: the TTFT without reasoning"
+    )
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     itl_ms: list[float] = Field(default_factory=list)
@@ -312,6 +315,11 @@ class RequestRecord(BaseModel):
     output_tokens: int | None = None
     cached_tokens: int | None = None
     usage_from_server: bool = False
+    reasoning_tokens: int | None = Field(default=None, description="of output_tokens, those thought before answering")
+    answer_tokens: int | None = Field(default=None, description="output_tokens - reasoning_tokens")
+    reasoning_tokens_counted: bool = Field(
+        default=False, description="reasoning_tokens counted from the reasoning chunks, not told by the server's usage"
+    )
     requested_output_tokens: int | None = Field(default=None, description="the workload's exact output length")
     output_tokens_forced: bool = Field(
         default=False, description="the request asked the server for exactly that length in a way it honours"

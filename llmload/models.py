@@ -169,6 +169,7 @@ class GoodputSLO(Strict):
     meets every one given; `itl_stat` is the statistic of the request's own gaps judged."""
 
     ttft_ms: PositiveFloat | None = None
+    ttfo_ms: PositiveFloat | None = Field(default=None, description="time to first answer token (reasoning models)")
     tpot_ms: PositiveFloat | None = None
     itl_ms: PositiveFloat | None = None
     itl_stat: ItlStatistic = "max"
@@ -176,16 +177,16 @@ class GoodputSLO(Strict):
 
     @model_validator(mode="after")
     def _some_slo(self) -> GoodputSLO:
-        if all(v is None for v in (self.ttft_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)):
-            raise ValueError("a goodput SLO needs at least one of ttft_ms, tpot_ms, itl_ms, e2e_ms")
+        if all(v is None for v in (self.ttft_ms, self.ttfo_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)):
+            raise ValueError("a goodput SLO needs at least one of ttft_ms, ttfo_ms, tpot_ms, itl_ms, e2e_ms")
         return self
 
     def describe(self) -> str:
         """`TTFT ≤ 2000 ms, ITL p99 ≤ 50 ms`: the rule as reports print it."""
         parts = [
             (f"ITL {self.itl_stat} of each request" if name == "ITL" else name, limit)
-            for name, limit in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("ITL", self.itl_ms),
-                                ("E2E", self.e2e_ms))
+            for name, limit in (("TTFT", self.ttft_ms), ("TTFO", self.ttfo_ms), ("TPOT", self.tpot_ms),
+                                ("ITL", self.itl_ms), ("E2E", self.e2e_ms))
             if limit is not None
         ]  # fmt: skip
         return ", ".join(f"{name} ≤ {limit:g} ms" for name, limit in parts)
@@ -377,6 +378,14 @@ class LatencySummary(BaseModel):
     schedule_delay: Percentiles
     ttft_from_schedule: Percentiles
     e2e_from_schedule: Percentiles
+    ttfo: Percentiles | None = Field(
+        default=None, description="time to first answer token; only when the run had reasoning (docs/metrics.md)"
+    )
+
+    def headline(self) -> list[tuple[str, Percentiles]]:
+        """The per-request latencies as every report lists them, TTFO only when the run had reasoning."""
+        ttfo = [] if self.ttfo is None else [("TTFO", self.ttfo)]
+        return [("TTFT", self.ttft), *ttfo, ("ITL", self.itl), ("TPOT", self.tpot), ("E2E", self.e2e)]
 
 
 class Goodput(BaseModel):
@@ -399,6 +408,16 @@ class TokenSummary(BaseModel):
     output: TokenPercentiles
 
 
+class ReasoningSummary(BaseModel):
+    """What the successful requests thought before answering; in a summary only when some did."""
+
+    requests: int = Field(description="successful requests that streamed any reasoning")
+    reasoning_tokens: TokenPercentiles = Field(description="per successful request, those without reasoning as 0")
+    reasoning_tokens_mean: float
+    answer_tokens: TokenPercentiles
+    counted: int = Field(description="requests whose reasoning count came from the chunks, not the server's usage")
+
+
 class StageSummary(BaseModel):
     name: str
     target_qps: float
@@ -414,6 +433,8 @@ class StageSummary(BaseModel):
     schedule_delay_p99_ms: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
+    ttfo_p50_ms: float | None = Field(default=None, description="only when the run had reasoning")
+    ttfo_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None
     e2e_mean_ms: float | None = Field(description="of its successful requests: Little's law takes the mean")
@@ -533,6 +554,7 @@ class Summary(BaseModel):
     latency_ms: LatencySummary
     throughput: Throughput
     tokens: TokenSummary
+    reasoning: ReasoningSummary | None = Field(default=None, description="when the run had reasoning")
     stages: list[StageSummary]
     turns: list[TurnSummary]
     failures: FailureSummary

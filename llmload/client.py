@@ -202,6 +202,7 @@ class ChatClient:
         token_times = result.token_times
         parts: list[str] = []
         timeout_switched = False
+        reasoning, first_answer = 0, None  # kept in locals while the stream runs: every chunk passes here
         last: dict[str, Any] = {}  # the last choice: a stream without [DONE] is complete if it has a finish_reason
         try:
             while True:
@@ -231,9 +232,9 @@ class ChatClient:
                     if output:
                         token_times.append(t)
                         if output == REASONING:
-                            result.reasoning_chunks += 1
-                        elif result.first_answer_at is None:
-                            result.first_answer_at = t
+                            reasoning += 1
+                        elif first_answer is None:
+                            first_answer = t
                         if text:
                             parts.append(text)
                         if not timeout_switched and sock is not None:
@@ -256,6 +257,7 @@ class ChatClient:
             if timeout_switched and sock is not None:
                 sock.settimeout(self.limits.first_token_s)
             result.text = "".join(parts)
+            result.reasoning_chunks, result.first_answer_at = reasoning, first_answer
 
 
 def not_a_stream(content_type: str | None) -> bool:

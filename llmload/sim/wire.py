@@ -97,8 +97,8 @@ class ChunkEncoder:
     """The SSE events of one streamed completion (chat or text); the JSON around each token is built once."""
 
     __slots__ = (
-        "_fingerprint", "_format", "_head", "_include_usage", "_reasoning", "_reasoning_events", "_tokens",
-        "_usage_details",
+        "_fingerprint", "_format", "_head", "_include_usage", "_reasoning", "_reasoning_events", "_thought",
+        "_tokens", "_usage_details",
     )  # fmt: skip
 
     def __init__(
@@ -117,6 +117,7 @@ class ChunkEncoder:
         thought, and usage tells their count; None: no parser."""
         self._format = choice
         self._reasoning = reasoning_tokens
+        self._thought = reasoning_tokens or 0  # one int compare per token on the hot path
         self._head = b'data: {"id":%b,"object":"%b","created":%d,"model":%b,"choices":[' % (
             orjson.dumps(request_id),
             choice.object,
@@ -141,15 +142,14 @@ class ChunkEncoder:
             b',"prompt_token_ids":null,"prompt_text":null',
         )
 
-    def _thinking(self, k: int) -> bool:
-        return self._reasoning is not None and k < self._reasoning
-
     def token(self, k: int) -> bytes:
-        return (self._reasoning_events if self._thinking(k) else self._tokens)[k % len(_WORD_JSON)]
+        if k < self._thought:
+            return self._reasoning_events[k % len(_WORD_JSON)]
+        return self._tokens[k % len(_WORD_JSON)]
 
     def last_token(self, k: int, finish_reason: str) -> bytes:
         # vLLM stamps the fingerprint on the finishing chunk unless a usage chunk follows.
-        final = REASONING.final if self._thinking(k) else self._format.final
+        final = REASONING.final if k < self._thought else self._format.final
         return self._event(
             final % (_WORD_JSON[k % len(_WORD_JSON)], finish_reason.encode()),
             b"" if self._include_usage else self._fingerprint,

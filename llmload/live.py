@@ -35,7 +35,11 @@ RECENT_GAPS = 200_000
 DELAY_WINDOW_S = 10.0
 RATE_WINDOW_S = 10.0  # the live rates: the last full window of this many seconds
 # every metric llmload serves; the Grafana dashboard may use these and vLLM's/DCGM's, nothing else
-HISTOGRAM_NAMES = ("llmload_ttft_seconds", "llmload_itl_seconds", "llmload_tpot_seconds", "llmload_e2e_seconds")
+HISTOGRAM_NAMES = (
+    "llmload_ttft_seconds", "llmload_ttfo_seconds", "llmload_itl_seconds", "llmload_tpot_seconds",
+    "llmload_e2e_seconds",
+)  # fmt: skip
+PER_REQUEST_LATENCIES = ("ttft", "ttfo", "tpot", "e2e")  # one value per request (ITL: its gaps)
 METRIC_NAMES = (
     *HISTOGRAM_NAMES,
     "llmload_requests_total", "llmload_output_tokens_total",
@@ -117,6 +121,9 @@ class LiveStats:
         self.registry = CollectorRegistry(auto_describe=True)
         self._latency = {
             "ttft": _BucketHistogram("llmload_ttft_seconds", "time to first token, from send", REQUEST_BUCKETS),
+            "ttfo": _BucketHistogram(
+                "llmload_ttfo_seconds", "time to first answer token after any reasoning, from send", REQUEST_BUCKETS
+            ),
             "itl": _BucketHistogram("llmload_itl_seconds", "gap between output chunks", GAP_BUCKETS),
             "tpot": _BucketHistogram("llmload_tpot_seconds", "time per output token after the first", GAP_BUCKETS),
             "e2e": _BucketHistogram("llmload_e2e_seconds", "whole request, from send", REQUEST_BUCKETS),
@@ -156,6 +163,7 @@ class LiveStats:
         self.sends_until = 0.0  # run offset up to which every process's sends have been added
         self.statuses: collections.Counter[str] = collections.Counter()
         self.failures: collections.Counter[str] = collections.Counter()
+        self.reasoned = False  # a successful request thought before answering: TTFO is worth showing
         self.server: ServerSample | None = None
         self.lag_max_ms = 0.0  # the longest the observer's timer fired late so far (ServerSample.client_lag_ms)
         self._prefix_base: tuple[float, float] | None = None  # the counters when the run first saw them
@@ -198,7 +206,8 @@ class LiveStats:
         if status != "ok":
             return
         self._output_tokens.inc(row["output_tokens"] or 0)
-        for name in ("ttft", "tpot", "e2e"):
+        self.reasoned = self.reasoned or bool(row["reasoning_tokens"])
+        for name in PER_REQUEST_LATENCIES:
             if row[f"{name}_ms"] is not None:
                 value = np.array([row[f"{name}_ms"] / 1000])
                 self._latency[name].observe(value)

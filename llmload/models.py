@@ -173,6 +173,7 @@ class GoodputSLO(Strict):
     meets every one given; `itl_stat` is the statistic of the request's own gaps judged."""
 
     ttft_ms: PositiveFloat | None = None
+    ttfo_ms: PositiveFloat | None = Field(default=None, description="time to first answer token (reasoning models)")
     tpot_ms: PositiveFloat | None = None
     itl_ms: PositiveFloat | None = None
     itl_stat: ItlStatistic = "max"
@@ -180,16 +181,16 @@ class GoodputSLO(Strict):
 
     @model_validator(mode="after")
     def _some_slo(self) -> GoodputSLO:
-        if all(v is None for v in (self.ttft_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)):
-            raise ValueError("a goodput SLO needs at least one of ttft_ms, tpot_ms, itl_ms, e2e_ms")
+        if all(v is None for v in (self.ttft_ms, self.ttfo_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)):
+            raise ValueError("a goodput SLO needs at least one of ttft_ms, ttfo_ms, tpot_ms, itl_ms, e2e_ms")
         return self
 
     def describe(self) -> str:
         """`TTFT ≤ 2000 ms, ITL p99 ≤ 50 ms`: the rule as reports print it."""
         parts = [
             (f"ITL {self.itl_stat} of each request" if name == "ITL" else name, limit)
-            for name, limit in (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("ITL", self.itl_ms),
-                                ("E2E", self.e2e_ms))
+            for name, limit in (("TTFT", self.ttft_ms), ("TTFO", self.ttfo_ms), ("TPOT", self.tpot_ms),
+                                ("ITL", self.itl_ms), ("E2E", self.e2e_ms))
             if limit is not None
         ]  # fmt: skip
         return ", ".join(f"{name} ≤ {limit:g} ms" for name, limit in parts)
@@ -309,6 +310,9 @@ class RequestRecord(BaseModel):
     finished_at: float | None = None
     schedule_delay_ms: float | None = None
     ttft_ms: float | None = None
+    ttfo_ms: float | None = Field(
+        default=None, description="time to the first answer chunk after any reasoning: the TTFT without reasoning"
+    )
     e2e_ms: float | None = None
     tpot_ms: float | None = None
     itl_ms: list[float] = Field(default_factory=list)
@@ -316,6 +320,11 @@ class RequestRecord(BaseModel):
     output_tokens: int | None = None
     cached_tokens: int | None = None
     usage_from_server: bool = False
+    reasoning_tokens: int | None = Field(default=None, description="of output_tokens, those thought before answering")
+    answer_tokens: int | None = Field(default=None, description="output_tokens - reasoning_tokens")
+    reasoning_tokens_counted: bool = Field(
+        default=False, description="reasoning_tokens counted from the reasoning chunks, not told by the server's usage"
+    )
     requested_output_tokens: int | None = Field(default=None, description="the workload's exact output length")
     output_tokens_forced: bool = Field(
         default=False, description="the request asked the server for exactly that length in a way it honours"
@@ -373,6 +382,14 @@ class LatencySummary(BaseModel):
     schedule_delay: Percentiles
     ttft_from_schedule: Percentiles
     e2e_from_schedule: Percentiles
+    ttfo: Percentiles | None = Field(
+        default=None, description="time to first answer token; only when the run had reasoning (docs/metrics.md)"
+    )
+
+    def headline(self) -> list[tuple[str, Percentiles]]:
+        """The per-request latencies as every report lists them, TTFO only when the run had reasoning."""
+        ttfo = [] if self.ttfo is None else [("TTFO", self.ttfo)]
+        return [("TTFT", self.ttft), *ttfo, ("ITL", self.itl), ("TPOT", self.tpot), ("E2E", self.e2e)]
 
 
 class Goodput(BaseModel):
@@ -395,6 +412,16 @@ class TokenSummary(BaseModel):
     output: TokenPercentiles
 
 
+class ReasoningSummary(BaseModel):
+    """What the successful requests thought before answering; in a summary only when some did."""
+
+    requests: int = Field(description="successful requests that streamed any reasoning")
+    reasoning_tokens: TokenPercentiles = Field(description="per successful request, those without reasoning as 0")
+    reasoning_tokens_mean: float
+    answer_tokens: TokenPercentiles
+    counted: int = Field(description="requests whose reasoning count came from the chunks, not the server's usage")
+
+
 class StageSummary(BaseModel):
     name: str
     target_qps: float
@@ -410,6 +437,8 @@ class StageSummary(BaseModel):
     schedule_delay_p99_ms: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
+    ttfo_p50_ms: float | None = Field(default=None, description="only when the run had reasoning")
+    ttfo_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None
     e2e_mean_ms: float | None = Field(description="of its successful requests: Little's law takes the mean")
@@ -562,6 +591,7 @@ class Summary(BaseModel):
     latency_ms: LatencySummary
     throughput: Throughput
     tokens: TokenSummary
+    reasoning: ReasoningSummary | None = Field(default=None, description="when the run had reasoning")
     stages: list[StageSummary]
     turns: list[TurnSummary]
     failures: FailureSummary
@@ -642,7 +672,8 @@ class SearchResult(BaseModel):
     required_qps: float | None = None
     latency_slo: bool = Field(
         default=False,
-        description="the gate holds latency to an SLO (--slo-ttft-p99-ms, --slo-e2e-p99-ms, --min-goodput-ratio);"
+        description="the gate holds latency to an SLO (--slo-ttft-p99-ms, --slo-ttfo-p99-ms, --slo-e2e-p99-ms,"
+        " --min-goodput-ratio);"
         " without one, the answer is the highest rate the server keeps up with, however slow",
     )
 

@@ -31,9 +31,10 @@ from llmload.stats.sketch import Histograms
 
 # what reports, gates and the verdict read of each record; ITL gaps are streamed apart (gap_batches)
 FRAME_COLUMNS = (
-    "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "e2e_ms",
-    "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server", "requested_output_tokens",
-    "output_tokens_forced", "error_category", "error_message",
+    "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms", "ttfo_ms",
+    "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server", "reasoning_tokens",
+    "reasoning_tokens_counted",
+    "requested_output_tokens", "output_tokens_forced", "error_category", "error_message",
 )  # fmt: skip
 # a failure as the report tells it: its category and the server's state the run recorded with it
 FAILURE_COLUMNS = ("error_category", "server_health", "server_kv_cache_usage", "server_waiting")
@@ -73,6 +74,8 @@ def request_record(
     tpot = None
     if first is not None and output_tokens > 1:
         tpot = (times[-1] - first) * 1000 / (output_tokens - 1)
+    reasoning_tokens, counted = reasoning_count(result)
+    answered_at = result.first_answer_at
     category = result.error_category
     status = "ok" if category is None else category if category in ("unfinished", "cancelled") else "failed"
     return record.model_copy(
@@ -82,6 +85,7 @@ def request_record(
             "finished_at": clock.wall(result.finished_at),
             "schedule_delay_ms": max(0.0, (result.sent_at - scheduled) * 1000),
             "ttft_ms": (first - result.sent_at) * 1000 if first is not None else None,
+            "ttfo_ms": (answered_at - result.sent_at) * 1000 if answered_at is not None else None,
             "e2e_ms": (result.finished_at - result.sent_at) * 1000,
             "tpot_ms": tpot,
             "itl_ms": np.round(np.diff(times) * 1000, 3).tolist() if len(times) > 1 else [],
@@ -89,12 +93,26 @@ def request_record(
             "output_tokens": output_tokens,
             "cached_tokens": result.cached_tokens,
             "usage_from_server": result.completion_tokens is not None,
+            "reasoning_tokens": reasoning_tokens,
+            "answer_tokens": max(output_tokens - reasoning_tokens, 0),
+            "reasoning_tokens_counted": counted,
             "status": status,
             "error_category": result.error_category,
             "http_status": result.http_status,
             "error_message": result.error_message,
         }
     )
+
+
+def reasoning_count(result: StreamResult) -> tuple[int, bool]:
+    """(reasoning tokens, counted from the chunks): the server's usage where it tells a count, else
+    one per reasoning chunk. A server that says 0 after streaming reasoning is not believed: vLLM
+    0.32 counts only the tokens after a generated `<think>`, so a model whose chat template puts
+    `<think>` in the prompt (DeepSeek R1) reports 0 (vllm/reasoning/basic_parsers.py)."""
+    told = result.reasoning_tokens
+    if told is not None and (told > 0 or result.reasoning_chunks == 0):
+        return told, False
+    return result.reasoning_chunks, True
 
 
 def with_health(record: RequestRecord, health: int | None) -> RequestRecord:

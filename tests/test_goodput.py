@@ -122,7 +122,7 @@ def test_an_itl_percentile_slo_judges_each_requests_own_gaps(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("ttf=200", "no per-request metric 'ttf'; known: ttft, tpot, itl, e2e"),
+        ("ttf=200", "no per-request metric 'ttf'; known: ttft, ttfo, tpot, itl, e2e"),
         ("ttft:p99=200", "ttft is one value per request, so it has no statistic 'p99'"),
         ("itl:p42=20", "itl has no statistic 'p42'; known: p50, p90, p95, p99, max"),
         ("ttft<2000", "expected METRIC=MS"),
@@ -195,8 +195,8 @@ def test_a_real_run_reports_goodput_and_fails_a_ratio_it_misses(tmp_path: Path) 
     assert 0 < good < answered
     assert stage["goodput"]["requests_per_s"] == pytest.approx(good / 6, abs=0.34)  # by send window vs all
     assert summary["throughput"]["goodput"]["slo_attainment"] == pytest.approx(good / answered)
-    assert summary["run"]["goodput_slo"] == {"ttft_ms": None, "tpot_ms": None, "itl_ms": 60.0, "itl_stat": "max",
-                                             "e2e_ms": 150.0}  # fmt: skip
+    assert summary["run"]["goodput_slo"] == {"ttft_ms": None, "ttfo_ms": None, "tpot_ms": None, "itl_ms": 60.0,
+                                             "itl_stat": "max", "e2e_ms": 150.0}  # fmt: skip
     assert any(r.startswith("FAIL goodput ratio") for r in summary["verdict"]["reasons"])
 
 

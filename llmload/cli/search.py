@@ -90,7 +90,8 @@ def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
 
 def holds_latency(criteria: SoakCriteria) -> bool:
     """Whether the gate holds latency to an SLO: without one a search finds where the server keeps up."""
-    return any(v is not None for v in (criteria.slo_ttft_p99_ms, criteria.slo_e2e_p99_ms, criteria.min_goodput_ratio))
+    slos = (criteria.slo_ttft_p99_ms, criteria.slo_ttfo_p99_ms, criteria.slo_e2e_p99_ms, criteria.min_goodput_ratio)
+    return any(v is not None for v in slos)
 
 
 def search_bounds(args: argparse.Namespace) -> Bounds:

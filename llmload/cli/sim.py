@@ -15,7 +15,7 @@ from llmload.cli import sim_calibrate
 from llmload.cli.aliases import DeprecatedAlias as _DeprecatedAlias
 from llmload.errors import InputError, validation_message
 from llmload.server.arguments import add_serving_arguments, serving_config, serving_files_given
-from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, SimConfig, SlowTokens
+from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, ReasoningTokens, SimConfig, SlowTokens
 from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
 from llmload.yamlfile import load_yaml_model
 
@@ -110,6 +110,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enable-prompt-tokens-details",
         action="store_true",
         help="usage carries prompt_tokens_details.cached_tokens, like vLLM's flag of that name",
+    )
+    parser.add_argument(
+        "--reasoning-tokens",
+        type=_parsed(ReasoningTokens.parse),
+        default=None,
+        metavar="N|LO:HI",
+        help="reasoning mode: the first N (or LO to HI, uniform per request) output tokens of each chat response"
+        " stream as `reasoning`, as vLLM with --reasoning-parser; max_tokens counts them",
     )
     parser.add_argument(
         "--refuse-fields",

@@ -1,9 +1,10 @@
 """`llmload soak`: ramp to 150% of the target, hold (5 minutes), PASS or FAIL (llmload.gates.soak).
 
 Every flag not listed here goes to the Locust run (llmload/locust/flags.py lists them, README.md shows them):
-the arrival flags and the verdict's criteria (--criteria FILE, --slo-ttft-p99-ms, --slo-e2e-p99-ms,
---max-error-rate, --min-achieved-ratio (achieved / target), --min-goodput-ratio with --goodput-slo,
---alerts warn|fail); docs/gates.md explains each check. Exit 0 PASS, 1 FAIL, 2 bad input.
+the arrival flags and the verdict's criteria (--criteria FILE, --slo-ttft-p99-ms, --slo-ttfo-p99-ms
+(first answer token, after a reasoning model's thinking), --slo-e2e-p99-ms, --max-error-rate,
+--min-achieved-ratio (achieved / target), --min-goodput-ratio with --goodput-slo, --alerts warn|fail);
+docs/gates.md explains each check. Exit 0 PASS, 1 FAIL, 2 bad input.
 """
 
 from __future__ import annotations

@@ -19,12 +19,13 @@ from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, Positiv
 
 from llmload import rundir
 from llmload.errors import InputError
-from llmload.models import ANSWERED_STATUSES, GoodputSLO, RequestCounts, RunManifest, Strict, Summary
+from llmload.models import ANSWERED_STATUSES, GoodputSLO, Percentiles, RequestCounts, RunManifest, Strict, Summary
 from llmload.report.goodput import good_requests
 from llmload.report.summary import summarize
 from llmload.stats.sketch import Histograms, buckets, quantiles
 
-LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
+LATENCY_METRICS = ("ttft", "ttfo", "itl", "tpot", "e2e")
+PER_REQUEST_LATENCIES = ("ttft", "ttfo", "tpot", "e2e")  # one value per request (ITL: its gaps)
 # RunSample.blocks columns that are counted per second of the plan
 RATE_COLUMNS = {"requests_per_s": 0, "output_tokens_per_s": 1, "goodput_requests_per_s": 4,
                 "goodput_output_tokens_per_s": 5}  # fmt: skip
@@ -52,6 +53,7 @@ class LatencyFloorMs(Strict):
     """Absolute rise (ms) below which a latency change is never a regression: fast targets jitter."""
 
     ttft: NonNegativeFloat = 5.0
+    ttfo: NonNegativeFloat = 5.0
     itl: NonNegativeFloat = 1.0
     tpot: NonNegativeFloat = 1.0
     e2e: NonNegativeFloat = 5.0
@@ -169,7 +171,7 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
         per_record += [met, np.where(met, tokens, 0.0)]
     latency = {
         m: Blocked.of_values(np.where(ok, frame[f"{m}_ms"].to_numpy(dtype=float), np.nan), block, blocks)
-        for m in ("ttft", "tpot", "e2e")
+        for m in PER_REQUEST_LATENCIES
     }
     latency["itl"] = Blocked.of(itl)
     return RunSample(
@@ -282,16 +284,25 @@ def _plan_warnings(base: RunManifest, cur: RunManifest) -> list[str]:
     ]
 
 
+def _latency(summary: Summary, metric: str) -> Percentiles:
+    """A latency of the summary; a run without reasoning has no TTFO block, its TTFO is its TTFT."""
+    figures = getattr(summary.latency_ms, metric)
+    return summary.latency_ms.ttft if figures is None else figures
+
+
 def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds) -> Comparison:
     settings = thresholds.bootstrap
     base_boot, cur_boot = bootstrap(baseline, settings, 0), bootstrap(current, settings, 1)
     base, cur = baseline.summary, current.summary
     judge = functools.partial(_row, confidence=settings.confidence)
     rows = []
+    reasoned = base.latency_ms.ttfo is not None or cur.latency_ms.ttfo is not None
     for metric in LATENCY_METRICS:
+        if metric == "ttfo" and not reasoned:
+            continue
         for q in LATENCY_PERCENTILES:
             key = f"p{q}"
-            b, c = (getattr(getattr(s.latency_ms, metric), key) for s in (base, cur))
+            b, c = (getattr(_latency(s, metric), key) for s in (base, cur))
             floor = getattr(thresholds.latency_floor_ms, metric)
             limit = max(getattr(thresholds.latency_rise, key) * (b or 0.0), floor)
             diffs = cur_boot[f"{metric}.{key}"] - base_boot[f"{metric}.{key}"]

@@ -111,6 +111,9 @@ class SoakCriteria(Strict):
     max_error_rate: float = Field(default=0.01, ge=0, le=1, description="failed / sent in the hold")
     min_achieved_ratio: float = Field(default=0.98, ge=0, le=1, description="achieved / target req/s in the hold")
     slo_ttft_p99_ms: PositiveFloat | None = None
+    slo_ttfo_p99_ms: PositiveFloat | None = Field(
+        default=None, description="p99 time to first answer token (reasoning models; TTFT where none reasoned)"
+    )
     slo_e2e_p99_ms: PositiveFloat | None = None
     min_goodput_ratio: float | None = Field(
         default=None, ge=0, le=1, description="goodput / achieved req/s in the hold; the run needs --goodput-slo"
@@ -400,9 +403,10 @@ def _finished_check(stage: StageSummary, criteria: SoakCriteria, hold: Hold) -> 
 
 def _censored(judged: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
     """A latency of the hold's answered requests, and which values are only lower bounds: an ok request's
-    is exact, an unfinished one's is at least as long as it had run (its TTFT exact if a token came)."""
+    is exact, an unfinished one's is at least as long as it had run (its TTFT or TTFO exact if that
+    token came); a request that thought to its end without answering has a TTFO of at least its E2E."""
     rows = judged[judged.status.isin(["ok", "unfinished"])]
-    known = rows[column].notna() & ((rows.status == "ok") | (column == "ttft_ms"))
+    known = rows[column].notna() & ((rows.status == "ok") | (column in ("ttft_ms", "ttfo_ms")))
     values = rows[column].where(known, (rows.finished_at - rows.sent_at) * 1000)
     return values.to_numpy(dtype=float), (~known).to_numpy(dtype=bool)
 
@@ -430,7 +434,8 @@ def _slo_check(name: str, hold: Hold, column: str, slo: float | None, flag: str)
         return Check(name=name, kind="slo", status="pass", detail=f"{high:.1f} ms in the hold; SLO {slo:g} ms")
     return Check(
         name=name, kind="slo", status="fail",
-        detail=f"cannot be judged: {int(censored.sum())} request(s) of the hold did not finish, so the p99 is"
+        detail=f"cannot be judged: {int(censored.sum())} request(s) of the hold did not finish (or answer), so the"
+        " p99 is"
         f" {low:.1f} ms or more, unbounded; SLO {slo:g} ms: not a pass",
     )  # fmt: skip
 
@@ -535,7 +540,7 @@ def _hold(run: Run, stage: Stage) -> Hold:
         ok=df.loc[(df.status == "ok") & in_window, ["sent_at", "ttft_ms", "e2e_ms"]],
         judged=df.loc[
             (df.stage == stage.name) & df.status.isin(ANSWERED_STATUSES),
-            ["status", "sent_at", "finished_at", "ttft_ms", "e2e_ms"],
+            ["status", "sent_at", "finished_at", "ttft_ms", "ttfo_ms", "e2e_ms"],
         ],
         spans=df.loc[df.sent_at.notna(), ["status", "sent_at", "finished_at"]],
         server=server[(server.t >= start) & (server.t < end)],
@@ -594,6 +599,7 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
         _keeping_up(hold, drift),
         _hold_length_check(hold, criteria.max_e2e_share_of_hold),
         _slo_check("p99 TTFT SLO", hold, "ttft_ms", criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
+        _slo_check("p99 TTFO SLO", hold, "ttfo_ms", criteria.slo_ttfo_p99_ms, "--slo-ttfo-p99-ms"),
         _slo_check("p99 E2E SLO", hold, "e2e_ms", criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
         _goodput_check(hold_summary, criteria.min_goodput_ratio, manifest),
         drift_check(
@@ -643,6 +649,12 @@ def add_criteria_arguments(parser: Any) -> None:
     """The soak flags, for `llmload soak` and Locust's parser alike (only `add_argument` is used)."""
     parser.add_argument("--criteria", dest="soak_criteria", default=None, help="soak criteria YAML (docs/gates.md)")
     parser.add_argument("--slo-ttft-p99-ms", type=float, default=None, help="p99 TTFT SLO of the hold, ms")
+    parser.add_argument(
+        "--slo-ttfo-p99-ms",
+        type=float,
+        default=None,
+        help="p99 SLO of the hold's time to first answer token (after a reasoning model's thinking), ms",
+    )
     parser.add_argument("--slo-e2e-p99-ms", type=float, default=None, help="p99 E2E SLO of the hold, ms")
     parser.add_argument(
         "--max-error-rate", type=float, default=None, help="failed/sent allowed in the hold, a fraction (0.01)"
@@ -663,7 +675,10 @@ def add_criteria_arguments(parser: Any) -> None:
     )
 
 
-_FLAG_FIELDS = ("slo_ttft_p99_ms", "slo_e2e_p99_ms", "max_error_rate", "min_achieved_ratio", "min_goodput_ratio")
+_FLAG_FIELDS = (
+    "slo_ttft_p99_ms", "slo_ttfo_p99_ms", "slo_e2e_p99_ms", "max_error_rate", "min_achieved_ratio",
+    "min_goodput_ratio",
+)  # fmt: skip
 
 
 def criteria_from_args(args: argparse.Namespace) -> SoakCriteria:

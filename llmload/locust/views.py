@@ -69,11 +69,16 @@ def rates_text(rates: Rates, *, target: bool = True) -> str:
     return f"{head}offered {rates.offered:.2f} · achieved {rates.achieved:.2f} req/s"
 
 
+def shown_latencies(live: LiveStats, names: tuple[str, ...]) -> tuple[str, ...]:
+    """`names` less TTFO until a request reasoned: without reasoning TTFO is TTFT again."""
+    return tuple(name for name in names if name != "ttfo" or live.reasoned)
+
+
 def tab_rows(live: LiveStats) -> list[dict[str, str]]:
-    """The LLM tab of Locust's web UI, in the flow's order: TTFT, ITL, TPOT, E2E, the stages in run
-    order (warm-up first), requests, failures, the server."""
+    """The LLM tab of Locust's web UI, in the flow's order: TTFT, TTFO (once a request reasoned), ITL,
+    TPOT, E2E, the stages in run order (warm-up first), requests, failures, the server."""
     rows = []
-    for name in ("ttft", "itl", "tpot", "e2e"):
+    for name in shown_latencies(live, ("ttft", "ttfo", "itl", "tpot", "e2e")):
         p = live.percentiles(name)
         unit = "gaps" if name == "itl" else "requests"
         cells = (f"{v:,.1f}" for v in p[:3]) if p else ("–",) * 3
@@ -126,7 +131,7 @@ def console_line(live: LiveStats) -> str:
     """One line for the console of a headless run: the last window, labelled by the stages it covers."""
     window = live.window_rates()
     parts = [f"{window_label(live.stages, *live.rate_window())}, last {window.seconds:.0f} s: {rates_text(window)}"]
-    for name in ("ttft", "itl", "e2e"):
+    for name in shown_latencies(live, ("ttft", "ttfo", "itl", "e2e")):
         p = live.percentiles(name)
         if p is not None:
             parts.append(f"{name.upper()} p50 {p[0]:,.0f} ms p99 {p[2]:,.0f} ms")

@@ -1,7 +1,8 @@
 """Goodput: the requests per second that met every per-request SLO given (DistServe's rule).
 
-A request counts only when it succeeded and its own TTFT, TPOT, ITL statistic (a percentile or
-the max of its gaps) and E2E each meet their SLO. A failed request never does. A cancelled one
+A request counts only when it succeeded and its own TTFT, TTFO (time to the first answer token
+of a reasoning model), TPOT, ITL statistic (a percentile or the max of its gaps) and E2E each
+meet their SLO. A failed request never does. A cancelled one
 was cut by the run, not by the server, so it is left out of both sides (GuideLLM PR 1085). A
 figure a request does not have (the TPOT of a one-token reply) is not held against it.
 """
@@ -19,7 +20,9 @@ from llmload.models import GoodputSLO, ItlStatistic
 from llmload.records import RunRecords
 
 # metric in the --goodput-slo syntax -> (GoodputSLO field, the records' column)
-METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
+METRICS = {"ttft": "ttft_ms", "ttfo": "ttfo_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
+# the per-request figures judged as they are, one value each (ITL is a statistic of a request's gaps)
+SCALAR_FIELDS = tuple(field for field in METRICS.values() if field != "itl_ms")
 ITL_STATISTICS: tuple[str, ...] = ItlStatistic.__args__  # type: ignore[attr-defined]
 SYNTAX = "METRIC=MS or itl:STAT=MS, e.g. ttft=2000,tpot=50,itl:p99=100,e2e=30000"
 
@@ -60,7 +63,7 @@ def conforming(frame: pd.DataFrame, slo: GoodputSLO, request_itl: np.ndarray | N
     """Per record (frame's index): True when it succeeded and met every SLO. `request_itl` is each
     record's ITL statistic (RunRecords.itl_per_request), needed when the SLO has itl_ms."""
     good = (frame.status == "ok").to_numpy(dtype=bool, copy=True)
-    for field in ("ttft_ms", "tpot_ms", "e2e_ms"):
+    for field in SCALAR_FIELDS:
         limit = getattr(slo, field)
         if limit is not None:
             good &= ~(frame[field].to_numpy(dtype=float) > limit)  # NaN: a figure it does not have

@@ -514,7 +514,7 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
     lat = run.summary.latency_ms
     html = TEMPLATE.render(
         s=run.summary,
-        latency=[("TTFT", lat.ttft), ("ITL", lat.itl), ("TPOT", lat.tpot), ("E2E", lat.e2e)],
+        latency=lat.headline(),
         charts=charts,
         failures=_failure_rows(run),
         server_facts=server_facts(run.summary),

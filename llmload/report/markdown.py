@@ -129,6 +129,25 @@ def _goodput_markdown(summary: Summary) -> list[str]:
     return lines
 
 
+def _reasoning_lines(summary: Summary) -> list[str]:
+    """What the successful requests thought before answering, when any did (docs/metrics.md: TTFO)."""
+    r = summary.reasoning
+    if r is None:
+        return []
+    think, answer = r.reasoning_tokens, r.answer_tokens
+    counted = ""
+    if r.counted:
+        counted = f"; {r.counted} counted from the stream's reasoning chunks (the server's usage told none)"
+    return [
+        "",
+        f"Reasoning: {r.requests} of {summary.requests.ok} successful requests thought before answering."
+        f" Reasoning tokens per request p50/p95/p99/max: {fmt(think.p50, 0)}/{fmt(think.p95, 0)}/"
+        f"{fmt(think.p99, 0)}/{fmt(think.max, 0)}, mean {r.reasoning_tokens_mean:,.1f}; answer tokens:"
+        f" {fmt(answer.p50, 0)}/{fmt(answer.p95, 0)}/{fmt(answer.p99, 0)}/{fmt(answer.max, 0)}{counted}."
+        " TTFO is the time to the first answer token, after the thinking; TTFT the first token of either.",
+    ]
+
+
 def render_markdown(summary: Summary) -> str:
     run, req, lat = summary.run, summary.requests, summary.latency_ms
     lines = [
@@ -161,10 +180,7 @@ def render_markdown(summary: Summary) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, p in (
-        ("TTFT", lat.ttft),
-        ("ITL", lat.itl),
-        ("TPOT", lat.tpot),
-        ("E2E", lat.e2e),
+        *lat.headline(),
         ("schedule delay", lat.schedule_delay),
         ("TTFT from schedule", lat.ttft_from_schedule),
         ("E2E from schedule", lat.e2e_from_schedule),
@@ -180,6 +196,7 @@ def render_markdown(summary: Summary) -> str:
         f"{fmt(tok.prompt.p50, 0)}/{fmt(tok.prompt.p95, 0)}/{fmt(tok.prompt.p99, 0)}/{fmt(tok.prompt.max, 0)}; "
         f"output: {fmt(tok.output.p50, 0)}/{fmt(tok.output.p95, 0)}/{fmt(tok.output.p99, 0)}/"
         f"{fmt(tok.output.max, 0)}.",
+        *_reasoning_lines(summary),
         *(line for fact in server_facts(summary) for line in ("", fact)),
         *_gpu_lines(summary.server),
         "",

@@ -23,6 +23,7 @@ from llmload.models import (
     LatencySummary,
     OutputLengths,
     Percentiles,
+    ReasoningSummary,
     RequestCounts,
     ReusablePrefix,
     RunInfo,
@@ -81,17 +82,20 @@ def _stage_summaries(
     good: pd.Series | None,
     itl_p50: Sequence[float | None],
     server: pd.DataFrame,
+    *,
+    reasoned: bool,
 ) -> list[StageSummary]:
     """Per stage: target, offered (scheduled) and achieved (sent in the stage's window) rates, goodput
     (of the same window), what the stage carried (turn depths, prompt lengths), and the preemptions
-    vLLM counted in its window. Shortfall is judged against the target. Rows are selected with the
-    few columns used: a run can hold 10M records."""
+    vLLM counted in its window; TTFO when the run had reasoning. Shortfall is judged against the target.
+    Rows are selected with the few columns used: a run can hold 10M records."""
     out = []
     sent_at = df.sent_at.to_numpy(dtype=float)
     is_sent = (df.status != "not_sent").to_numpy(dtype=bool)
     for stage, stage_itl_p50 in zip(manifest.stages, itl_p50, strict=True):
         mine = (df.stage == stage.name).to_numpy(dtype=bool)
-        columns = ["status", "turn", "schedule_delay_ms", "ttft_ms", "e2e_ms", "prompt_tokens", "output_tokens"]
+        columns = ["status", "turn", "schedule_delay_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "prompt_tokens",
+                   "output_tokens"]  # fmt: skip
         rows = df.loc[mine, columns]
         window_start = manifest.started_at + stage.start_s
         window_end = window_start + stage.duration_s
@@ -116,6 +120,8 @@ def _stage_summaries(
                 schedule_delay_p99_ms=delay_p99,
                 ttft_p50_ms=quantile(ok.ttft_ms, 50),
                 ttft_p99_ms=quantile(ok.ttft_ms, 99),
+                ttfo_p50_ms=quantile(ok.ttfo_ms, 50) if reasoned else None,
+                ttfo_p99_ms=quantile(ok.ttfo_ms, 99) if reasoned else None,
                 e2e_p50_ms=quantile(ok.e2e_ms, 50),
                 e2e_p99_ms=quantile(ok.e2e_ms, 99),
                 e2e_mean_ms=mean(ok.e2e_ms),
@@ -196,15 +202,17 @@ def summarize(
     SLO (llmload.goodput.good_requests), None without one; `workload_prefix`: what the prompts the
     judged stages sent could have hit in the prefix cache (`sent_reusable_prefix`)."""
     itl_p50 = stage_itl_p50 if stage_itl_p50 is not None else [None] * len(manifest.stages)
-    stages = _stage_summaries(df, manifest, good, itl_p50, server.frame)
+    reasoned = had_reasoning(df)
+    stages = _stage_summaries(df, manifest, good, itl_p50, server.frame, reasoned=reasoned)
     in_warmup = ~df.stage.isin({s.name for s in manifest.judged_stages})
     if in_warmup.any():
         df = df[~in_warmup]
     # only the columns used: a run can hold 10M records, each copy of the frame a gigabyte
     ok = df.loc[
         (df.status == "ok").to_numpy(dtype=bool),
-        ["ttft_ms", "tpot_ms", "e2e_ms", "schedule_delay_ms", "prompt_tokens", "output_tokens", "usage_from_server",
-         "requested_output_tokens", "output_tokens_forced"],
+        ["ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_delay_ms", "prompt_tokens", "output_tokens",
+         "usage_from_server", "reasoning_tokens", "reasoning_tokens_counted", "requested_output_tokens",
+         "output_tokens_forced"],
     ]  # fmt: skip
     sent = df.schedule_delay_ms[(df.status != "not_sent").to_numpy(dtype=bool)]
     # what the target is judged to have failed: errors, and requests it had not finished when the drain ended
@@ -286,6 +294,7 @@ def summarize(
             schedule_delay=percentiles(sent),
             ttft_from_schedule=percentiles(ok.ttft_ms + ok.schedule_delay_ms),
             e2e_from_schedule=percentiles(ok.e2e_ms + ok.schedule_delay_ms),
+            ttfo=percentiles(ok.ttfo_ms) if reasoned else None,
         ),
         throughput=Throughput(
             requests_per_s=len(ok) / elapsed,
@@ -294,6 +303,7 @@ def summarize(
             goodput=goodput(df[["status", "output_tokens"]], good, elapsed),
         ),
         tokens=TokenSummary(prompt=token_percentiles(ok.prompt_tokens), output=token_percentiles(ok.output_tokens)),
+        reasoning=_reasoning(ok) if reasoned else None,
         stages=stages,
         turns=_turn_summaries(df),
         failures=FailureSummary(
@@ -303,6 +313,25 @@ def summarize(
         ),
         output_lengths=lengths,
         server=server_summary(server, manifest.judged_started_at, workload_prefix),
+    )
+
+
+def had_reasoning(df: pd.DataFrame) -> bool:
+    """Whether any successful request thought before answering: only then do reports show TTFO and
+    reasoning (without reasoning TTFO is TTFT, a figure told twice)."""
+    ok = (df.status == "ok").to_numpy(dtype=bool)
+    return bool((df.reasoning_tokens.to_numpy(dtype=float)[ok] > 0).any())
+
+
+def _reasoning(ok: pd.DataFrame) -> ReasoningSummary:
+    """Reasoning and answer tokens per successful request, and how many counts were the client's."""
+    thought = ok.reasoning_tokens.fillna(0).astype(float)
+    return ReasoningSummary(
+        requests=int((thought > 0).sum()),
+        reasoning_tokens=token_percentiles(thought),
+        reasoning_tokens_mean=float(thought.mean()),
+        answer_tokens=token_percentiles(ok.output_tokens.astype(float) - thought),
+        counted=int(ok.reasoning_tokens_counted[thought > 0].fillna(False).astype(bool).sum()),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Literal, get_args
 
 from pydantic import (
@@ -81,6 +82,33 @@ class SlowTokens(Strict):
         return cls(start_s=start, end_s=end, extra_ms=extra)
 
 
+class ReasoningTokens(Strict):
+    """How many of a response's first output tokens are thought (reasoning mode): `N`, or `LO:HI`
+    drawn uniformly per request, both ends included."""
+
+    low: NonNegativeInt
+    high: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReasoningTokens:
+        if self.high < self.low:
+            raise ValueError(f"reasoning tokens {self.low}:{self.high}: the upper end is below the lower")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> ReasoningTokens:
+        """`N` or `LO:HI` as given on the command line."""
+        low, sep, high = text.partition(":")
+        try:
+            low_n, high_n = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise ValueError(f"reasoning tokens {text!r} is not N or LO:HI (e.g. 200 or 100:400)") from None
+        return cls(low=low_n, high=high_n)
+
+    def draw(self, rng: random.Random) -> int:
+        return rng.randint(self.low, self.high)
+
+
 class EngineDeath(Strict):
     """The engine dies (a CUDA OOM in the log, EngineDeadError on the wire) at the first trigger met.
 
@@ -155,6 +183,11 @@ class SimConfig(Strict):
     )
     enable_prompt_tokens_details: bool = Field(
         default=False, description="like vLLM's flag: usage carries prompt_tokens_details.cached_tokens"
+    )
+    reasoning_tokens: ReasoningTokens | None = Field(
+        default=None,
+        description="reasoning mode: the first that many output tokens of each chat response stream as `reasoning`,"
+        " as vLLM with --reasoning-parser does; max_tokens counts them",
     )
     refuse_fields: tuple[str, ...] = Field(
         default=(), description="request fields answered with OpenAI's HTTP 400 'Unrecognized request argument'"

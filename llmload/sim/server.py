@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import random
 import signal
 import time
 from collections import Counter
@@ -58,6 +59,7 @@ class Job:
     prompt_ids: list[int]
     output_tokens: int
     include_usage: bool
+    reasoning_tokens: int | None  # reasoning mode: this many of the first output tokens are thought
     strike: Strike
     chat: bool
 
@@ -157,6 +159,7 @@ class SimServer:
         if engine_plan:
             self.metrics.cache_config = cache_config_labels(*engine_plan)
         self._picker = FaultPicker(config.faults.faults, config.faults.seed)
+        self._reasoning_rng = random.Random(config.faults.seed)
         self._started = time.monotonic()
         self.in_flight = 0
         self.dead = False
@@ -348,6 +351,7 @@ class SimServer:
             prompt_ids=checked[0],
             output_tokens=checked[1],
             include_usage=bool(parsed.stream_options and parsed.stream_options.include_usage),
+            reasoning_tokens=self._reasoning_tokens(chat),
             strike=strike,
             chat=chat,
         )
@@ -394,6 +398,11 @@ class SimServer:
             return wire.min_tokens_over_max(req.min_tokens, n_output)
         return ids, n_output
 
+    def _reasoning_tokens(self, chat: bool) -> int | None:
+        """This chat request's thought tokens, drawn in reasoning mode (text completions have no parser)."""
+        spec = self.config.reasoning_tokens
+        return spec.draw(self._reasoning_rng) if spec is not None and chat else None
+
     def _encoder(self, job: Job) -> wire.ChunkEncoder:
         return wire.ChunkEncoder(
             job.request_id,
@@ -403,6 +412,7 @@ class SimServer:
             include_usage=job.include_usage,
             usage_details=self.config.enable_prompt_tokens_details,
             choice=wire.CHAT if job.chat else wire.TEXT,
+            reasoning_tokens=job.reasoning_tokens,
         )
 
     def _body(self, job: Job, cached_tokens: int = 0) -> bytes:
@@ -417,6 +427,7 @@ class SimServer:
             usage_details=self.config.enable_prompt_tokens_details,
             cached_tokens=cached_tokens,
             chat=job.chat,
+            reasoning_tokens=job.reasoning_tokens,
         )
 
     async def _in_engine(self, request: web.Request, job: Job, engine: Engine, stream: bool) -> web.StreamResponse:

@@ -69,12 +69,20 @@ class ChoiceFormat:
     """Chat streams open with an assistant-role chunk; text completions do not."""
 
 
-CHAT = ChoiceFormat(
-    b"chat.completion.chunk",
-    b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":null,"token_ids":null}',
-    b'{"index":0,"delta":{"content":%b},"logprobs":null,"finish_reason":"%b","stop_reason":null,"token_ids":null}',
-    role=True,
-)
+def _choice(delta_field: bytes) -> ChoiceFormat:
+    """A chat choice whose delta carries the token in `delta_field`: `content`, or `reasoning` while a
+    reasoning parser (`--reasoning-parser`) reads the model thinking (vLLM 0.32's DeltaMessage)."""
+    return ChoiceFormat(
+        b"chat.completion.chunk",
+        b'{"index":0,"delta":{"%b":%%b},"logprobs":null,"finish_reason":null,"token_ids":null}' % delta_field,
+        b'{"index":0,"delta":{"%b":%%b},"logprobs":null,"finish_reason":"%%b","stop_reason":null,"token_ids":null}'
+        % delta_field,
+        role=True,
+    )
+
+
+CHAT = _choice(b"content")
+REASONING = _choice(b"reasoning")
 TEXT = ChoiceFormat(
     b"text_completion",
     b'{"index":0,"text":%b,"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
@@ -88,7 +96,10 @@ TEXT = ChoiceFormat(
 class ChunkEncoder:
     """The SSE events of one streamed completion (chat or text); the JSON around each token is built once."""
 
-    __slots__ = ("_fingerprint", "_format", "_head", "_include_usage", "_tokens", "_usage_details")
+    __slots__ = (
+        "_end_of_thinking", "_fingerprint", "_format", "_head", "_include_usage", "_reasoning", "_reasoning_events",
+        "_thinking_ends", "_thought", "_tokens", "_usage_details",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -100,8 +111,15 @@ class ChunkEncoder:
         include_usage: bool,
         usage_details: bool,
         choice: ChoiceFormat = CHAT,
+        reasoning_tokens: int | None = None,
     ) -> None:
+        """`reasoning_tokens`: with a reasoning parser on (chat only), the first that many tokens are
+        thought, the next is the end of thinking (`</think>`, which vLLM 0.32 streams as an empty
+        content delta), and usage tells the thought's count; None: no parser."""
         self._format = choice
+        self._reasoning = reasoning_tokens
+        self._thought = reasoning_tokens or 0  # int compares per token on the hot path, no call
+        self._thinking_ends = -1 if reasoning_tokens is None else reasoning_tokens
         self._head = b'data: {"id":%b,"object":"%b","created":%d,"model":%b,"choices":[' % (
             orjson.dumps(request_id),
             choice.object,
@@ -112,6 +130,9 @@ class ChunkEncoder:
         self._include_usage = include_usage
         self._usage_details = usage_details
         self._tokens = tuple(self._event(choice.token % word) for word in _WORD_JSON)
+        thinks = reasoning_tokens is not None
+        self._reasoning_events = tuple(self._event(REASONING.token % word) for word in _WORD_JSON) if thinks else ()
+        self._end_of_thinking = self._event(choice.token % b'""') if thinks else b""
 
     def _event(self, choice: bytes, tail: bytes = b"") -> bytes:
         return b"%b%b]%b}\n\n" % (self._head, choice, tail)
@@ -125,12 +146,18 @@ class ChunkEncoder:
         )
 
     def token(self, k: int) -> bytes:
+        if k < self._thought:
+            return self._reasoning_events[k % len(_WORD_JSON)]
+        if k == self._thinking_ends:
+            return self._end_of_thinking
         return self._tokens[k % len(_WORD_JSON)]
 
     def last_token(self, k: int, finish_reason: str) -> bytes:
         # vLLM stamps the fingerprint on the finishing chunk unless a usage chunk follows.
+        final = REASONING.final if k < self._thought else self._format.final
+        word = b'""' if k == self._thinking_ends else _WORD_JSON[k % len(_WORD_JSON)]
         return self._event(
-            self._format.final % (_WORD_JSON[k % len(_WORD_JSON)], finish_reason.encode()),
+            final % (word, finish_reason.encode()),
             b"" if self._include_usage else self._fingerprint,
         )
 
@@ -138,14 +165,25 @@ class ChunkEncoder:
         """The `choices: []` chunk sent when `stream_options.include_usage` is set (else empty)."""
         if not self._include_usage:
             return b""
-        usage = usage_dict(prompt_tokens, completion_tokens, self._usage_details, streaming=True, cached=cached_tokens)
+        usage = usage_dict(
+            prompt_tokens, completion_tokens, self._usage_details, streaming=True, cached=cached_tokens,
+            reasoning_tokens=None if self._reasoning is None else min(self._reasoning, completion_tokens),
+        )  # fmt: skip
         return self._event(b"", b',"usage":%b%b' % (orjson.dumps(usage), self._fingerprint))
 
 
 def usage_dict(
-    prompt_tokens: int, completion_tokens: int, details: bool, *, streaming: bool, cached: int = 0
+    prompt_tokens: int,
+    completion_tokens: int,
+    details: bool,
+    *,
+    streaming: bool,
+    cached: int = 0,
+    reasoning_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """vLLM's UsageInfo; streaming drops the nulls (`exclude_none`), the full response keeps them."""
+    """vLLM's UsageInfo; streaming drops the nulls (`exclude_none`), the full response keeps them.
+    With a reasoning parser on (`reasoning_tokens` not None) vLLM 0.32 fills
+    completion_tokens_details.reasoning_tokens, 0 included."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -159,7 +197,9 @@ def usage_dict(
         )
     elif not streaming:
         usage["prompt_tokens_details"] = None
-    if not streaming:
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    elif not streaming:
         usage["completion_tokens_details"] = None
     return usage
 
@@ -176,9 +216,17 @@ def completion_body(
     usage_details: bool,
     cached_tokens: int = 0,
     chat: bool = True,
+    reasoning_tokens: int | None = None,
 ) -> bytes:
-    """A non-streaming ChatCompletionResponse or CompletionResponse, every null field included as vLLM sends it."""
-    content = "".join(WORDS[k % len(WORDS)] for k in range(completion_tokens))
+    """A non-streaming ChatCompletionResponse or CompletionResponse, every null field included as vLLM
+    sends it; with a reasoning parser on, the first `reasoning_tokens` words are the message's reasoning
+    and the token after them, the end of thinking, has no text."""
+    thought = min(reasoning_tokens or 0, completion_tokens)
+    words = [WORDS[k % len(WORDS)] for k in range(completion_tokens)]
+    answer = words[thought + 1 :] if reasoning_tokens is not None else words
+    reasoning, content = "".join(words[:thought]) or None, "".join(answer) or None
+    if reasoning_tokens is None:
+        content = content or ""  # without a parser content is always a string; with one, null when all was thought
     tail = {"finish_reason": finish_reason, "stop_reason": None, "token_ids": None}
     if chat:
         message = {
@@ -188,7 +236,7 @@ def completion_body(
             "annotations": None,
             "audio": None,
             "function_call": None,
-            "reasoning": None,
+            "reasoning": reasoning,
         }
         choice = {"index": 0, "message": message, "logprobs": None, **tail, "routed_experts": None}
     else:
@@ -209,7 +257,14 @@ def completion_body(
         "choices": [choice],
         "service_tier": None,
         "system_fingerprint": fingerprint,
-        "usage": usage_dict(prompt_tokens, completion_tokens, usage_details, streaming=False, cached=cached_tokens),
+        "usage": usage_dict(
+            prompt_tokens,
+            completion_tokens,
+            usage_details,
+            streaming=False,
+            cached=cached_tokens,
+            reasoning_tokens=None if reasoning_tokens is None else thought,
+        ),
     }
     if chat:
         body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)

@@ -139,7 +139,9 @@ def test_the_simulator_streams_reasoning_as_the_real_vllm_does() -> None:
     assert sim_shapes[-1] == '{"completion_tokens_details":{"reasoning_tokens":4}}'
 
 
-@pytest.mark.parametrize(("spec", "why"), [("9:3", "upper end is below the lower"), ("many", "is not N or LO:HI")])
+@pytest.mark.parametrize(
+    ("spec", "why"), [("uniform:low=9,high=3", "high=3 is below low=9"), ("many", "unknown distribution 'many'")]
+)
 def test_a_reasoning_spec_that_is_not_one_exits_2(spec: str, why: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["sim", "--reasoning-tokens", spec])

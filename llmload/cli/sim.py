@@ -15,8 +15,9 @@ from llmload.cli import sim_calibrate
 from llmload.cli.aliases import DeprecatedAlias as _DeprecatedAlias
 from llmload.errors import InputError, validation_message
 from llmload.server.arguments import add_serving_arguments, serving_config, serving_files_given
-from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, ReasoningTokens, SimConfig, SlowTokens
+from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, SimConfig, SlowTokens
 from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
+from llmload.workload.distributions import parse_distribution
 from llmload.yamlfile import load_yaml_model
 
 
@@ -113,11 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reasoning-tokens",
-        type=_parsed(ReasoningTokens.parse),
+        type=_parsed(lambda text: parse_distribution(text, "--reasoning-tokens")),
         default=None,
-        metavar="N|LO:HI",
-        help="reasoning mode: the first N (or LO to HI, uniform per request) output tokens of each chat response"
-        " stream as `reasoning`, as vLLM with --reasoning-parser; max_tokens counts them",
+        metavar="DISTRIBUTION",
+        help="reasoning mode: the first N output tokens of each chat response stream as `reasoning`, as vLLM with"
+        " --reasoning-parser; N is drawn per request (200, uniform:low=100,high=400, lognormal:median=..., as"
+        " `workload synth` takes lengths); max_tokens counts them",
     )
     parser.add_argument(
         "--refuse-fields",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Literal, get_args
 
 from pydantic import (
@@ -15,6 +14,7 @@ from pydantic import (
 )
 
 from llmload.models import ServeConfig, Strict
+from llmload.workload.distributions import Distribution
 
 FaultKind = Literal[
     "http_429",
@@ -80,33 +80,6 @@ class SlowTokens(Strict):
         except ValueError:
             raise ValueError(f"slow tokens {text!r} is not START_S:END_S:EXTRA_MS (e.g. 10:20:50)") from None
         return cls(start_s=start, end_s=end, extra_ms=extra)
-
-
-class ReasoningTokens(Strict):
-    """How many of a response's first output tokens are thought (reasoning mode): `N`, or `LO:HI`
-    drawn uniformly per request, both ends included."""
-
-    low: NonNegativeInt
-    high: NonNegativeInt
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ReasoningTokens:
-        if self.high < self.low:
-            raise ValueError(f"reasoning tokens {self.low}:{self.high}: the upper end is below the lower")
-        return self
-
-    @classmethod
-    def parse(cls, text: str) -> ReasoningTokens:
-        """`N` or `LO:HI` as given on the command line."""
-        low, sep, high = text.partition(":")
-        try:
-            low_n, high_n = int(low), int(high) if sep else int(low)
-        except ValueError:
-            raise ValueError(f"reasoning tokens {text!r} is not N or LO:HI (e.g. 200 or 100:400)") from None
-        return cls(low=low_n, high=high_n)
-
-    def draw(self, rng: random.Random) -> int:
-        return rng.randint(self.low, self.high)
 
 
 class EngineDeath(Strict):
@@ -184,7 +157,7 @@ class SimConfig(Strict):
     enable_prompt_tokens_details: bool = Field(
         default=False, description="like vLLM's flag: usage carries prompt_tokens_details.cached_tokens"
     )
-    reasoning_tokens: ReasoningTokens | None = Field(
+    reasoning_tokens: Distribution | None = Field(
         default=None,
         description="reasoning mode: the first that many output tokens of each chat response stream as `reasoning`,"
         " as vLLM with --reasoning-parser does; max_tokens counts them",

@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import gc
 import json
-import random
 import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -159,7 +159,7 @@ class SimServer:
         if engine_plan:
             self.metrics.cache_config = cache_config_labels(*engine_plan)
         self._picker = FaultPicker(config.faults.faults, config.faults.seed)
-        self._reasoning_rng = random.Random(config.faults.seed)
+        self._reasoning_rng = np.random.default_rng(config.faults.seed)
         self._started = time.monotonic()
         self.in_flight = 0
         self.dead = False
@@ -401,7 +401,7 @@ class SimServer:
     def _reasoning_tokens(self, chat: bool) -> int | None:
         """This chat request's thought tokens, drawn in reasoning mode (text completions have no parser)."""
         spec = self.config.reasoning_tokens
-        return spec.draw(self._reasoning_rng) if spec is not None and chat else None
+        return max(0, round(float(spec.draw(self._reasoning_rng, 1)[0]))) if spec is not None and chat else None
 
     def _encoder(self, job: Job) -> wire.ChunkEncoder:
         return wire.ChunkEncoder(

@@ -1,7 +1,9 @@
 """Length and time distributions of `llmload workload synth`, each written as one flag value.
 
-`KIND:KEY=VALUE,...` (or `fixed:VALUE`): `fixed:512`, `normal:mean=300,sd=50`,
-`lognormal:median=400,sigma=0.8`, `geometric:p=0.3`, `percentiles:p50=300,p90=900,p99=2000`.
+`KIND:KEY=VALUE,...` (or `fixed:VALUE`, or a bare number for fixed): `fixed:512`,
+`uniform:low=100,high=400`, `normal:mean=300,sd=50`, `lognormal:median=400,sigma=0.8`,
+`geometric:p=0.3`, `percentiles:p50=300,p90=900,p99=2000`. The simulator's reasoning mode takes
+the same values (`llmload sim --reasoning-tokens`).
 One strict model per kind behind one parser, so a misspelt key or an impossible request (P50 above
 P99) is refused with its reason before anything is drawn.
 """
@@ -25,6 +27,21 @@ class Fixed(Strict):
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.value)
+
+
+class Uniform(Strict):
+    kind: Literal["uniform"]
+    low: NonNegativeFloat
+    high: NonNegativeFloat
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Uniform:
+        if self.high < self.low:
+            raise ValueError(f"high={self.high:g} is below low={self.low:g}")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.uniform(self.low, self.high, n)
 
 
 class Normal(Strict):
@@ -91,14 +108,16 @@ class Empirical(Strict):
         return np.interp(rng.random(n), qs, vs)
 
 
-Distribution = Annotated[Fixed | Normal | LogNormal | Geometric | Empirical, Field(discriminator="kind")]
+Distribution = Annotated[Fixed | Uniform | Normal | LogNormal | Geometric | Empirical, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[Distribution] = TypeAdapter(Distribution)
-KINDS = ("fixed", "normal", "lognormal", "geometric", "percentiles")
+KINDS = ("fixed", "uniform", "normal", "lognormal", "geometric", "percentiles")
 
 
 def parse_distribution(text: str, flag: str) -> Distribution:
     """A distribution from its flag value; an `InputError` naming the flag and the reason otherwise."""
     kind, _, body = text.partition(":")
+    if kind.replace(".", "", 1).isdigit() and not body:  # a bare number: fixed
+        kind, body = "fixed", kind
     if kind not in KINDS:
         raise InputError(
             f"{flag} {text!r}: unknown distribution {kind!r}; one of {', '.join(KINDS)} (KIND:KEY=VALUE,...)"

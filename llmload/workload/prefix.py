@@ -10,11 +10,19 @@ Defined as vLLM's prefix cache keys its blocks, with no eviction:
 - a reusable block is *history* when the earliest request that produced its key is in the same
   session, else *shared* (a system prompt, document or few-shot block another session sent first).
 
-What a prompt is: the content tokens of its messages (chat-template tokens are ignored, so the
-share is over message content, as `cl100k_base` counts it). Turn k's prompt is turn k-1's prompt,
-then turn k-1's reply, then turn k's new messages. A workload holds no reply text (the server
-writes it), so a reply is modelled as `output_tokens` tokens unique to its request: never shared
-with another session, but history for the same session's later turns.
+What a prompt is: its messages as a chat template renders them (`template`), tokenized by the
+workload's tokenizer. Turn k's prompt is turn k-1's prompt, then turn k-1's reply, then turn k's
+new messages. With `chatml` (the default, the simulator's template), a turn adds each new
+message's `<|im_start|>{role}\n{text}<|im_end|>\n`, then the generation prompt
+`<|im_start|>assistant\n`; a reply adds its tokens and the `<|im_end|>\n` that closes it (its
+assistant message opened with the generation prompt, already in the stream). The template tokens
+of earlier messages are prefix a server reuses, so they count; a model's own template differs by
+a few tokens per message. With `none`, a prompt is its messages' content tokens alone. A workload
+holds no reply text (the server writes it), so a reply is modelled as `output_tokens` tokens
+unique to its request: never shared with another session, but history for the same session's
+later turns. Each message (ChatML piece) is tokenized alone and the pieces laid end to end, as
+the simulator tokenizes its prompts; for cl100k that equals tokenizing the whole prompt, as every
+piece starts with `<|` and ends with a newline, which no pre-token spans.
 
 How it is computed, for a million requests: each message is tokenized once, and a session's
 turns are laid end to end as one token stream (a turn's prompt is a prefix of the next), so a
@@ -35,18 +43,22 @@ shared. Formats with neither text nor hashes (azure_trace) have no figure, and s
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from typing import get_args
 
 import numpy as np
 import pandas as pd
 
-from llmload.models import REPLAY_SEPARATOR, ReusablePrefix, Session, TurnReuse
+from llmload.models import REPLAY_SEPARATOR, ChatTemplate, ReusablePrefix, Session, TurnReuse
 from llmload.workload.files import Workload
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from llmload.workload.stats import request_table
-from llmload.workload.tokens import get_tokenizer
+from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 
 DEFAULT_BLOCK_SIZE = 16
+CHAT_TEMPLATES: tuple[ChatTemplate, ...] = get_args(ChatTemplate)
+DEFAULT_CHAT_TEMPLATE: ChatTemplate = "chatml"
 NO_TEXT = "the log carries no text or hashes"
 _FLUSH_UNITS = 1 << 21  # tokens hashed per numpy batch: ~100 MB of temporaries
 
@@ -70,6 +82,7 @@ class PrefixBlocks:
             raise ValueError(f"block size must be positive, not {block_size}")
         self.block_size = block_size
         self.basis = basis
+        self.chat_template: ChatTemplate | None = None  # None: blocks from hash ids
         self._unit_tokens = 1
         # per request, in insertion order (a session's turns are contiguous)
         self._session = array("q")
@@ -94,9 +107,12 @@ class PrefixBlocks:
         return len(self._session)
 
     @classmethod
-    def from_text(cls, block_size: int, tokenizer: str) -> PrefixBlocks:
-        """Blocks of message tokens (the tokenizer named for the figure's basis)."""
-        return cls(block_size, basis=f"message text ({tokenizer}), replies as unique tokens")
+    def from_text(cls, block_size: int, tokenizer: str, template: ChatTemplate) -> PrefixBlocks:
+        """Blocks of prompt tokens (`PromptLayout`'s; the tokenizer and template named for the basis)."""
+        text = "ChatML prompts" if template == "chatml" else "message text"
+        blocks = cls(block_size, basis=f"{text} ({tokenizer}), replies as unique tokens")
+        blocks.chat_template = template
+        return blocks
 
     @classmethod
     def from_hash_ids(cls) -> PrefixBlocks:
@@ -106,7 +122,7 @@ class PrefixBlocks:
         return blocks
 
     def add_session(self, turns: Sequence[tuple[np.ndarray, int]], arrivals: np.ndarray | Sequence[float]) -> None:
-        """One session: each turn's new message tokens (int64, ids ≥ 0) and its reply's length in tokens."""
+        """One session: each turn's new tokens (int64, ids ≥ 0) and its reply's, as `PromptLayout` gives them."""
         if self._unit_tokens != 1:
             raise ValueError("a hash-id collection takes add_hashed, not add_session")
         self._session_starts.append(self._piece_units)
@@ -187,6 +203,7 @@ class PrefixBlocks:
         return ReusablePrefix(
             block_size=scale,
             basis=self.basis,
+            chat_template=self.chat_template,
             requests=int(mask.sum()),
             prompt_tokens=total,
             reusable_tokens=reusable_total,
@@ -239,31 +256,55 @@ def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     return inherited + seen_new, shared_inherited + shared_new
 
 
-def workload_prefix(workload: Workload, *, block_size: int = DEFAULT_BLOCK_SIZE) -> ReusablePrefix:
+class PromptLayout:
+    """What a session's turns and replies add to its token stream under a chat template."""
+
+    def __init__(self, tokenizer: str, template: ChatTemplate) -> None:
+        self._encode = get_tokenizer(tokenizer).encode
+        self._chatml = template == "chatml"
+        self._generation_prompt = self._encode(GENERATION_PROMPT) if self._chatml else []
+        self._reply_end = len(self._encode(MESSAGE_END)) if self._chatml else 0
+
+    def turn(self, messages: Iterable[tuple[str, str]]) -> np.ndarray:
+        """A turn's new tokens from its (role, text) messages: ChatML pieces and the generation prompt,
+        or the texts alone."""
+        if self._chatml:
+            pieces = [*(self._encode(chatml_message(role, text)) for role, text in messages), self._generation_prompt]
+        else:
+            pieces = [self._encode(text) for _, text in messages]
+        return np.fromiter(chain.from_iterable(pieces), dtype=np.int64)
+
+    def reply(self, tokens: int) -> int:
+        """A reply's length in the next prompt: its tokens and what closes its message."""
+        return tokens + self._reply_end
+
+    def session_turns(self, session: Session) -> list[np.ndarray]:
+        return [self.turn((m.role, m.content) for m in turn.messages) for turn in session.turns]
+
+
+def workload_prefix(
+    workload: Workload, *, block_size: int = DEFAULT_BLOCK_SIZE, template: ChatTemplate = DEFAULT_CHAT_TEMPLATE
+) -> ReusablePrefix:
     """The reusable prefix of a workload file: its requests at the request table's arrivals, a reply
     as long as the turn's `output_tokens` (else `max_tokens`, else 0). What a run sent: `sent_prefix`."""
     arrivals = request_table(workload)["arrival_s"].to_numpy()
-    encode = get_tokenizer(workload.spec.tokenizer).encode
-    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
+    layout = PromptLayout(workload.spec.tokenizer, template)
+    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     request = 0
     for session in workload.sessions:
-        tokens = _turn_tokens(session, encode)
-        replies = [turn.output_tokens or turn.max_tokens or 0 for turn in session.turns]
+        tokens = layout.session_turns(session)
+        replies = [layout.reply(turn.output_tokens or turn.max_tokens or 0) for turn in session.turns]
         blocks.add_session(list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)])
         request += len(tokens)
     return blocks.result()
 
 
-def _turn_tokens(session: Session, encode: Callable[[str], list[int]]) -> list[np.ndarray]:
-    """Each turn's new message tokens: what it adds to the session's stream besides the last reply."""
-    return [
-        np.asarray([token for message in turn.messages for token in encode(message.content)], dtype=np.int64)
-        for turn in session.turns
-    ]
-
-
 def sent_prefix(
-    workload: Workload, sent: pd.DataFrame, *, block_size: int = DEFAULT_BLOCK_SIZE
+    workload: Workload,
+    sent: pd.DataFrame,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    template: ChatTemplate = DEFAULT_CHAT_TEMPLATE,
 ) -> ReusablePrefix | str:
     """The reusable prefix of what a run sent: `sent` has one row per request sent (session_id,
     turn, sent_at, output_tokens, and `counted`: whether the figure counts it), in any order.
@@ -293,19 +334,19 @@ def sent_prefix(
     is_counted = sent.counted.to_numpy(dtype=bool)
     order = np.lexsort((turn, lap, session))
     starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
-    encode = get_tokenizer(workload.spec.tokenizer).encode
-    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
+    layout = PromptLayout(workload.spec.tokenizer, template)
+    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     counted: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
     tokenized = -1
     for rows in np.split(order, starts[1:]):
         if session[rows[0]] != tokenized:  # sorted by session: its replays follow one another
             tokenized = int(session[rows[0]])
-            tokens = _turn_tokens(workload.sessions[tokenized], encode)
+            tokens = layout.session_turns(workload.sessions[tokenized])
         depth = int(turn[rows].max()) + 1
         arrival, reply, mask = np.full(depth, np.nan), np.zeros(depth, dtype=np.int64), np.zeros(depth, dtype=bool)
         arrival[turn[rows]], reply[turn[rows]], mask[turn[rows]] = sent_at[rows], replies[rows], is_counted[rows]
-        blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival)
+        blocks.add_session(list(zip(tokens[:depth], map(layout.reply, reply.tolist()), strict=True)), arrival)
         counted.append(mask)
     return blocks.result(np.concatenate(counted))
 

@@ -26,8 +26,8 @@ def _stats(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
 def _naive_reuse(path: Path, block_size: int, chatml: bool) -> tuple[int, int, int, int, dict[int, tuple[int, int]]]:
     """Every prompt as a flat token list, rendered whole from its messages (ChatML pieces and the
     generation prompt, or the texts alone; each reply as tokens unique to its request), its full
-    blocks looked up in a trie of every block an earlier prompt sent: (prompt, reusable, history,
-    shared, {turn: (prompt, reusable)})."""
+    blocks looked up in a trie of every block an earlier request cached: its prompt, then its reply
+    but the last token. (prompt, reusable, history, shared, {turn: (prompt, reusable)})."""
     workload = load_workload(path)
     encode = get_tokenizer(workload.spec.tokenizer).encode
     requests = []  # (session, turn, flat prompt)
@@ -42,26 +42,27 @@ def _naive_reuse(path: Path, block_size: int, chatml: bool) -> tuple[int, int, i
                 for m in asked.messages:
                     flat += encode(chatml_message(m.role, m.content) if chatml else m.content)
             flat += encode(GENERATION_PROMPT) if chatml else []
-            requests.append((session.id, index, flat))
+            turn = session.turns[index]
+            decoded = [("reply", session.id, index)] * max((turn.output_tokens or turn.max_tokens or 0) - 1, 0)
+            requests.append((session.id, index, flat, decoded))
     arrivals = request_table(workload)["arrival_s"].tolist()
     order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
     trie: dict[tuple[int, tuple[object, ...]], tuple[int, str]] = {}  # (parent node, block) -> (node, first session)
     totals = [0, 0, 0, 0]
     by_turn: dict[int, tuple[int, int]] = {}
     for i in order:
-        session, turn, flat = requests[i]
-        node, reusable, shared, matching = 0, 0, 0, True
+        session, turn, flat, decoded = requests[i]
+        node, reusable, shared = 0, 0, 0
         for start in range(0, len(flat) - block_size + 1, block_size):
             edge = (node, tuple(flat[start : start + block_size]))
-            if edge in trie and matching:
-                node, first = trie[edge]
-                reusable += block_size
-                shared += block_size if first != session else 0
-            else:
-                matching = False
-                if edge not in trie:
-                    trie[edge] = (len(trie) + 1, session)
-                node = trie[edge][0]
+            if edge not in trie:
+                break
+            node, first = trie[edge]
+            reusable += block_size
+            shared += block_size if first != session else 0
+        cached, node = flat + decoded, 0
+        for start in range(0, len(cached) - block_size + 1, block_size):
+            node = trie.setdefault((node, tuple(cached[start : start + block_size])), (len(trie) + 1, session))[0]
         for k, v in enumerate((len(flat), reusable, reusable - shared, shared)):
             totals[k] += v
         p, r = by_turn.get(turn + 1, (0, 0))
@@ -107,8 +108,9 @@ def _chat(at: float, messages: list[tuple[str, str]], reply: str, reply_tokens: 
 def test_an_openai_log_gives_the_shares_worked_out_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Message text alone, 4-token blocks. System S: 8 tokens; users A1 6, B1 5, A2 4; A1's reply 3 tokens.
     A1 = S+A1 (14 tokens, 3 blocks): nothing seen. B1 = S+B1 (13): S's 2 blocks, first sent by
-    session A: 8 shared. A2 = S+A1+reply+A2 (21, 5 blocks): A1's 3 blocks, 12 history; block 4
-    holds the reply, block 5 is new. Total 48 tokens, 20 reusable."""
+    session A: 8 shared. A2 = S+A1+reply+A2 (21, 5 blocks): A1's 3 blocks and block 4 (A1's last 2
+    tokens and the reply's first 2, which A1 cached as it decoded), 16 history; block 5 is new.
+    Total 48 tokens, 24 reusable."""
     system, a1, b1, a2, reply = " hello" * 8, " apple" * 6, " banana" * 5, " cherry" * 4, " yes" * 3
     log = tmp_path / "chat.jsonl"
     log.write_bytes(
@@ -122,13 +124,13 @@ def test_an_openai_log_gives_the_shares_worked_out_by_hand(tmp_path: Path, capsy
     assert isinstance(reuse, dict)
     assert (reuse["prompt_tokens"], reuse["reusable_tokens"], reuse["history_tokens"], reuse["shared_tokens"]) == (
         48,
-        20,
-        12,
+        24,
+        16,
         8,
     )
     assert [(row["turn"], row["requests"], row["share"]) for row in reuse["by_turn"]] == [
         (1, 2, pytest.approx(8 / 27)),
-        (2, 1, pytest.approx(12 / 21)),
+        (2, 1, pytest.approx(16 / 21)),
     ]
 
 

@@ -348,11 +348,11 @@ class _Finisher:
         turns = [
             (
                 self.layout.turn((m["role"], m["content"]) for m in request.messages or ()),
-                self.layout.reply(0 if math.isnan(reply) else int(reply)),
+                0 if math.isnan(reply) else int(reply),
             )
             for request, reply in zip(session.turns, replies, strict=True)
         ]
-        self.prefix.add_session(turns, arrivals)
+        self.prefix.add_session(turns, arrivals, self.layout.reply_end)
 
     def _counts(self, batch: Sequence[_Open]) -> Iterator[int]:
         """Content token counts of each turn's new messages then reply (all turns in order), when needed."""

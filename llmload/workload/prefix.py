@@ -90,6 +90,7 @@ class PrefixBlocks:
         self._arrival = array("d")
         self._prompt_tokens = array("q")
         self._prompt_blocks = array("q")
+        self._cached_blocks = array("q")  # its session's blocks in the cache once it was served
         # per (session, block): its key and the request that first includes it
         self._keys = array("q")
         self._owners = array("q")
@@ -97,7 +98,7 @@ class PrefixBlocks:
         self._pieces: list[np.ndarray] = []
         self._piece_units = 0
         self._session_starts: list[int] = []
-        self._prompt_ends: list[int] = []
+        self._cached_ends: list[int] = []
         self._sessions = 0
         self._replies = 0
         self._flushed_requests = 0
@@ -121,8 +122,12 @@ class PrefixBlocks:
         blocks._unit_tokens = MOONCAKE_BLOCK_TOKENS
         return blocks
 
-    def add_session(self, turns: Sequence[tuple[np.ndarray, int]], arrivals: np.ndarray | Sequence[float]) -> None:
-        """One session: each turn's new tokens (int64, ids ≥ 0) and its reply's, as `PromptLayout` gives them."""
+    def add_session(
+        self, turns: Sequence[tuple[np.ndarray, int]], arrivals: np.ndarray | Sequence[float], reply_end: int = 0
+    ) -> None:
+        """One session: each turn's new tokens (int64, ids ≥ 0, `PromptLayout.turn`'s) and its reply's
+        length; `reply_end` template tokens close each reply. A request also fills the cache with the
+        blocks of its reply but the last token (sampled, never fed back), as vLLM caches decoded blocks."""
         if self._unit_tokens != 1:
             raise ValueError("a hash-id collection takes add_hashed, not add_session")
         self._session_starts.append(self._piece_units)
@@ -130,14 +135,16 @@ class PrefixBlocks:
         for index, ((tokens, _), arrival) in enumerate(zip(turns, arrivals, strict=True)):
             if index:
                 previous_reply = turns[index - 1][1]
-                if previous_reply > 0:  # a token unique to that reply, repeated: shared by no other request
+                unique = previous_reply + reply_end
+                if unique > 0:  # a token unique to that reply, repeated: shared by no other request
                     self._replies += 1
-                    self._pieces.append(np.full(previous_reply, -self._replies, dtype=np.int64))
-                    length += previous_reply
+                    self._pieces.append(np.full(unique, -self._replies, dtype=np.int64))
+                    length += unique
             self._pieces.append(np.asarray(tokens, dtype=np.int64))
             length += len(tokens)
-            self._add_request(index, arrival, length, length)
-            self._prompt_ends.append(self._piece_units + length)
+            decoded = max(turns[index][1] - 1, 0) if index + 1 < len(turns) else 0
+            self._add_request(index, arrival, length, length, (length + decoded) // self.block_size)
+            self._cached_ends.append(self._piece_units + length + decoded)
         self._close_session(length)
 
     def add_hashed(self, hash_ids: Sequence[int], prompt_tokens: int, arrival: float) -> None:
@@ -145,16 +152,19 @@ class PrefixBlocks:
         full = min(len(hash_ids), prompt_tokens // self._unit_tokens)
         self._session_starts.append(self._piece_units)
         self._pieces.append(np.asarray(hash_ids[:full], dtype=np.int64))
-        self._add_request(0, arrival, prompt_tokens, full)
-        self._prompt_ends.append(self._piece_units + full)
+        self._add_request(0, arrival, prompt_tokens, full, full)
+        self._cached_ends.append(self._piece_units + full)
         self._close_session(full)
 
-    def _add_request(self, turn: int, arrival: float, prompt_tokens: int, prompt_units: int) -> None:
+    def _add_request(
+        self, turn: int, arrival: float, prompt_tokens: int, prompt_units: int, cached_blocks: int
+    ) -> None:
         self._session.append(self._sessions)
         self._turn.append(turn)
         self._arrival.append(arrival)
         self._prompt_tokens.append(prompt_tokens)
         self._prompt_blocks.append(prompt_units // self.block_size)
+        self._cached_blocks.append(cached_blocks)
 
     def _close_session(self, length: int) -> None:
         self._sessions += 1
@@ -176,11 +186,11 @@ class PrefixBlocks:
             before = np.concatenate(([np.uint64(0)], prefix))[base]  # the stream's sum before each session
             ends = np.flatnonzero((position + 1) % self.block_size == 0)
             keys = _mix(prefix[ends] - before[ends])
-        owners = np.searchsorted(np.asarray(self._prompt_ends, dtype=np.int64), ends + 1, side="left")
+        owners = np.searchsorted(np.asarray(self._cached_ends, dtype=np.int64), ends + 1, side="left")
         self._keys.frombytes(keys.view(np.int64).tobytes())
         self._owners.frombytes((owners + self._flushed_requests).astype(np.int64).tobytes())
-        self._flushed_requests += len(self._prompt_ends)
-        self._pieces, self._piece_units, self._session_starts, self._prompt_ends = [], 0, [], []
+        self._flushed_requests += len(self._cached_ends)
+        self._pieces, self._piece_units, self._session_starts, self._cached_ends = [], 0, [], []
 
     def result(self, counted: np.ndarray | None = None) -> ReusablePrefix:
         """The figure over the requests `counted` (a boolean mask in insertion order; all by default).
@@ -247,7 +257,9 @@ def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     produced = np.bincount(owners, minlength=count)
     seen_new = np.bincount(owners, weights=seen, minlength=count).astype(np.int64)
     shared_new = np.bincount(owners, weights=other & seen, minlength=count).astype(np.int64)
-    inherited = np.frombuffer(blocks._prompt_blocks, dtype=np.int64) - produced  # earlier turns' blocks
+    prompt_blocks = np.frombuffer(blocks._prompt_blocks, dtype=np.int64)
+    reply_blocks = np.frombuffer(blocks._cached_blocks, dtype=np.int64) - prompt_blocks  # its own decoded ones
+    inherited = prompt_blocks - (produced - reply_blocks)  # earlier turns' blocks
     # shared blocks of the session's earlier turns: a running sum restarted at each session
     running = np.cumsum(shared_new)
     session_first = np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
@@ -263,7 +275,8 @@ class PromptLayout:
         self._encode = get_tokenizer(tokenizer).encode
         self._chatml = template == "chatml"
         self._generation_prompt = self._encode(GENERATION_PROMPT) if self._chatml else []
-        self._reply_end = len(self._encode(MESSAGE_END)) if self._chatml else 0
+        self.reply_end = len(self._encode(MESSAGE_END)) if self._chatml else 0
+        """Tokens that close a reply's message in the next prompt (its opening is the generation prompt)."""
 
     def turn(self, messages: Iterable[tuple[str, str]]) -> np.ndarray:
         """A turn's new tokens from its (role, text) messages: ChatML pieces and the generation prompt,
@@ -273,10 +286,6 @@ class PromptLayout:
         else:
             pieces = [self._encode(text) for _, text in messages]
         return np.fromiter(chain.from_iterable(pieces), dtype=np.int64)
-
-    def reply(self, tokens: int) -> int:
-        """A reply's length in the next prompt: its tokens and what closes its message."""
-        return tokens + self._reply_end
 
     def session_turns(self, session: Session) -> list[np.ndarray]:
         return [self.turn((m.role, m.content) for m in turn.messages) for turn in session.turns]
@@ -293,8 +302,10 @@ def workload_prefix(
     request = 0
     for session in workload.sessions:
         tokens = layout.session_turns(session)
-        replies = [layout.reply(turn.output_tokens or turn.max_tokens or 0) for turn in session.turns]
-        blocks.add_session(list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)])
+        replies = [turn.output_tokens or turn.max_tokens or 0 for turn in session.turns]
+        blocks.add_session(
+            list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)], layout.reply_end
+        )
         request += len(tokens)
     return blocks.result()
 
@@ -346,7 +357,7 @@ def sent_prefix(
         depth = int(turn[rows].max()) + 1
         arrival, reply, mask = np.full(depth, np.nan), np.zeros(depth, dtype=np.int64), np.zeros(depth, dtype=bool)
         arrival[turn[rows]], reply[turn[rows]], mask[turn[rows]] = sent_at[rows], replies[rows], is_counted[rows]
-        blocks.add_session(list(zip(tokens[:depth], map(layout.reply, reply.tolist()), strict=True)), arrival)
+        blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival, layout.reply_end)
         counted.append(mask)
     return blocks.result(np.concatenate(counted))
 

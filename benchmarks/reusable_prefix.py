@@ -28,7 +28,7 @@ def _measure(requests: int, block_size: int) -> tuple[float, float, int, float]:
     rng = np.random.default_rng(0)
     systems = [rng.integers(0, _VOCABULARY, rng.integers(400, 1200)) for _ in range(_SYSTEM_PROMPTS)]
     started = time.perf_counter()
-    blocks = PrefixBlocks.from_text(block_size, "synthetic")
+    blocks = PrefixBlocks.from_text(block_size, "synthetic", "none")
     added = sessions = 0
     clock = 0.0
     while added < requests:

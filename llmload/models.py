@@ -501,6 +501,10 @@ class TurnReuse(BaseModel):
     share: float | None
 
 
+ChatTemplate = Literal["chatml", "none"]
+"""How the reusable-prefix figure renders messages into a prompt (llmload/workload/prefix.py)."""
+
+
 class ReusablePrefix(BaseModel):
     """Prompt tokens an infinite prefix cache could serve (llmload/workload/prefix.py defines it)."""
 
@@ -508,8 +512,11 @@ class ReusablePrefix(BaseModel):
 
     block_size: PositiveInt = Field(description="tokens per block; 512 for Mooncake hash_ids")
     basis: str = Field(description="what the blocks were cut from: message text, or the log's hash_ids")
+    chat_template: ChatTemplate | None = Field(
+        default=None, description="how prompts were rendered from messages; None for hash_ids"
+    )
     requests: int
-    prompt_tokens: int = Field(description="content tokens of the prompts counted, replies included")
+    prompt_tokens: int = Field(description="tokens of the prompts counted (as rendered), replies included")
     reusable_tokens: int
     history_tokens: int = Field(description="reusable, first sent by the same session")
     shared_tokens: int = Field(description="reusable, first sent by another session")

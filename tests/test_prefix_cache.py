@@ -24,7 +24,7 @@ from llmload.models import Stage
 from llmload.observe.observer import ServerSample
 from llmload.sim.process import SimProcess
 from llmload.workload.files import load_workload
-from llmload.workload.tokens import get_tokenizer
+from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 from tests.locust_runs import LocustRun, run_locust, small_workload
 
 ENGINE = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--enable-prompt-tokens-details")
@@ -99,13 +99,15 @@ def test_compare_shows_the_hit_rate_and_calls_its_loss_a_regression(
 
 
 def _naive_reusable_share(run: LocustRun, block: int = 16) -> float:
-    """The reusable share computed the slow, obvious way: each sent prompt laid out flat (messages'
-    tokens, each reply as tokens of its own), in send order; a block is reusable when an earlier
-    prompt held the same tokens up to its end. Counted over the judged stages' requests."""
+    """The reusable share computed the slow, obvious way: each sent prompt laid out flat as ChatML
+    renders it (each message's piece, each reply's assistant message with tokens of its own, then
+    the generation prompt), in send order; a block is reusable when an earlier request held the same
+    tokens up to its end, in its prompt or its reply but the last token. Counted over the judged stages' requests."""
     workload = load_workload(run.manifest["workload"])
     encode = get_tokenizer(workload.spec.tokenizer).encode
     turns = {
-        s.id: [[t for m in turn.messages for t in encode(m.content)] for turn in s.turns] for s in workload.sessions
+        s.id: [[t for m in turn.messages for t in encode(chatml_message(m.role, m.content))] for turn in s.turns]
+        for s in workload.sessions
     }
     records = run.records
     sent = records[records.status != "not_sent"].sort_values("sent_at", kind="stable")
@@ -116,11 +118,14 @@ def _naive_reusable_share(run: LocustRun, block: int = 16) -> float:
         prompt: list[object] = []
         for turn in range(r.turn + 1):
             if turn:
-                prompt += [(r.session_id, turn - 1, i) for i in range(replies.get((r.session_id, turn - 1), 0))]
+                reply = [(r.session_id, turn - 1, i) for i in range(replies.get((r.session_id, turn - 1), 0))]
+                prompt += [*encode(GENERATION_PROMPT), *reply, *encode(MESSAGE_END)]
             prompt += turns[r.session_id][turn]
+        prompt += encode(GENERATION_PROMPT)
         prefixes = [tuple(prompt[: block * (i + 1)]) for i in range(len(prompt) // block)]
         hits = next((i for i, p in enumerate(prefixes) if p not in seen), len(prefixes))
-        seen.update(prefixes)
+        cached = prompt + [(r.session_id, r.turn, i) for i in range(replies[r.session_id, r.turn] - 1)]
+        seen.update(tuple(cached[: block * (i + 1)]) for i in range(len(cached) // block))
         if r.stage != "warm-up":
             reusable, prompt_tokens = reusable + block * hits, prompt_tokens + len(prompt)
     return reusable / prompt_tokens
@@ -128,15 +133,19 @@ def _naive_reusable_share(run: LocustRun, block: int = 16) -> float:
 
 def test_the_report_puts_what_the_workload_could_hit_beside_what_the_server_hit(runs: dict[str, LocustRun]) -> None:
     """The reusable share of what the judged stages sent, beside the server's hit rate: the same figure
-    computed naively agrees, and a cache too small for the workload's sessions hits below it
-    (an ample one above it: chat-template tokens are reusable prefix the figure does not count)."""
+    computed naively agrees, and the server, whose prompts are ChatML as the figure's are, hits no
+    more than it, with an ample cache or one too small for the workload's sessions."""
     on, small = runs["on"].summary["server"], runs["small"].summary["server"]
     reuse = on["workload_prefix"]
     assert reuse["block_size"] == 16 and reuse["share"] == pytest.approx(_naive_reusable_share(runs["on"]), abs=1e-12)
+    assert reuse["chat_template"] == "chatml"
     assert reuse["share"] == pytest.approx(reuse["history_share"] + reuse["shared_share"])
-    assert small["prefix_cache_hit_rate"] < small["workload_prefix"]["share"] < on["prefix_cache_hit_rate"]
+    print(f"ample cache: server {on['prefix_cache_hit_rate']:.4f}, ceiling {reuse['share']:.4f}")
+    print(f"small cache: server {small['prefix_cache_hit_rate']:.4f}, ceiling {small['workload_prefix']['share']:.4f}")
+    assert on["prefix_cache_hit_rate"] <= reuse["share"]
+    assert small["prefix_cache_hit_rate"] < small["workload_prefix"]["share"]
     report = (runs["small"].run_dir / "report.md").read_text()
-    assert f"the workload could hit {100 * small['workload_prefix']['share']:.1f}%" in report
+    assert f"the workload could hit {100 * small['workload_prefix']['share']:.1f}% (ChatML template, block 16" in report
     assert f"the server hit {100 * small['prefix_cache_hit_rate']:.1f}%" in report
     assert "the workload could hit" in (runs["on"].run_dir / "report.html").read_text()
 

@@ -1,5 +1,6 @@
 """The reusable-prefix figure of `workload stats`: against an independent trie of blocks on the sample
-workload, and against shares worked out by hand on an OpenAI log, a Mooncake trace and an Azure trace."""
+workload (prompts rendered with ChatML, and as message text alone), and against shares worked out by
+hand on an OpenAI log, a Mooncake trace and an Azure trace."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from llmload.cli import main
 from llmload.workload.files import load_workload
 from llmload.workload.stats import request_table
-from llmload.workload.tokens import get_tokenizer
+from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 
 SAMPLE = Path(__file__).resolve().parents[1] / "workloads" / "chat-multiturn.yaml"
 
@@ -22,40 +23,46 @@ def _stats(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
     return dict(json.loads(capsys.readouterr().out))
 
 
-def _naive_reuse(path: Path, block_size: int) -> tuple[int, int, int, int, dict[int, tuple[int, int]]]:
-    """Every prompt as a flat token list (replies as tokens unique to their request), its full blocks
-    looked up in a trie of every block an earlier prompt sent: (prompt, reusable, history, shared,
-    {turn: (prompt, reusable)})."""
+def _naive_reuse(path: Path, block_size: int, chatml: bool) -> tuple[int, int, int, int, dict[int, tuple[int, int]]]:
+    """Every prompt as a flat token list, rendered whole from its messages (ChatML pieces and the
+    generation prompt, or the texts alone; each reply as tokens unique to its request), its full
+    blocks looked up in a trie of every block an earlier request cached: its prompt, then its reply
+    but the last token. (prompt, reusable, history, shared, {turn: (prompt, reusable)})."""
     workload = load_workload(path)
     encode = get_tokenizer(workload.spec.tokenizer).encode
-    requests = []  # (arrival, file order, session, turn, flat prompt)
+    requests = []  # (session, turn, flat prompt)
     for session in workload.sessions:
-        flat: list[object] = []
-        for index, turn in enumerate(session.turns):
-            if index:
-                previous = session.turns[index - 1]
-                flat += [("reply", session.id, index - 1)] * (previous.output_tokens or previous.max_tokens or 0)
-            flat += [t for m in turn.messages for t in encode(m.content)]
-            requests.append((session.id, index, list(flat)))
+        for index in range(len(session.turns)):
+            flat: list[object] = []
+            for earlier, asked in enumerate(session.turns[: index + 1]):
+                if earlier:
+                    previous = session.turns[earlier - 1]
+                    reply = [("reply", session.id, earlier - 1)] * (previous.output_tokens or previous.max_tokens or 0)
+                    flat += [*encode(GENERATION_PROMPT), *reply, *encode(MESSAGE_END)] if chatml else reply
+                for m in asked.messages:
+                    flat += encode(chatml_message(m.role, m.content) if chatml else m.content)
+            flat += encode(GENERATION_PROMPT) if chatml else []
+            turn = session.turns[index]
+            decoded = [("reply", session.id, index)] * max((turn.output_tokens or turn.max_tokens or 0) - 1, 0)
+            requests.append((session.id, index, flat, decoded))
     arrivals = request_table(workload)["arrival_s"].tolist()
     order = sorted(range(len(requests)), key=lambda i: (arrivals[i], i))
     trie: dict[tuple[int, tuple[object, ...]], tuple[int, str]] = {}  # (parent node, block) -> (node, first session)
     totals = [0, 0, 0, 0]
     by_turn: dict[int, tuple[int, int]] = {}
     for i in order:
-        session, turn, flat = requests[i]
-        node, reusable, shared, matching = 0, 0, 0, True
+        session, turn, flat, decoded = requests[i]
+        node, reusable, shared = 0, 0, 0
         for start in range(0, len(flat) - block_size + 1, block_size):
             edge = (node, tuple(flat[start : start + block_size]))
-            if edge in trie and matching:
-                node, first = trie[edge]
-                reusable += block_size
-                shared += block_size if first != session else 0
-            else:
-                matching = False
-                if edge not in trie:
-                    trie[edge] = (len(trie) + 1, session)
-                node = trie[edge][0]
+            if edge not in trie:
+                break
+            node, first = trie[edge]
+            reusable += block_size
+            shared += block_size if first != session else 0
+        cached, node = flat + decoded, 0
+        for start in range(0, len(cached) - block_size + 1, block_size):
+            node = trie.setdefault((node, tuple(cached[start : start + block_size])), (len(trie) + 1, session))[0]
         for k, v in enumerate((len(flat), reusable, reusable - shared, shared)):
             totals[k] += v
         p, r = by_turn.get(turn + 1, (0, 0))
@@ -63,13 +70,16 @@ def _naive_reuse(path: Path, block_size: int) -> tuple[int, int, int, int, dict[
     return totals[0], totals[1], totals[2], totals[3], by_turn
 
 
+@pytest.mark.parametrize("template", ["chatml", "none"])
 @pytest.mark.parametrize("block_size", [16, 128])
 def test_the_sample_workload_matches_an_independent_trie_of_blocks(
-    block_size: int, capsys: pytest.CaptureFixture[str]
+    block_size: int, template: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    reuse = _stats(capsys, str(SAMPLE), "--block-size", str(block_size))["reusable_prefix"]
+    flags = ("--block-size", str(block_size), "--chat-template", template)
+    reuse = _stats(capsys, str(SAMPLE), *flags)["reusable_prefix"]
     assert isinstance(reuse, dict)
-    prompt, reusable, history, shared, by_turn = _naive_reuse(SAMPLE, block_size)
+    assert reuse["chat_template"] == template
+    prompt, reusable, history, shared, by_turn = _naive_reuse(SAMPLE, block_size, chatml=template == "chatml")
     assert (reuse["prompt_tokens"], reuse["reusable_tokens"]) == (prompt, reusable)
     assert (reuse["history_tokens"], reuse["shared_tokens"]) == (history, shared)
     assert reuse["share"] == pytest.approx(reusable / prompt)
@@ -77,7 +87,7 @@ def test_the_sample_workload_matches_an_independent_trie_of_blocks(
     assert {row["turn"]: row["share"] for row in reuse["by_turn"]} == pytest.approx(
         {turn: r / p for turn, (p, r) in by_turn.items()}
     )
-    assert main(["workload", "stats", str(SAMPLE), "--block-size", str(block_size)]) == 0
+    assert main(["workload", "stats", str(SAMPLE), *flags]) == 0
     text = capsys.readouterr().out
     assert f"Reusable prefix (an infinite prefix cache, {block_size}-token blocks" in text
     assert f"{100 * reusable / prompt:.1f}% of {prompt:,} prompt tokens" in text
@@ -96,10 +106,11 @@ def _chat(at: float, messages: list[tuple[str, str]], reply: str, reply_tokens: 
 
 
 def test_an_openai_log_gives_the_shares_worked_out_by_hand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """4-token blocks. System S: 8 tokens; users A1 6, B1 5, A2 4; A1's reply 3 tokens.
+    """Message text alone, 4-token blocks. System S: 8 tokens; users A1 6, B1 5, A2 4; A1's reply 3 tokens.
     A1 = S+A1 (14 tokens, 3 blocks): nothing seen. B1 = S+B1 (13): S's 2 blocks, first sent by
-    session A: 8 shared. A2 = S+A1+reply+A2 (21, 5 blocks): A1's 3 blocks, 12 history; block 4
-    holds the reply, block 5 is new. Total 48 tokens, 20 reusable."""
+    session A: 8 shared. A2 = S+A1+reply+A2 (21, 5 blocks): A1's 3 blocks and block 4 (A1's last 2
+    tokens and the reply's first 2, which A1 cached as it decoded), 16 history; block 5 is new.
+    Total 48 tokens, 24 reusable."""
     system, a1, b1, a2, reply = " hello" * 8, " apple" * 6, " banana" * 5, " cherry" * 4, " yes" * 3
     log = tmp_path / "chat.jsonl"
     log.write_bytes(
@@ -107,19 +118,19 @@ def test_an_openai_log_gives_the_shares_worked_out_by_hand(tmp_path: Path, capsy
         + _chat(1001.0, [("system", system), ("user", b1)], " no" * 2, 2)
         + _chat(1002.0, [("system", system), ("user", a1), ("assistant", reply), ("user", a2)], " ok", 1)
     )
-    stats = _stats(capsys, str(log), "--block-size", "4")
+    stats = _stats(capsys, str(log), "--block-size", "4", "--chat-template", "none")
     assert stats["sessions"] == 2
     reuse = stats["reusable_prefix"]
     assert isinstance(reuse, dict)
     assert (reuse["prompt_tokens"], reuse["reusable_tokens"], reuse["history_tokens"], reuse["shared_tokens"]) == (
         48,
-        20,
-        12,
+        24,
+        16,
         8,
     )
     assert [(row["turn"], row["requests"], row["share"]) for row in reuse["by_turn"]] == [
         (1, 2, pytest.approx(8 / 27)),
-        (2, 1, pytest.approx(12 / 21)),
+        (2, 1, pytest.approx(16 / 21)),
     ]
 
 

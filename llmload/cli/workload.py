@@ -16,10 +16,10 @@ from llmload.errors import InputError
 from llmload.models import ReusablePrefix
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
-from llmload.workload.files import load_workload, save_workload
+from llmload.workload.files import Workload, load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
 from llmload.workload.like import compare, like_prefixes, like_shapes, redraw, render_comparison
-from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, workload_prefix
+from llmload.workload.prefix import CHAT_TEMPLATES, DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, workload_prefix
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
 
@@ -43,6 +43,14 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_BLOCK_SIZE,
         help="tokens per prefix-cache block of the reusable-prefix figure (vLLM: 16 on GPU, 128 on CPU; "
         "Mooncake hash_ids are 512 whatever this says)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        choices=CHAT_TEMPLATES,
+        default=DEFAULT_CHAT_TEMPLATE,
+        help="how the reusable-prefix figure renders messages into prompts: chatml (default, the template "
+        "tokens a server's prompts hold; a model's own template differs by a few per message) or none "
+        "(message content alone)",
     )
 
 
@@ -104,7 +112,12 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 def _options(args: argparse.Namespace, **extra: Any) -> BuildOptions:
     return BuildOptions(
-        format=args.format, tokenizer=args.tokenizer, skip_bad=args.skip_bad, block_size=args.block_size, **extra
+        format=args.format,
+        tokenizer=args.tokenizer,
+        skip_bad=args.skip_bad,
+        block_size=args.block_size,
+        chat_template=args.chat_template,
+        **extra,
     )
 
 
@@ -134,6 +147,11 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workload_prefix(workload: Workload, args: argparse.Namespace) -> ReusablePrefix:
+    """The figure with the block size and chat template the flags give."""
+    return workload_prefix(workload, block_size=args.block_size, template=args.chat_template)
+
+
 def _input_table(
     inputs: list[str], args: argparse.Namespace
 ) -> tuple[pd.DataFrame, str | None, ReusablePrefix | str | None]:
@@ -143,7 +161,7 @@ def _input_table(
     if len(paths) == 1 and paths[0].suffix in _WORKLOAD_SUFFIXES:
         workload = load_workload(paths[0])
         think_times = (workload.spec.stats or {}).get("think_times")  # as the build found them
-        reuse: ReusablePrefix | str | None = workload_prefix(workload, block_size=args.block_size)
+        reuse: ReusablePrefix | str | None = _workload_prefix(workload, args)
         return request_table(workload), think_times if isinstance(think_times, str) else None, reuse
     log = source_table(paths, _options(args))
     _report_counts("skipped bad", log.skipped)
@@ -219,9 +237,7 @@ def _synth(args: argparse.Namespace) -> int:
     if args.like is None:
         return 0
     written = load_workload(out)  # figures as written, not as intended
-    synthetic = workload_stats(
-        request_table(written), reusable_prefix=workload_prefix(written, block_size=args.block_size)
-    )
+    synthetic = workload_stats(request_table(written), reusable_prefix=_workload_prefix(written, args))
     rows = compare(real, synthetic)
     print(render_comparison(rows), end="")
     return 1 if any(row.within is False for row in rows) else 0

@@ -66,11 +66,15 @@ def server_facts(summary: Summary) -> list[str]:
     return lines
 
 
+_TEMPLATE_NAMES = {"chatml": "ChatML template, ", "none": "message text alone, ", None: ""}
+
+
 def _prefix_ceiling(reuse: ReusablePrefix, hit_rate: float | None, figure: Callable[[str, str], str]) -> str:
     """What the prompts sent could have hit in an infinite prefix cache against what the server hit;
     a server well below it lost the rest to its cache's size and eviction."""
     line = (
-        f"Prefix cache: the workload could hit {percent(reuse.share, 1)} (block {reuse.block_size}:"
+        f"Prefix cache: the workload could hit {percent(reuse.share, 1)} ({_TEMPLATE_NAMES[reuse.chat_template]}"
+        f"block {reuse.block_size}:"
         f" {percent(reuse.history_share, 1)} history, {percent(reuse.shared_share, 1)} shared);"
         f" the server hit {figure('prefix_cache_hits_total', percent(hit_rate, 1))}."
     )

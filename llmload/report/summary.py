@@ -419,7 +419,8 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
 def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:
     """The share of prompt tokens an infinite prefix cache could serve, over the prompts the run sent
     (warm-up ones fill the cache) and counted over the judged stages', as the server's hit rate is;
-    16-token blocks, vLLM's default (the server's own is not recorded). None without the workload
+    rendered with ChatML (its tokens are prefix the server reuses; the served model's own template
+    is not recorded) in 16-token blocks, vLLM's default (nor is the server's). None without the workload
     file (moved, or the report rebuilt elsewhere) or when the run sent what it does not hold."""
     workload = run.workload()
     if workload is None:
@@ -430,5 +431,5 @@ def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:
         session_id=run.records.session_ids()[sent].to_numpy(),
         counted=frame.stage[sent].isin([stage.name for stage in run.manifest.judged_stages]).to_numpy(dtype=bool),
     )
-    prefix = sent_prefix(workload, rows)
+    prefix = sent_prefix(workload, rows, template="chatml")
     return prefix if isinstance(prefix, ReusablePrefix) else None

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from llmload.workload.tokens import get_tokenizer
+from llmload.workload.tokens import GENERATION_PROMPT, chatml_message, get_tokenizer
 
 
 class ContentPart(BaseModel):
@@ -95,7 +95,6 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Annotated[int, Field(ge=0, le=2**63 - 1)]]
 
 
-GENERATION_PROMPT = "<|im_start|>assistant\n"
 # The longest cl100k token, in bytes (tiktoken's token_byte_values()); vLLM bounds a prompt's
 # characters by max_model_len times this before tokenizing.
 MAX_CHARS_PER_TOKEN = 128
@@ -103,7 +102,7 @@ MAX_CHARS_PER_TOKEN = 128
 
 def render_chatml(messages: Sequence[ChatMessage], *, generation_prompt: bool = True) -> list[str]:
     """The prompt as the chat template renders it, one piece per message plus the generation prompt."""
-    pieces = [f"<|im_start|>{m.role}\n{m.text()}<|im_end|>\n" for m in messages]
+    pieces = [chatml_message(m.role, m.text()) for m in messages]
     return [*pieces, GENERATION_PROMPT] if generation_prompt else pieces
 
 

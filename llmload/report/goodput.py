@@ -4,7 +4,9 @@ A request counts only when it succeeded and its own TTFT, TTFO (time to the firs
 of a reasoning model), TPOT, ITL statistic (a percentile or the max of its gaps) and E2E each
 meet their SLO. A failed request never does. A cancelled one
 was cut by the run, not by the server, so it is left out of both sides (GuideLLM PR 1085). A
-figure a request does not have (the TPOT of a one-token reply) is not held against it.
+figure a request does not have (the TPOT of a one-token reply) is not held against it, except
+the TTFO: a request without one thought until its budget ran out and never answered, which no
+user counts as a good answer (the verdict's TTFO SLO takes its E2E as a lower bound: the same).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from llmload.records import RunRecords
 METRICS = {"ttft": "ttft_ms", "ttfo": "ttfo_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
 # the per-request figures judged as they are, one value each (ITL is a statistic of a request's gaps)
 SCALAR_FIELDS = tuple(field for field in METRICS.values() if field != "itl_ms")
+# a figure whose absence means the SLO was missed: no first answer token is no answer
+MISSING_FAILS = {"ttfo_ms"}
 ITL_STATISTICS: tuple[str, ...] = ItlStatistic.__args__  # type: ignore[attr-defined]
 SYNTAX = "METRIC=MS or itl:STAT=MS, e.g. ttft=2000,tpot=50,itl:p99=100,e2e=30000"
 
@@ -66,7 +70,8 @@ def conforming(frame: pd.DataFrame, slo: GoodputSLO, request_itl: np.ndarray | N
     for field in SCALAR_FIELDS:
         limit = getattr(slo, field)
         if limit is not None:
-            good &= ~(frame[field].to_numpy(dtype=float) > limit)  # NaN: a figure it does not have
+            values = frame[field].to_numpy(dtype=float)
+            good &= values <= limit if field in MISSING_FAILS else ~(values > limit)  # NaN: a figure it lacks
     if slo.itl_ms is not None:
         if request_itl is None:
             raise ValueError("an ITL SLO needs each request's ITL statistic")

@@ -12,11 +12,13 @@ import pytest
 
 from llmload.errors import InputError
 from llmload.gates.passthrough import long_options, refuse_overrides
-from llmload.gates.search import PROBE_FLAGS, Bounds, ProbeFlags, Searcher, boundary, next_rate
+from llmload.gates.search import PROBE_FLAGS, Bounds, ProbeFlags, Searcher, boundary, next_rate, write_criteria
+from llmload.gates.verdict import SoakCriteria
 from llmload.models import Probe, SearchResult
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
 from llmload.sim.profiles import PROFILES
+from llmload.yamlfile import load_yaml_model
 from tests.locust_runs import (
     KeepsUp,
     fixed_output_workload,
@@ -120,6 +122,24 @@ def test_a_probe_too_short_for_its_answers_is_held_longer_until_it_judges_or_its
     assert searcher.hold_and_drain(4, confirm=False) == (10, 10)
     assert "grew with the hold (6.0 s in 10 s, then 16.0 s in 27 s)" in (searcher._grows_with_hold(8, 27, 16_000) or "")
     assert searcher._grows_with_hold(8, 27, 7_000) is None  # a long answer: the share fell
+
+
+@pytest.mark.parametrize(("confirm_s", "confirm_window_s"), [(40.0, 40 / 6), (300.0, 10.0)])
+def test_every_hold_of_a_search_has_the_windows_its_drift_checks_need(
+    tmp_path: Path, confirm_s: float, confirm_window_s: float
+) -> None:
+    """A 40 s confirm in the user's 10 s windows had 4: every drift check, keeping up included,
+    SKIPped and a queue growing tenfold passed. Each hold gets at least the 6 windows a slope needs;
+    the probes judge at 99%, the confirm at the user's confidence."""
+    user = SoakCriteria()
+    write_criteria(tmp_path, user, probe_s=10.0, confirm_s=confirm_s)
+    probes, confirm = (
+        load_yaml_model(tmp_path / name, SoakCriteria) for name in ("criteria.yaml", "criteria-confirm.yaml")
+    )
+    assert probes.drift.window_s == pytest.approx(10 / 6) and probes.drift.confidence == 0.99
+    assert confirm.drift.window_s == pytest.approx(confirm_window_s)
+    assert confirm.drift.confidence == user.drift.confidence and confirm.max_e2e_share_of_hold is None
+    assert int(confirm_s / confirm.drift.window_s + 1e-9) >= confirm.drift.min_windows
 
 
 def test_nothing_passes_or_everything_does() -> None:

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     if directory.is_dir() and any(directory.iterdir()):
         raise InputError(f"{directory} already holds a search: give another --search-id or move it away")
     directory.mkdir(parents=True, exist_ok=True)
-    write_criteria(directory, criteria, args.probe_duration)
+    write_criteria(directory, criteria, args.probe_duration, args.confirm_duration)
     with contextlib.ExitStack() as stack:
         host = args.host
         if host is None:

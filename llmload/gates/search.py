@@ -30,7 +30,7 @@ import orjson
 import yaml
 
 from llmload.errors import InputError
-from llmload.gates.verdict import SoakCriteria
+from llmload.gates.verdict import DriftCriteria, SoakCriteria
 from llmload.models import Probe, SearchOutcome, SearchResult
 from llmload.process_group import start_in_group
 from llmload.report.search_page import render_page
@@ -322,20 +322,23 @@ def bounds_from(
     return Bounds(_round(start), lowest, max_qps, 2.0, resolution, repeats)
 
 
-def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float) -> None:
+def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float, confirm_s: float) -> None:
     """The probes' criteria: the user's, with drift windows short enough for a probe's hold to be
     judged for drift, at 99% confidence at least, and a hold too short for its E2E p99 (over a third)
-    failed, unless the user chose that share; the confirming soak gets the user's unchanged."""
-    drift = criteria.drift.model_copy(
-        update={
-            "window_s": min(criteria.drift.window_s, probe_s / DRIFT_WINDOWS),
-            "confidence": max(criteria.drift.confidence, DRIFT_CONFIDENCE),
-        }
-    )
+    failed, unless the user chose that share. The confirming soak gets the user's, its windows too
+    made short enough for its hold: a 40 s confirm in 10 s windows had 4, every drift check SKIPped,
+    and a queue growing tenfold passed."""
+
+    def judged_in(hold_s: float, confidence: float) -> DriftCriteria:
+        window = min(criteria.drift.window_s, hold_s / DRIFT_WINDOWS)
+        return criteria.drift.model_copy(update={"window_s": window, "confidence": confidence})
+
     share = criteria.max_e2e_share_of_hold or E2E_SHARE_OF_HOLD
+    probe_drift = judged_in(probe_s, max(criteria.drift.confidence, DRIFT_CONFIDENCE))
+    confirm_drift = judged_in(confirm_s, criteria.drift.confidence)
     for name, chosen in (
-        ("criteria.yaml", criteria.model_copy(update={"drift": drift, "max_e2e_share_of_hold": share})),
-        ("criteria-confirm.yaml", criteria),
+        ("criteria.yaml", criteria.model_copy(update={"drift": probe_drift, "max_e2e_share_of_hold": share})),
+        ("criteria-confirm.yaml", criteria.model_copy(update={"drift": confirm_drift})),
     ):
         (directory / name).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
 

@@ -61,6 +61,10 @@ def _run(bounds: Bounds, passes: object) -> list[Probe]:
     return probes
 
 
+def _probe(qps: float, passed: bool, *, confirm: bool = False) -> Probe:
+    return Probe(run_id=f"{qps:g}-{confirm}", qps=qps, passed=passed, confirm=confirm)
+
+
 ERRORS = ["FAIL error rate: 3.1% of 240 requests failed (limit 1%)"]
 MARGINAL_DRIFT = ["FAIL p99 TTFT drift: +5.99 ms over the 8 s hold from 18.6 ms (+32%), ...; marginal: +0.15 ms ..."]
 CERTAIN_DRIFT = ["FAIL waiting-queue drift: +113 over the 24 s hold from 0.5, ...; limit: CI above 0 and rise > 3.8"]
@@ -140,6 +144,15 @@ def test_every_hold_of_a_search_has_the_windows_its_drift_checks_need(
     assert confirm.drift.window_s == pytest.approx(confirm_window_s)
     assert confirm.drift.confidence == user.drift.confidence and confirm.max_e2e_share_of_hold is None
     assert int(confirm_s / confirm.drift.window_s + 1e-9) >= confirm.drift.min_windows
+
+
+def test_a_confirm_that_fails_reopens_the_search_below_it() -> None:
+    """A 10 s probe at 56 passed, its 40 s confirm saw the queue grow: 56 is a failing rate now and
+    the search bisects between 48 and it; a confirm that passes adds nothing to decide."""
+    probes = [_probe(48, True), _probe(56, True), _probe(56, False, confirm=True)]
+    assert boundary(probes) == (48, 56)
+    assert next_rate(BOUNDS, probes) == (52, "found")
+    assert boundary([_probe(48, True), _probe(56, True), _probe(56, True, confirm=True)]) == (56, None)
 
 
 def test_nothing_passes_or_everything_does() -> None:

@@ -67,7 +67,10 @@ def _verdicts(probes: Sequence[Probe]) -> tuple[dict[float, list[bool]], set[flo
     out: dict[float, list[bool]] = {}
     suspected: set[float] = set()
     for probe in probes:
-        if probe.passed is None or probe.confirm:
+        if probe.passed is None:
+            continue
+        if probe.confirm:  # the longest hold at that rate decides it: a failure reopens the search below
+            out.setdefault(probe.qps, []).append(probe.passed)
             continue
         if probe.too_short:  # the next probe at this rate holds longer
             suspected.add(probe.qps)
@@ -344,14 +347,20 @@ def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float, conf
 
 
 def search(searcher: Searcher, bounds: Bounds) -> SearchOutcome:
+    """Probe until the interval closes; with --confirm, soak at the answer, and when that longer hold
+    fails (a queue a short probe could not show) go on below it: the answer is a confirmed rate."""
     while True:
         qps, outcome = next_rate(bounds, searcher.result.probes)
+        confirm = qps is None
         if qps is None:
-            break
-        if searcher.probe(qps).passed is None:
+            qps, _ = boundary(searcher.result.probes)
+            if not searcher.flags.confirm or qps is None:
+                return outcome
+        passed = searcher.probe(qps, confirm=confirm).passed
+        if passed is None:
             print("llmload search: the probe did not finish (see its .log); stopping")
             return "aborted"
-    lo, _ = boundary(searcher.result.probes)
-    if searcher.flags.confirm and lo is not None:
-        searcher.result.confirmed = bool(searcher.probe(lo, confirm=True).passed)
-    return outcome
+        if confirm:
+            searcher.result.confirmed = passed
+            if passed:
+                return outcome

@@ -293,8 +293,8 @@ class Searcher:
         lo, hi = boundary(result.probes)
         result.passing_qps = lo
         result.failing_qps = hi
-        # the probe that decided it, not a suspicion (a marginal drift, a hold too short) asked again
-        failing = [p for p in result.judged() if p.qps == hi and not p.passed and not p.too_short]
+        # the probe that decided it (a failed confirm too), not a suspicion asked again (a hold too short)
+        failing = [p for p in result.probes if p.qps == hi and p.passed is False and not p.too_short]
         result.failing_reason = _reason(failing[-1]) if failing else None
         (self.directory / RESULT_FILE).write_bytes(
             orjson.dumps(result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)

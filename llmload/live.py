@@ -162,6 +162,7 @@ class LiveStats:
         self._recent_sends: list[float] = []  # send offsets of the last window or so
         self.sends_until = 0.0  # run offset up to which every process's sends have been added
         self.statuses: collections.Counter[str] = collections.Counter()
+        self.notes: list[str] = []  # what happened to the fleet (a lost worker), in the LLM tab
         self.failures: collections.Counter[str] = collections.Counter()
         self.reasoned = False  # a successful request thought before answering: TTFO is worth showing
         self.server: ServerSample | None = None
@@ -218,6 +219,9 @@ class LiveStats:
 
     def _stage_at(self, offset_s: float) -> Stage | None:
         return next((s for s in self.stages if s.start_s <= offset_s < s.end_s), None)
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
 
     def add_sends(self, offsets: Iterable[float], until: float) -> None:
         """Requests sent (seconds from the run's start), counted when they leave, not when they end;

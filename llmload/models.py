@@ -229,6 +229,26 @@ class ServerIdentity(Strict):
         return f"{self.label} {self.version}" if self.version else self.label
 
 
+class FleetWorker(Strict):
+    """One worker of a distributed run as its master saw it (run.json `fleet`, completed at the run's end):
+    what it says it sent, its CPU, and, lost, when and what went with it (llmload.fleet)."""
+
+    index: int
+    host: str = Field(description="the worker's machine: its Locust node id without the random suffix")
+    sent_reported: int = Field(default=0, description="requests the worker counted as sent, in its own messages")
+    cpu_max_percent: float = 0.0
+    adopted: int = Field(default=0, description="arrivals it took over from lost workers")
+    lost_at_s: float | None = Field(default=None, description="run offset of its last message before it was lost")
+    noticed_at_s: float | None = Field(default=None, description="when the master found its heartbeat missing")
+    lost_in_flight: int = Field(default=0, description="its requests in flight when it was lost (status lost)")
+    lost_not_sent: int = Field(default=0, description="its arrivals due after its last message, never sent (lost)")
+    taken_over_at_s: float | None = Field(
+        default=None, description="from this run offset the other workers sent its arrivals (the default policy)"
+    )
+    handed_over: int = Field(default=0, description="its arrivals from then on, handed to the other workers")
+    refused: str | None = Field(default=None, description="why it sent nothing: the target unreachable from it, ...")
+
+
 class RunManifest(Strict):
     """run.json: the plan of a run, written at its start, so reports can be rebuilt from records."""
 
@@ -254,6 +274,7 @@ class RunManifest(Strict):
     )
     goodput_slo: GoodputSLO | None = Field(default=None, description="per-request SLOs goodput counts against")
     server: ServerIdentity | None = Field(default=None, description="the kind of server the run met")
+    fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
 
     @property
     def judged_stages(self) -> list[Stage]:
@@ -269,9 +290,11 @@ class RunManifest(Strict):
 
 # --------------------------------------------------------------------------- run records
 
-RequestStatus = Literal["ok", "failed", "unfinished", "cancelled", "not_sent"]
+RequestStatus = Literal["ok", "failed", "unfinished", "cancelled", "not_sent", "lost"]
 """`unfinished`: still running when the drain after the plan ended: the target did not keep up, judged as a
-failure. `cancelled`: cut by the operator (Ctrl-C, SIGTERM, -t); like `not_sent`, never judged."""
+failure. `cancelled`: cut by the operator (Ctrl-C, SIGTERM, -t); like `not_sent`, never judged. `lost`: a
+distributed run's worker died with it, in flight (sent, its outcome unknown) or due and never sent (llmload.fleet);
+never judged against the target, and the achieved-rate check fails the hold that lost any."""
 ANSWERED_STATUSES: tuple[str, ...] = ("ok", "failed", "unfinished")
 """The statuses the target is judged on: every request it was sent and the run waited for."""
 
@@ -289,6 +312,7 @@ FailureCategory = Literal[
     "http_5xx",
     "unfinished",
     "cancelled",
+    "worker_lost",
 ]
 FAILURE_CATEGORIES: tuple[str, ...] = FailureCategory.__args__  # type: ignore[attr-defined]
 OOM_FAMILY: frozenset[str] = frozenset({"oom", "engine_dead", "server_down"})
@@ -361,7 +385,7 @@ class TokenPercentiles(BaseModel):
 
 
 class RequestCounts(BaseModel):
-    """The judged stages' requests (scheduled = ok + failed + unfinished + cancelled + not_sent); the
+    """The judged stages' requests (scheduled = ok + failed + unfinished + cancelled + not_sent + lost); the
     warm-up's are counted apart, so scheduled + warmup is every record of the run."""
 
     scheduled: int
@@ -371,6 +395,7 @@ class RequestCounts(BaseModel):
     unfinished: int = Field(default=0, description="still running when the drain ended: the target fell behind")
     cancelled: int = 0
     not_sent: int
+    lost: int = Field(default=0, description="lost with a distributed run's worker: in flight, or due and never sent")
     warmup: int = 0
 
 
@@ -434,6 +459,7 @@ class StageSummary(BaseModel):
     unfinished: int = 0
     cancelled: int = 0
     not_sent: int
+    lost: int = Field(default=0, description="its arrivals lost with a worker (RequestCounts.lost)")
     schedule_delay_p99_ms: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
@@ -592,6 +618,19 @@ class OutputLengths(BaseModel):
     output_tokens: TokenPercentiles = Field(description="what the server gave the same requests")
 
 
+class WorkerSummary(FleetWorker):
+    """One worker's share of a distributed run: its records (whole run, warm-up included) beside what
+    the master saw of it. `sent` is counted from the records, `sent_reported` by the worker itself."""
+
+    sent: int
+    ok: int
+    failed: int = Field(description="failed or unfinished")
+
+    @property
+    def lost(self) -> int:
+        return self.lost_in_flight + self.lost_not_sent
+
+
 class Summary(BaseModel):
     run: RunInfo
     requests: RequestCounts
@@ -604,6 +643,7 @@ class Summary(BaseModel):
     failures: FailureSummary
     output_lengths: OutputLengths | None = Field(default=None, description="when the workload fixed output lengths")
     server: ServerSummary | None = None
+    workers: list[WorkerSummary] = Field(default_factory=list, description="a distributed run's workers")
     verdict: Verdict | None = None
 
 

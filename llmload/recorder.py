@@ -14,7 +14,7 @@ from llmload import rundir
 from llmload.conclude import conclude
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
-from llmload.models import RequestRecord, RunManifest, Summary
+from llmload.models import FleetWorker, RequestRecord, RunManifest, Summary
 from llmload.observe.gpu import GpuReader
 from llmload.observe.metrics import VLLM
 from llmload.observe.observer import Observer
@@ -58,8 +58,16 @@ class RunRecorder:
         for row in rows:
             self.live.add(row)
 
-    def finish(self, *, cpu_max_percent: float, steal_percent: float, criteria: SoakCriteria | None) -> Summary:
-        """Stop observing, close the log, complete run.json, and write the report (and the verdict)."""
+    def finish(
+        self,
+        *,
+        cpu_max_percent: float,
+        steal_percent: float,
+        criteria: SoakCriteria | None,
+        fleet: list[FleetWorker] | None = None,
+    ) -> Summary:
+        """Stop observing, close the log, complete run.json (with a distributed run's workers), and
+        write the report (and the verdict)."""
         self.observer.stop()
         self.writer.close()
         self.manifest = self.manifest.model_copy(
@@ -67,6 +75,7 @@ class RunRecorder:
                 "finished_at": time.time(),
                 "load_generator_cpu_max_percent": cpu_max_percent,
                 "cpu_steal_percent": round(steal_percent, 2),
+                "fleet": fleet or [],
             }
         )
         rundir.write_model(self.run_dir / rundir.MANIFEST_FILE, self.manifest)

@@ -104,6 +104,26 @@ def request_record(
     )
 
 
+def lost_record(
+    *,
+    run_id: str,
+    worker: int,
+    stage: str,
+    session_id: str,
+    turn: int,
+    scheduled_at: float,
+    sent_at: float | None,
+    reason: str,
+) -> RequestRecord:
+    """A request a distributed run's worker took with it when it died (llmload.fleet): in flight (sent,
+    its outcome unknown) or due and never sent. Written by the master, times in unix seconds."""
+    delay = None if sent_at is None else max(0.0, (sent_at - scheduled_at) * 1000)
+    return RequestRecord(
+        run_id=run_id, worker=worker, stage=stage, session_id=session_id, turn=turn, scheduled_at=scheduled_at,
+        sent_at=sent_at, schedule_delay_ms=delay, status="lost", error_category="worker_lost", error_message=reason,
+    )  # fmt: skip
+
+
 def reasoning_count(result: StreamResult) -> tuple[int, bool]:
     """(reasoning tokens, counted from the chunks): the server's usage where it tells a count, else
     one per reasoning chunk. A server that says 0 after streaming reasoning is not believed: vLLM

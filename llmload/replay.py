@@ -30,7 +30,7 @@ from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage
 from llmload.records import request_record, with_health
-from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, stage_at, trace_session_starts
+from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
 from llmload.server.request import RequestShape
 from llmload.workload.tokens import Tokenizer
 
@@ -74,9 +74,20 @@ class LiveSession:
 class Arrival:
     """One planned request of this process (rate modes), or one planned session start (trace mode)."""
 
-    seq: int
+    seq: int  # its position in the fleet's ArrivalPlan
     at: float  # perf_counter seconds
     session: LiveSession | None = None  # trace mode: the session that starts here
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A request on the wire: what a distributed run's master records as `lost` if its worker dies."""
+
+    seq: int | None  # the arrival's plan position; None for a trace session's follow-up turn
+    scheduled: float  # perf_counter seconds
+    sent: float
+    session_id: str
+    turn: int
 
 
 def _session_copy(sessions: Sequence[Session], index: int) -> Session:
@@ -101,24 +112,43 @@ class WorkerShare:
 class Dispatcher:
     """This process's planned arrivals, handed out in order to whichever user is free."""
 
-    def __init__(
-        self,
-        stages: Sequence[Stage],
-        offsets: np.ndarray,
-        clock: RunClock,
-        share: WorkerShare,
-    ) -> None:
+    def __init__(self, stages: Sequence[Stage], plan: ArrivalPlan, clock: RunClock, share: WorkerShare) -> None:
         self.clock = clock
         self.run_id = share.run_id
         self.stages = list(stages)
+        self.plan = plan
         self._index = share.index
         self._count = share.count
-        self._times = clock.start_perf + offsets
+        self._positions = plan.owned(share.index, share.count)
+        self._times = clock.start_perf + plan.offsets[self._positions]
         self._next = 0
         self.plan_end = clock.start_perf + self.stages[-1].end_s
         self.deadline = self.plan_end + share.drain_s
         self.busy = 0
         self.sends: list[float] = []  # when requests left (run offsets), until the live figures take them
+        self.sent_total = 0  # requests sent, counted here: a distributed run's master checks its records by it
+        self.in_flight: dict[int, InFlight] = {}
+        self._flight_ids = itertools.count()
+
+    def adopt(self, positions: Sequence[int]) -> None:
+        """Take over arrivals of the plan (a lost worker's, from the master): merged, in time order,
+        among the ones not yet claimed."""
+        pending = np.concatenate([self._positions[self._next :], np.asarray(positions, dtype=np.int64)])
+        pending.sort()  # the plan's positions are in time order
+        self._positions = np.concatenate([self._positions[: self._next], pending])
+        self._times = self.clock.start_perf + self.plan.offsets[self._positions]
+
+    def take_off(self, seq: int | None, scheduled: float, session_id: str, turn: int) -> int:
+        """A request leaves: counted, and held in flight until `land`."""
+        now = time.perf_counter()
+        self.sends.append(self.clock.offset(now))
+        self.sent_total += 1
+        flight = next(self._flight_ids)
+        self.in_flight[flight] = InFlight(seq, scheduled, now, session_id, turn)
+        return flight
+
+    def land(self, flight: int) -> None:
+        self.in_flight.pop(flight, None)
 
     def take_sends(self) -> tuple[list[float], float]:
         """The sends noted since the last call, and the run offset up to which they are complete."""
@@ -130,7 +160,7 @@ class Dispatcher:
         return len(self._times)
 
     def _arrival(self, j: int) -> Arrival:
-        return Arrival(self._index + j * self._count, float(self._times[j]))
+        return Arrival(int(self._positions[j]), float(self._times[j]))
 
     def claim(self) -> Arrival | None:
         """The next arrival, or None when the plan has no more (never yields to other greenlets)."""
@@ -178,8 +208,7 @@ class RequestDispatcher(Dispatcher):
         share: WorkerShare,
         first_session: int = 0,
     ) -> None:
-        offsets = np.fromiter(schedule.share(share.index, share.count), dtype=float)
-        super().__init__(schedule.stages, offsets, clock, share)
+        super().__init__(schedule.stages, ArrivalPlan.of(schedule, sessions), clock, share)
         self._sessions = sessions
         self._first = first_session
         self._opened = 0
@@ -221,18 +250,14 @@ class TraceDispatcher(Dispatcher):
     ) -> None:
         self.trace = trace
         self._sessions = sessions
-        self._plan = [
-            (start, index)
-            for start, index in trace_session_starts(trace, sessions)
-            if index % share.count == share.index
-        ]  # (trace time, global session index) of this worker's sessions, in order
-        offsets = np.array([trace.run_time(t) for t, _ in self._plan], dtype=float)
-        super().__init__(trace.stages, offsets, clock, share)
+        super().__init__(trace.stages, ArrivalPlan.of(trace, sessions), clock, share)
 
     def _arrival(self, j: int) -> Arrival:
-        start, index = self._plan[j]
+        position = int(self._positions[j])
+        assert self.plan.trace_starts is not None
+        index, start = int(self.plan.keys[position]), float(self.plan.trace_starts[position])
         live = LiveSession(_session_copy(self._sessions, index), trace_start=start)
-        return Arrival(index, float(self._times[j]), live)
+        return Arrival(position, float(self._times[j]), live)
 
     def due(self, live: LiveSession, reply_at: float) -> float:
         """When a follow-up turn is due: at its recorded time when the source has one, else its
@@ -275,23 +300,25 @@ class TurnSender:
         if isinstance(self.dispatcher, RequestDispatcher):
             self._play_request(self.dispatcher, arrival)
         else:
-            assert isinstance(self.dispatcher, TraceDispatcher) and arrival.session is not None
-            self._play_trace_session(self.dispatcher, arrival.session, arrival.at)
+            assert isinstance(self.dispatcher, TraceDispatcher)
+            self._play_trace_session(self.dispatcher, arrival)
 
     def _play_request(self, dispatcher: RequestDispatcher, arrival: Arrival) -> None:
         self._wait_until("", 0, arrival.at)
         live = dispatcher.session_for(time.perf_counter())
         dispatcher.busy += 1
         try:
-            result = self._send(live, arrival.at)
+            result = self._send(live, arrival.at, arrival.seq)
             dispatcher.release(live, result.ok)
         finally:
             dispatcher.busy -= 1
         if result.stopped:
             raise gevent.GreenletExit
 
-    def _play_trace_session(self, dispatcher: TraceDispatcher, live: LiveSession, start: float) -> None:
+    def _play_trace_session(self, dispatcher: TraceDispatcher, arrival: Arrival) -> None:
         """Turn by turn at the recorded times; a failed turn ends the session (its history is broken)."""
+        live, start = arrival.session, arrival.at
+        assert live is not None
         self._wait_until(live.session.id, 0, start)
         scheduled = start
         dispatcher.busy += 1
@@ -302,7 +329,7 @@ class TurnSender:
                     if scheduled > dispatcher.plan_end:
                         return  # the plan ends before this turn would be sent: never scheduled
                     self._wait_until(live.session.id, live.next_turn, scheduled)
-                result = self._send(live, scheduled)
+                result = self._send(live, scheduled, arrival.seq if live.next_turn == 0 else None)
                 if result.stopped:
                     raise gevent.GreenletExit
                 if not result.ok:
@@ -319,14 +346,14 @@ class TurnSender:
                 self.sink(self.dispatcher.record(session_id, turn, scheduled, None))
             raise
 
-    def _send(self, live: LiveSession, scheduled: float) -> StreamResult:
+    def _send(self, live: LiveSession, scheduled: float, seq: int | None) -> StreamResult:
         """One turn: history + the turn's messages, streamed and recorded; the reply joins the history.
         Refused for a field llmload added, it is sent once more without it (timed from its schedule:
-        the first try shows as schedule delay)."""
+        the first try shows as schedule delay). In flight from its send until its record is handed on."""
         index = live.next_turn
         turn = live.session.turns[index]
         messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
-        self.dispatcher.sends.append(self.dispatcher.clock.offset(time.perf_counter()))
+        flight = self.dispatcher.take_off(seq, scheduled, live.session.id, index)
         while True:
             forced = turn.output_tokens is not None and self.shape.forces_length
             body = self.shape.body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
@@ -345,6 +372,7 @@ class TurnSender:
         if record.error_category in HEALTH_PROBED and not result.stopped:
             record = with_health(record, self.client.probe_health())
         self.sink(record)
+        self.dispatcher.land(flight)
         live.next_turn += 1
         if result.ok:
             live.history.append([*turn.messages, Message(role="assistant", content=result.text)])

@@ -212,6 +212,34 @@ def trace_session_starts(trace: TraceClock, sessions: Sequence[Session]) -> list
     return sorted(plan)
 
 
+@dataclass(frozen=True)
+class ArrivalPlan:
+    """Every planned arrival of the run, the whole fleet's, in order: its run offset, and its key, the
+    place in the global request sequence (rate modes) or the global index of the session it starts
+    (trace mode). Worker k of N owns the keys that are k mod N; a lost worker's positions go to the
+    others (llmload.fleet), named by their position in this plan."""
+
+    offsets: np.ndarray  # run seconds, sorted
+    keys: np.ndarray  # int64, one per arrival
+    trace_starts: np.ndarray | None = None  # trace mode: each session's start on the trace's clock
+
+    @classmethod
+    def of(cls, arrivals: ArrivalSchedule | TraceClock, sessions: Sequence[Session]) -> ArrivalPlan:
+        if isinstance(arrivals, ArrivalSchedule):
+            offsets = np.fromiter(arrivals.times(), dtype=float)
+            return cls(offsets, np.arange(len(offsets), dtype=np.int64))
+        starts = trace_session_starts(arrivals, sessions)
+        trace_s = np.array([t for t, _ in starts], dtype=float)
+        run_s = np.array([arrivals.run_time(t) for t in trace_s], dtype=float)
+        return cls(run_s, np.array([i for _, i in starts], dtype=np.int64), trace_s)
+
+    def owned(self, index: int, count: int) -> np.ndarray:
+        """The positions worker `index` of `count` sends: every count-th key."""
+        if not 0 <= index < count:
+            raise ValueError(f"worker index {index} outside 0..{count - 1}")
+        return np.flatnonzero(self.keys % count == index)
+
+
 def trace_request_times(trace: TraceClock, sessions: Sequence[Session]) -> list[float]:
     """Run offsets of every request the trace holds inside the plan (a turn's recorded time, else
     its session's offset plus think times): the load each stage of a trace replay is asked for."""

@@ -370,10 +370,16 @@ def _rate_checks(stage: StageSummary, criteria: SoakCriteria, hold: Hold) -> lis
         Check(
             name="achieved rate",
             kind="rate",
-            status="fail" if sent_in_hold < needed else "pass",
+            status="fail" if sent_in_hold < needed or stage.lost else "pass",
             detail=f"{stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target in the hold ({ratio:.1%}; "
             f"offered {stage.offered_qps:.2f}; {sent_in_hold} requests sent); limit ≥ "
-            f"{criteria.min_achieved_ratio:.0%} of the target ({needed} requests)",
+            f"{criteria.min_achieved_ratio:.0%} of the target ({needed} requests)"
+            + (
+                f"; {stage.lost} of the hold's requests were lost with a worker (never sent, or in flight when it"
+                " died): the target was not offered the whole load"
+                if stage.lost
+                else ""
+            ),
         ),
     ]
 

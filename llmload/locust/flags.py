@@ -9,6 +9,7 @@ from typing import Any
 from locust import events
 
 from llmload.client import Limits
+from llmload.fleet import ON_WORKER_LOSS
 from llmload.gates.verdict import add_criteria_arguments
 from llmload.plan import PlanFlags
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
@@ -85,6 +86,11 @@ def add_arguments(parser: Any) -> None:
     group.add_argument(
         "--prometheus-port", type=int, default=None, help="serve live llmload metrics for Prometheus on this port"
     )
+    group.add_argument(
+        "--on-worker-loss", choices=ON_WORKER_LOSS, default="resplit",
+        help="a distributed run's worker lost mid-run: the others take over its arrivals (resplit), or the run"
+        " ends with exit code 2 (stop); either way what it had in flight is recorded as lost",
+    )  # fmt: skip
 
 
 def plan_flags(options: argparse.Namespace) -> PlanFlags:

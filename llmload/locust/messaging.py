@@ -1,5 +1,7 @@
 """Distributed runs: each worker ships its records and its state to the master once a second
-(Locust's custom messages); the master sums the fleet's state for the shape."""
+(Locust's custom messages), with what it has in flight; the master sums the fleet's state for the
+shape, hands a lost worker's arrivals to the others, and hears from a worker that cannot reach the
+target."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from llmload.models import RequestRecord
 from llmload.replay import Dispatcher
 
 RECORDS_MESSAGE = "llmload_records"
+HANDOVER_MESSAGE = "llmload_handover"  # master -> worker: {"positions": plan positions it now sends too}
+UNREACHABLE_MESSAGE = "llmload_unreachable"  # worker -> master: {"target": url, "error": why}
 
 
 @dataclass
@@ -40,10 +44,24 @@ def fleet(states: list[WorkerState]) -> WorkerState:
 
 
 def worker_message(
-    records: list[RequestRecord], state: WorkerState, cpu_max: float, sends: tuple[list[float], float]
+    records: list[RequestRecord],
+    state: WorkerState,
+    cpu_max: float,
+    dispatcher: Dispatcher,
+    address: str,
 ) -> dict[str, Any]:
-    """What a worker sends each second: its records, its state, when its requests left."""
+    """What a worker sends each second: its records, its state, when its requests left, how many it
+    sent and which are in flight (what the master records as lost if this worker dies)."""
+    sends = dispatcher.take_sends()
+    clock = dispatcher.clock
+    in_flight = [
+        [-1 if f.seq is None else f.seq, clock.offset(f.scheduled), clock.offset(f.sent), f.session_id, f.turn]
+        for f in dispatcher.in_flight.values()
+    ]
     return {
+        "address": address,
+        "sent_total": dispatcher.sent_total,
+        "in_flight": in_flight,
         "records": [r.model_dump() for r in records],
         "sends": sends[0],
         "sends_until": sends[1],

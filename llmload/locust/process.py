@@ -1,8 +1,10 @@
 """This process's part of a run, wired to Locust's events.
 
 In a local run one process does everything. In a distributed run the master writes the run
-directory (llmload.recorder) and decides the user count; each worker replays its share of the
-arrivals (llmload.replay) and streams its records to the master (messaging).
+directory (llmload.recorder), decides the user count and keeps the fleet's ledger (llmload.fleet:
+a lost worker's requests recorded, its arrivals handed to the others); each worker checks it can
+reach the target, replays its share of the arrivals (llmload.replay) and streams its records to
+the master (messaging).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import argparse
 import atexit
 import logging
 import signal
+import socket
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +25,11 @@ import gevent
 import openai
 from locust import events
 from locust.env import Environment
-from locust.runners import LocalRunner, MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
 
 from llmload import rundir
 from llmload.errors import InputError
+from llmload.fleet import Fleet
 from llmload.gates.verdict import SoakCriteria, criteria_from_args
 from llmload.live import LiveStats
 from llmload.locust import messaging, views
@@ -35,7 +40,7 @@ from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
-from llmload.schedule import ArrivalSchedule, RunClock
+from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock
 from llmload.server.detect import identify
 from llmload.server.kinds import kind
 from llmload.server.request import RequestShape, parse_extra_body, server_line
@@ -48,6 +53,8 @@ FLUSH_INTERVAL_S = 1.0
 LIVE_TICK_S = 2.0  # live gauges and the LLM tab
 CONSOLE_EVERY_S = 10.0  # a headless run's live line
 START_LEAD_S = 1.0  # time for users to spawn, and for the master's spawn messages to reach every worker
+TARGET_PROBE_TIMEOUT_S = 3.0  # a worker's TCP connect to the target before its first arrival
+WORKERS_WAIT_S = 300.0  # a headless master's wait for --expect-workers, unless --expect-workers-max-wait says
 # the HTTP client under the openai SDK (httpx; httpx2 in newer releases), which logs each request at INFO
 OPENAI_HTTP_LOGGERS = ("httpx", "httpx2")
 
@@ -71,6 +78,8 @@ class ProcessRun:
     steal: StealMeter = field(default_factory=StealMeter)
     greenlets: list[gevent.Greenlet] = field(default_factory=list)
     finished: bool = False
+    fleet_ledger: Fleet | None = None  # the master's: who owns which arrivals, who was lost
+    address: str = ""  # a worker's address as its master sees it
 
     @property
     def plan_end(self) -> float:
@@ -104,6 +113,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
     for name in OPENAI_HTTP_LOGGERS:  # listing the models is llmload's business, not a line on its console
         logging.getLogger(name).setLevel(logging.WARNING)
     options = environment.parsed_options
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.register_message(messaging.HANDOVER_MESSAGE, _on_handover)
     if options is None or isinstance(environment.runner, WorkerRunner):
         return
     try:
@@ -118,6 +129,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
         environment.host = _start_embedded_target()
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(messaging.RECORDS_MESSAGE, _on_worker_records)
+        environment.runner.register_message(messaging.UNREACHABLE_MESSAGE, _on_unreachable_target)
+        if options.headless and not options.expect_workers_max_wait:  # a worker that never comes must not hang it
+            options.expect_workers_max_wait = WORKERS_WAIT_S
     if options.prometheus_port is not None:
         try:
             views.serve_prometheus(options.prometheus_port, _current_live)
@@ -219,6 +233,12 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
         options.llmload_worker_indexes = indexes
         run.workers = {client_id: WorkerState() for client_id in indexes}
+        run.fleet_ledger = Fleet(ArrivalPlan.of(plan.arrivals, plan.workload.sessions), plan.stages, run_id,
+                                 start_wall, list(indexes))  # fmt: skip
+        run.greenlets.append(gevent.spawn(_watch_workers, environment, run))
+    if isinstance(runner, WorkerRunner) and not _worker_may_run(runner, options, run):
+        STATE.run = run  # idle: its users wait, it sends nothing
+        return
     if not isinstance(runner, MasterRunner):
         index = options.llmload_worker_indexes[runner.client_id] if isinstance(runner, WorkerRunner) else 0
         count = len(options.llmload_worker_indexes) if isinstance(runner, WorkerRunner) else 1
@@ -253,6 +273,48 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         if server is not None:
             log.info("llmload: %s", server_line(server, shape))
     STATE.run = run
+
+
+def _worker_may_run(runner: WorkerRunner, options: argparse.Namespace, run: ProcessRun) -> bool:
+    """A worker runs its share if it has one (it was there when the run started) and reaches the
+    target: one that cannot must not turn its share into connection errors charged to the server,
+    so it tells the master, which ends the run."""
+    if runner.client_id not in options.llmload_worker_indexes:
+        log.warning("llmload: this worker joined after run %s started: it has no share of its arrivals", run.run_id)
+        return False
+    run.address = _address_towards(options.master_host, options.master_port)
+    host = options.host or ""
+    error = _unreachable(host)
+    if error is None:
+        return True
+    log.error("llmload: this worker (%s) cannot reach the target %s: %s", run.address, host, error)
+    runner.send_message(messaging.UNREACHABLE_MESSAGE, {"target": host, "error": error, "address": run.address})
+    return False
+
+
+def _address_towards(host: str, port: int) -> str:
+    """This machine's address on the route to `host` (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
+
+
+def _unreachable(url: str) -> str | None:
+    """Why a TCP connection to the target's host and port fails, or None when it opens."""
+    parsed = urllib.parse.urlsplit(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=TARGET_PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        return (
+            f"{exc.strerror or exc}"
+            if not isinstance(exc, TimeoutError)
+            else f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
+        )
+    return None
 
 
 def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> None:
@@ -304,17 +366,69 @@ def _send_records(runner: WorkerRunner, run: ProcessRun) -> None:
     assert run.dispatcher is not None
     batch, run.outbox = run.outbox, []
     state = messaging.local_state(run.dispatcher, runner.user_count)
-    message = messaging.worker_message(batch, state, run.cpu_max, run.dispatcher.take_sends())
+    message = messaging.worker_message(batch, state, run.cpu_max, run.dispatcher, run.address)
     runner.send_message(messaging.RECORDS_MESSAGE, message)
+
+
+def _on_handover(environment: Environment, msg: Any, **_: Any) -> None:
+    """The master hands this worker part of a lost worker's arrivals."""
+    run = STATE.run
+    if run is not None and run.dispatcher is not None and not run.finished:
+        run.dispatcher.adopt(msg.data["positions"])
+        log.info("llmload: took over %d arrivals of a lost worker", len(msg.data["positions"]))
 
 
 def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
     run = STATE.run
-    if run is None or run.recorder is None or run.finished:
+    if run is None or run.recorder is None or run.finished or run.fleet_ledger is None:
+        return
+    ledger = run.fleet_ledger.heard(msg.node_id, msg.data, time.time() - run.clock.start_wall)
+    if ledger is None:  # declared lost and back, or never a member: its share is already accounted for
         return
     records, sends = messaging.receive(run.workers, msg.node_id, msg.data)
+    run.fleet_ledger.note_records(ledger, records)
     run.recorder.add(records)
     run.recorder.live.add_sends(sends, until=min(worker.sends_until for worker in run.workers.values()))
+
+
+def _on_unreachable_target(environment: Environment, msg: Any, **_: Any) -> None:
+    """A worker cannot reach the target: the run ends with exit code 2, none of its share charged to the server."""
+    run, runner = STATE.run, environment.runner
+    if run is None or run.fleet_ledger is None or runner is None or run.finished:
+        return
+    ledger = run.fleet_ledger.refuse(msg.node_id, f"cannot reach the target {msg.data['target']}: {msg.data['error']}")
+    name = ledger.name if ledger is not None else msg.node_id
+    log.error(
+        "llmload: %s (%s) cannot reach the target %s: %s; ending the run (exit code 2): none of its share is"
+        " charged to the server", name, msg.data["address"], msg.data["target"], msg.data["error"],
+    )  # fmt: skip
+    environment.process_exit_code = 2
+    gevent.spawn(runner.stop)
+
+
+def _watch_workers(environment: Environment, run: ProcessRun) -> None:
+    """The master, each second: a worker Locust found missing (no heartbeat) is lost. Its records are
+    written here (llmload.fleet); by default the others take over its arrivals, with --on-worker-loss
+    stop the run ends with exit code 2."""
+    runner, options = environment.runner, environment.parsed_options
+    assert isinstance(runner, MasterRunner) and options is not None and run.fleet_ledger is not None
+    while True:
+        gevent.sleep(FLUSH_INTERVAL_S)
+        for ledger in [w for w in run.fleet_ledger.workers.values() if w.active]:
+            client = runner.clients.get(ledger.node_id)
+            if client is not None and client.state != STATE_MISSING:
+                continue
+            loss = run.fleet_ledger.lose(ledger.node_id, time.time() - run.clock.start_wall, options.on_worker_loss)
+            run.workers.pop(ledger.node_id, None)
+            assert run.recorder is not None
+            run.recorder.add(loss.records)
+            run.recorder.live.note(loss.line)
+            log.warning("llmload: %s", loss.line)
+            for node_id, positions in loss.handed_over.items():
+                runner.send_message(messaging.HANDOVER_MESSAGE, {"positions": positions}, client_id=node_id)
+            if options.on_worker_loss == "stop":
+                environment.process_exit_code = 2
+                gevent.spawn(runner.stop)
 
 
 def _live_loop(environment: Environment, run: ProcessRun) -> None:
@@ -356,21 +470,26 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     run.finished = True
     gevent.killall(run.greenlets)
     if isinstance(runner, WorkerRunner):
-        _send_records(runner, run)
+        if run.dispatcher is not None:
+            _send_records(runner, run)
         return
     assert run.recorder is not None
     cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])
-    summary = run.recorder.finish(cpu_max_percent=cpu, steal_percent=run.steal.percent, criteria=STATE.criteria)
+    fleet = run.fleet_ledger.report() if run.fleet_ledger is not None else []
+    summary = run.recorder.finish(
+        cpu_max_percent=cpu, steal_percent=run.steal.percent, criteria=STATE.criteria, fleet=fleet
+    )
     if STATE.criteria is not None and summary.verdict is not None:
-        environment.process_exit_code = 0 if summary.verdict.passed else 1
+        if environment.process_exit_code != 2:  # 2: a worker lost (--on-worker-loss stop), or the target unreachable
+            environment.process_exit_code = 0 if summary.verdict.passed else 1
         log.info("llmload: verdict %s", "PASS" if summary.verdict.passed else "FAIL")
         for reason in summary.verdict.reasons:
             log.info("llmload:   %s", reason)
     r = summary.requests
     log.info(
-        "llmload: %d scheduled = %d ok + %d failed + %d unfinished + %d cancelled + %d not sent (+ %d in the warm-up);"
-        " report: %s",
-        r.scheduled, r.ok, r.failed, r.unfinished, r.cancelled, r.not_sent, r.warmup,
+        "llmload: %d scheduled = %d ok + %d failed + %d unfinished + %d cancelled + %d not sent + %d lost"
+        " (+ %d in the warm-up); report: %s",
+        r.scheduled, r.ok, r.failed, r.unfinished, r.cancelled, r.not_sent, r.lost, r.warmup,
         run.recorder.run_dir / rundir.REPORT_FILE,
     )  # fmt: skip
     for warning in summary.run.warnings:

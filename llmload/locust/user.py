@@ -17,7 +17,10 @@ class ChatUser(User):
 
     def on_start(self) -> None:
         run = STATE.run
-        assert run is not None and run.dispatcher is not None, "test_start did not set up the run"
+        assert run is not None, "test_start did not set up the run"
+        self._dispatcher = run.dispatcher
+        if run.dispatcher is None:  # a worker with no share (joined late, or the target out of its reach)
+            return
         plan = run.plan
         host = self.host or self.environment.host
         self._client = ChatClient(host, api_key=run.api_key, limits=plan.flags.limits)
@@ -30,15 +33,15 @@ class ChatUser(User):
             tokenizer=get_tokenizer(plan.workload.spec.tokenizer),
             history_turns=plan.history_turns,
         )
-        self._dispatcher = run.dispatcher
 
     @task
     def replay_next_session(self) -> None:
-        arrival = self._dispatcher.claim()
+        arrival = self._dispatcher.claim() if self._dispatcher is not None else None
         if arrival is None:
             gevent.sleep(FLUSH_INTERVAL_S)  # plan over: idle until the shape ends the run
             return
         self._sender.play(arrival)
 
     def on_stop(self) -> None:
-        self._client.close()
+        if self._dispatcher is not None:
+            self._client.close()

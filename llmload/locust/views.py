@@ -101,6 +101,7 @@ def tab_rows(live: LiveStats) -> list[dict[str, str]]:
     counts = ", ".join(f"{k} {v:,}" for k, v in sorted(live.statuses.items()))
     rows.append({"name": "requests", "value": counts or "none yet"})
     rows += [{"name": f"failed: {k}", "value": f"{v:,}"} for k, v in live.failures.most_common()]
+    rows += [{"name": "workers", "value": note} for note in live.notes]
     if live.identity is not None:
         rows.append({"name": "server", "value": f"{live.identity.name} (told by {live.identity.evidence})"})
     if live.server is not None:

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
+from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe.gpu import GPU_SOURCES
@@ -59,6 +60,7 @@ CATEGORY_COLORS = dict(
             "#393b79",
             "#637939",
             "#843c39",
+            "#5254a3",
         ),
         strict=True,
     )
@@ -426,6 +428,15 @@ process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 <p class="note">Unfinished: still running when the drain after the plan ended; the target did not keep up, and
 they count as failures. Cancelled: cut by the operator (Ctrl-C, SIGTERM), never judged. Every figure but the
 stage table leaves out the warm-up.</p>
+{% if s.requests.lost %}<div class="warn">{{ s.requests.lost }} requests were lost with a worker (in flight when
+it died, or due on it and never sent): never judged against the target; the hold's achieved-rate check fails.</div>
+{% endif %}{% if s.workers %}<h2>Workers</h2>
+<table><tr><th class="l">worker</th><th>sent</th><th>ok</th><th>failed</th><th>lost</th><th>sent, its own count</th>
+<th>took over</th><th>CPU max</th></tr>
+{% for w in s.workers %}<tr><td class="l">{{ w.index }} ({{ w.host }})</td><td>{{ w.sent }}</td><td>{{ w.ok }}</td>
+<td>{{ w.failed }}</td><td>{{ w.lost }}</td><td>{{ w.sent_reported }}</td><td>{{ w.adopted }}</td>
+<td>{{ w.cpu_max_percent | fmt(0) }}%</td></tr>{% endfor %}</table>
+{% for line in worker_lines %}<div class="warn">{{ line }}</div>{% endfor %}{% endif %}
 <h2>Latency (ms, successful requests, from send)</h2>
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
@@ -518,6 +529,8 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
         charts=charts,
         failures=_failure_rows(run),
         server_facts=server_facts(run.summary),
+        worker_lines=[lost_line(w) for w in run.summary.workers if w.lost_at_s is not None]
+        + [f"{worker_name(w)} sent nothing: {w.refused}" for w in run.summary.workers if w.refused],
         itl_method=ITL_METHOD,
         style=STYLE,
     )

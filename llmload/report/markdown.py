@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import ReusablePrefix, ServerSummary, Summary
 from llmload.server.kinds import kind
@@ -107,6 +108,29 @@ def _gpu_lines(server: ServerSummary | None) -> list[str]:
     return [*lines, "", "Over the whole run, warm-up included, sampled with the server's metrics."]
 
 
+def _workers_markdown(summary: Summary) -> list[str]:
+    """A distributed run's workers, a line each, and what each lost worker took with it."""
+    if not summary.workers:
+        return []
+    lines = [
+        "",
+        "## Workers",
+        "",
+        "| worker | sent | ok | failed | lost | sent, its own count | took over | CPU max |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for w in summary.workers:
+        lines.append(
+            f"| {worker_name(w)} | {w.sent} | {w.ok} | {w.failed} | {w.lost} | {w.sent_reported} | {w.adopted} "
+            f"| {w.cpu_max_percent:.0f}% |"
+        )
+    lines += ["", "Sent, ok and failed are counted from the records (warm-up included); the worker's own count of"
+              " what it sent comes in its messages."]  # fmt: skip
+    lines += [f"- {lost_line(w)}." for w in summary.workers if w.lost_at_s is not None]
+    lines += [f"- {worker_name(w)} sent nothing: {w.refused}." for w in summary.workers if w.refused]
+    return lines
+
+
 def _goodput_markdown(summary: Summary) -> list[str]:
     """The goodput section: the SLO rule, the run's figure and each stage's (none without an SLO)."""
     slo, overall = summary.run.goodput_slo, summary.throughput.goodput
@@ -177,6 +201,15 @@ def render_markdown(summary: Summary) -> str:
         "Unfinished requests were still running when the drain after the plan ended: the target did not keep up,"
         " and they count as failures. Cancelled requests were cut by the operator (Ctrl-C, SIGTERM): never judged."
         " Warm-up requests are counted apart and left out of every figure but the stage table.",
+        *(
+            [
+                "",
+                f"**{req.lost} requests were lost with a worker** (in flight when it died, or due on it and never"
+                " sent): never judged against the target, and the hold's achieved-rate check fails (see Workers).",
+            ]
+            if req.lost
+            else []
+        ),
         "",
         "## Latency (ms, successful requests, from send)",
         "",
@@ -222,6 +255,7 @@ def render_markdown(summary: Summary) -> str:
         )
     if any(s.warmup for s in summary.stages):
         lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
+    lines += _workers_markdown(summary)
     lines += _goodput_markdown(summary)
     lines += [
         "",

@@ -34,6 +34,7 @@ from llmload.models import (
     Throughput,
     TokenSummary,
     TurnSummary,
+    WorkerSummary,
 )
 from llmload.observe.observer import LAG_WARNING_MS
 from llmload.observe.summary import ServerSamples, series_max, server_summary, window_increase
@@ -91,10 +92,10 @@ def _stage_summaries(
     Rows are selected with the few columns used: a run can hold 10M records."""
     out = []
     sent_at = df.sent_at.to_numpy(dtype=float)
-    is_sent = (df.status != "not_sent").to_numpy(dtype=bool)
+    is_sent = df.sent_at.notna().to_numpy(dtype=bool)  # not not_sent, nor lost before it was sent
     for stage, stage_itl_p50 in zip(manifest.stages, itl_p50, strict=True):
         mine = (df.stage == stage.name).to_numpy(dtype=bool)
-        columns = ["status", "turn", "schedule_delay_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "prompt_tokens",
+        columns = ["status", "turn", "sent_at", "schedule_delay_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "prompt_tokens",
                    "output_tokens"]  # fmt: skip
         rows = df.loc[mine, columns]
         window_start = manifest.started_at + stage.start_s
@@ -117,6 +118,7 @@ def _stage_summaries(
                 unfinished=int((rows.status == "unfinished").sum()),
                 cancelled=int((rows.status == "cancelled").sum()),
                 not_sent=int((rows.status == "not_sent").sum()),
+                lost=int((rows.status == "lost").sum()),
                 schedule_delay_p99_ms=delay_p99,
                 ttft_p50_ms=quantile(ok.ttft_ms, 50),
                 ttft_p99_ms=quantile(ok.ttft_ms, 99),
@@ -130,7 +132,7 @@ def _stage_summaries(
                 output_tokens_per_s=float(ok.output_tokens.fillna(0).sum()) / stage.duration_s,
                 prompt_tokens_p50=quantile(ok.prompt_tokens, 50),
                 prompt_tokens_p99=quantile(ok.prompt_tokens, 99),
-                turn_mix=_turn_mix(rows.turn[rows.status != "not_sent"]),
+                turn_mix=_turn_mix(rows.turn[rows.sent_at.notna()]),
                 warmup=stage.warmup,
                 goodput=goodput(df.loc[in_window, ["status", "output_tokens"]], good, stage.duration_s),
                 shortfall=bool(sent_in_window < needed or (delay_p99 or 0) > SHORTFALL_DELAY_MS),
@@ -167,7 +169,7 @@ def _unfinished_warning(unfinished: int, sent: int, drain_s: float, e2e_p99_ms: 
 def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     out = []
     columns = ["turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms"]
-    sent = df.loc[(df.status != "not_sent").to_numpy(dtype=bool), columns]
+    sent = df.loc[df.sent_at.notna().to_numpy(dtype=bool), columns]
     for turn, rows in sent.groupby("turn"):
         ok = rows[rows.status == "ok"]
         told = ok[ok.cached_tokens.notna()]
@@ -204,6 +206,7 @@ def summarize(
     itl_p50 = stage_itl_p50 if stage_itl_p50 is not None else [None] * len(manifest.stages)
     reasoned = had_reasoning(df)
     stages = _stage_summaries(df, manifest, good, itl_p50, server.frame, reasoned=reasoned)
+    workers = _worker_summaries(df, manifest)
     in_warmup = ~df.stage.isin({s.name for s in manifest.judged_stages})
     if in_warmup.any():
         df = df[~in_warmup]
@@ -214,7 +217,7 @@ def summarize(
          "usage_from_server", "reasoning_tokens", "reasoning_tokens_counted", "requested_output_tokens",
          "output_tokens_forced"],
     ]  # fmt: skip
-    sent = df.schedule_delay_ms[(df.status != "not_sent").to_numpy(dtype=bool)]
+    sent = df.schedule_delay_ms[df.sent_at.notna().to_numpy(dtype=bool)]
     # what the target is judged to have failed: errors, and requests it had not finished when the drain ended
     failed = df.loc[df.status.isin(["failed", "unfinished"]).to_numpy(dtype=bool), ["error_category", "error_message"]]
     unfinished = int((failed.error_category == "unfinished").sum())
@@ -284,6 +287,7 @@ def summarize(
             unfinished=unfinished,
             cancelled=int((df.status == "cancelled").sum()),
             not_sent=int((df.status == "not_sent").sum()),
+            lost=int((df.status == "lost").sum()),
             warmup=int(in_warmup.sum()),
         ),
         latency_ms=LatencySummary(
@@ -313,7 +317,25 @@ def summarize(
         ),
         output_lengths=lengths,
         server=server_summary(server, manifest.judged_started_at, workload_prefix),
+        workers=workers,
     )
+
+
+def _worker_summaries(df: pd.DataFrame, manifest: RunManifest) -> list[WorkerSummary]:
+    """Each worker of a distributed run: its records counted (the whole run) beside what the master saw."""
+    if not manifest.fleet:
+        return []
+    frame = pd.DataFrame({
+        "worker": df.worker.to_numpy(),
+        "sent": df.sent_at.notna().to_numpy(dtype=bool),  # its lost requests in flight too: the worker sent them
+        "ok": (df.status == "ok").to_numpy(dtype=bool),
+        "failed": df.status.isin(["failed", "unfinished"]).to_numpy(dtype=bool),
+    })  # fmt: skip
+    counts = frame.groupby("worker").sum().reindex([w.index for w in manifest.fleet], fill_value=0)
+    return [
+        WorkerSummary.model_validate(worker.model_dump() | {k: int(counts[k][worker.index]) for k in counts.columns})
+        for worker in manifest.fleet
+    ]
 
 
 def had_reasoning(df: pd.DataFrame) -> bool:

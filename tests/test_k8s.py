@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,6 @@ def _rendered(workers: int | None, components: tuple[str, ...] | None) -> tuple[
 
 @contextlib.contextmanager
 def _scratch() -> Iterator[Path]:
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="llmload-k8s-") as tmp:
         yield Path(tmp)
 
@@ -293,6 +292,19 @@ def test_the_count_is_set_in_one_place() -> None:
     for path in (DEPLOY / "k8s" / "components").rglob("*.yaml"):
         text = path.read_text(encoding="utf-8")
         assert "llmload-worker" not in text and "expect-workers" not in text, path
+
+
+def test_an_overlay_count_without_the_replacement_is_not_followed() -> None:
+    """Why the count lives in deploy/k8s/kustomization.yaml (docs/kubernetes.md): an overlay's own
+    `replicas:` runs after the base's replacement, so the master keeps the base's count."""
+    with _scratch() as tmp:
+        shutil.copytree(DEPLOY, tmp / "deploy")
+        (tmp / "overlay").mkdir()
+        overlay = {"resources": ["../deploy/k8s"], "replicas": [{"name": "llmload-worker", "count": 10}]}
+        (tmp / "overlay" / "kustomization.yaml").write_text(yaml.safe_dump(overlay), encoding="utf-8")
+        docs = kustomize(tmp / "overlay")
+    assert find(docs, "Deployment", "llmload-worker")["spec"]["replicas"] == 10
+    assert parse_locust(argv(docs, "llmload-master")).expect_workers == 2
 
 
 # -- volumes, ConfigMaps, metrics, image -------------------------------------------------------------

@@ -25,7 +25,7 @@ import gevent
 import openai
 from locust import events
 from locust.env import Environment
-from locust.runners import STATE_MISSING, LocalRunner, MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING, LocalRunner, MasterRunner, WorkerRunner
 
 from llmload import rundir
 from llmload.errors import InputError
@@ -130,8 +130,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(messaging.RECORDS_MESSAGE, _on_worker_records)
         environment.runner.register_message(messaging.UNREACHABLE_MESSAGE, _on_unreachable_target)
-        if options.headless and not options.expect_workers_max_wait:  # a worker that never comes must not hang it
-            options.expect_workers_max_wait = WORKERS_WAIT_S
+        if options.headless:  # a worker that cannot reach the master must not hang it
+            gevent.spawn(_wait_for_workers, environment, options.expect_workers_max_wait or WORKERS_WAIT_S)
+            options.expect_workers_max_wait = 0  # llmload's wait, with its own line and exit code
     if options.prometheus_port is not None:
         try:
             views.serve_prometheus(options.prometheus_port, _current_live)
@@ -142,6 +143,25 @@ def _on_init(environment: Environment, **_: Any) -> None:
     # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
     # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+
+def _wait_for_workers(environment: Environment, wait_s: float) -> None:
+    """A headless master whose --expect-workers did not all connect in time ends with exit code 2 and
+    says why, instead of waiting for ever (Locust's default)."""
+    runner, options = environment.runner, environment.parsed_options
+    assert isinstance(runner, MasterRunner) and options is not None
+    gevent.sleep(wait_s)
+    connected = len(runner.clients.ready) + len(runner.clients.spawning) + len(runner.clients.running)
+    if STATE.run is not None or connected >= options.expect_workers:
+        return
+    log.error(
+        "llmload: %d of %d workers connected in %g s (--expect-workers-max-wait): a worker that cannot reach this"
+        " master at %s:%d never joins; check the workers' --master-host and --master-port, and that the port is"
+        " open to them. No run was started (exit code 2)",
+        connected, options.expect_workers, wait_s, options.master_bind_host, options.master_bind_port,
+    )  # fmt: skip
+    runner.quit()
+    raise SystemExit(2)
 
 
 def _current_live() -> LiveStats | None:
@@ -236,7 +256,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.fleet_ledger = Fleet(ArrivalPlan.of(plan.arrivals, plan.workload.sessions), plan.stages, run_id,
                                  start_wall, list(indexes))  # fmt: skip
         run.greenlets.append(gevent.spawn(_watch_workers, environment, run))
-    if isinstance(runner, WorkerRunner) and not _worker_may_run(runner, options, run):
+    if isinstance(runner, WorkerRunner) and not _worker_may_run(runner, options, environment.host, run):
         STATE.run = run  # idle: its users wait, it sends nothing
         return
     if not isinstance(runner, MasterRunner):
@@ -275,7 +295,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     STATE.run = run
 
 
-def _worker_may_run(runner: WorkerRunner, options: argparse.Namespace, run: ProcessRun) -> bool:
+def _worker_may_run(runner: WorkerRunner, options: argparse.Namespace, host: str, run: ProcessRun) -> bool:
     """A worker runs its share if it has one (it was there when the run started) and reaches the
     target: one that cannot must not turn its share into connection errors charged to the server,
     so it tells the master, which ends the run."""
@@ -283,7 +303,6 @@ def _worker_may_run(runner: WorkerRunner, options: argparse.Namespace, run: Proc
         log.warning("llmload: this worker joined after run %s started: it has no share of its arrivals", run.run_id)
         return False
     run.address = _address_towards(options.master_host, options.master_port)
-    host = options.host or ""
     error = _unreachable(host)
     if error is None:
         return True
@@ -414,6 +433,8 @@ def _watch_workers(environment: Environment, run: ProcessRun) -> None:
     assert isinstance(runner, MasterRunner) and options is not None and run.fleet_ledger is not None
     while True:
         gevent.sleep(FLUSH_INTERVAL_S)
+        if runner.state not in (STATE_SPAWNING, STATE_RUNNING):  # stopping: Locust lets go of its workers
+            continue
         for ledger in [w for w in run.fleet_ledger.workers.values() if w.active]:
             client = runner.clients.get(ledger.node_id)
             if client is not None and client.state != STATE_MISSING:

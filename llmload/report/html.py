@@ -420,11 +420,11 @@ process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 {% for w in s.run.warnings %}<div class="warn">{{ w }}</div>{% endfor %}
 <h2>Requests</h2>
 <table><tr><th>scheduled</th><th>sent</th><th>ok</th><th>failed</th><th>unfinished</th><th>cancelled</th>
-<th>not sent</th><th>OOM family</th><th>warm-up (not judged)</th></tr>
+<th>not sent</th><th>lost</th><th>OOM family</th><th>warm-up (not judged)</th></tr>
 <tr><td>{{ s.requests.scheduled }}</td><td>{{ s.requests.sent }}</td><td>{{ s.requests.ok }}</td>
 <td>{{ s.requests.failed }}</td><td>{% if s.requests.unfinished %}<b>{{ s.requests.unfinished }}</b>{% else
 %}0{% endif %}</td><td>{{ s.requests.cancelled }}</td><td>{{ s.requests.not_sent }}</td>
-<td>{{ s.failures.oom_family }}</td><td>{{ s.requests.warmup }}</td></tr></table>
+<td>{{ s.requests.lost }}</td><td>{{ s.failures.oom_family }}</td><td>{{ s.requests.warmup }}</td></tr></table>
 <p class="note">Unfinished: still running when the drain after the plan ended; the target did not keep up, and
 they count as failures. Cancelled: cut by the operator (Ctrl-C, SIGTERM), never judged. Every figure but the
 stage table leaves out the warm-up.</p>

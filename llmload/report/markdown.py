@@ -193,10 +193,11 @@ def render_markdown(summary: Summary) -> str:
     lines += [
         "## Requests",
         "",
-        "| scheduled | sent | ok | failed | unfinished | cancelled | not sent | OOM family | warm-up (not judged) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| scheduled | sent | ok | failed | unfinished | cancelled | not sent | lost | OOM family "
+        "| warm-up (not judged) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.unfinished} | {req.cancelled} "
-        f"| {req.not_sent} | {summary.failures.oom_family} | {req.warmup} |",
+        f"| {req.not_sent} | {req.lost} | {summary.failures.oom_family} | {req.warmup} |",
         "",
         "Unfinished requests were still running when the drain after the plan ended: the target did not keep up,"
         " and they count as failures. Cancelled requests were cut by the operator (Ctrl-C, SIGTERM): never judged."

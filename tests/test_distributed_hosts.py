@@ -101,9 +101,12 @@ def _kill_worker_at(fleet: Fleet, index: int, offset_s: float) -> float:
     return time.time() - started
 
 
-def _lost_worker_run(tmp_path: Path, stages: tuple[int, ...], *extra: str) -> tuple[int, Fleet, float, str, str]:
-    """The run above with the worker in host worker2 killed 1 s into the 100% stage: the master's exit
-    code, the fleet, when the worker died, the master's log and the dead worker's address."""
+def _lost_worker_run(
+    tmp_path: Path, stages: tuple[int, ...], *extra: str, replace: bool = False
+) -> tuple[int, Fleet, float, str, str]:
+    """The run above with the worker in host worker2 killed 1 s into the 100% stage (and, `replace`,
+    a new one started there 2 s later, as a cluster restarts a pod): the master's exit code, the
+    fleet, when the worker died, the master's log and the dead worker's address."""
     workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
     logs = tmp_path / "logs"
     flags = (
@@ -114,6 +117,9 @@ def _lost_worker_run(tmp_path: Path, stages: tuple[int, ...], *extra: str) -> tu
         target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
         fleet = start_fleet(net, target, workload, tmp_path / "reports", "lost", flags=flags, logs=logs)
         died = _kill_worker_at(fleet, 1, STAGE_S * stages.index(100) + 1.0)
+        if replace:
+            time.sleep(2.0)
+            fleet.add_worker("worker2")
         code = fleet.wait(timeout_s=120)
         fleet.stop_workers()
     return code, fleet, died, tail(fleet.master_log, 1_000_000), net.address("worker2")
@@ -146,7 +152,7 @@ def _assert_the_loss_is_accounted_for(fleet: Fleet, died: float, output: str, ad
 
 
 def test_a_worker_killed_mid_run_is_accounted_for_and_the_others_take_over_its_share(tmp_path: Path) -> None:
-    code, fleet, died, output, address = _lost_worker_run(tmp_path, STAGES)
+    code, fleet, died, output, address = _lost_worker_run(tmp_path, STAGES, replace=True)
     assert code == 0, fleet.tails()
     summary, lost, kept = _assert_the_loss_is_accounted_for(fleet, died, output, address)
     records = fleet.records
@@ -161,6 +167,11 @@ def test_a_worker_killed_mid_run_is_accounted_for_and_the_others_take_over_its_s
     # the arrivals it never sent were due in the 100% stage (a request in flight may have been scheduled before)
     unsent = records[(records.status == "lost") & records.sent_at.isna()]
     assert set(unsent.stage) == {"100%"}
+    # the worker started in its place joined a run already shared out: it left (exit code 0), and Locust
+    # moving users to it and back cut nothing (no request cancelled, no arrival dropped: the count above)
+    assert "it has no share of its arrivals; it leaves" in tail(fleet.worker_log(2)), tail(fleet.worker_log(2))
+    assert fleet.workers[2].poll() == 0
+    assert summary["requests"]["cancelled"] == 0 and len(summary["workers"]) == 2
 
 
 def test_with_on_worker_loss_stop_the_run_ends_with_exit_2_and_the_hold_fails(tmp_path: Path) -> None:

@@ -224,7 +224,10 @@ def _refuse_start(environment: Environment, reason: str) -> None:
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
     runner, options = environment.runner, environment.parsed_options
-    assert runner is not None and options is not None and environment.host
+    if runner is None:  # a worker whose master was already running: its spawn came while Locust built it
+        gevent.spawn(_leave_run_in_progress, environment, "a run")
+        return
+    assert options is not None and environment.host
     worker = isinstance(runner, WorkerRunner)
     try:
         plan = STATE.plan if not worker else None
@@ -256,7 +259,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.fleet_ledger = Fleet(ArrivalPlan.of(plan.arrivals, plan.workload.sessions), plan.stages, run_id,
                                  start_wall, list(indexes))  # fmt: skip
         run.greenlets.append(gevent.spawn(_watch_workers, environment, run))
-    if isinstance(runner, WorkerRunner) and not _worker_may_run(runner, options, environment.host, run):
+    if isinstance(runner, WorkerRunner) and not _worker_may_run(environment, runner, options, run):
         STATE.run = run  # idle: its users wait, it sends nothing
         return
     if not isinstance(runner, MasterRunner):
@@ -295,20 +298,32 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     STATE.run = run
 
 
-def _worker_may_run(runner: WorkerRunner, options: argparse.Namespace, host: str, run: ProcessRun) -> bool:
+def _worker_may_run(
+    environment: Environment, runner: WorkerRunner, options: argparse.Namespace, run: ProcessRun
+) -> bool:
     """A worker runs its share if it has one (it was there when the run started) and reaches the
     target: one that cannot must not turn its share into connection errors charged to the server,
     so it tells the master, which ends the run."""
     if runner.client_id not in options.llmload_worker_indexes:
-        log.warning("llmload: this worker joined after run %s started: it has no share of its arrivals", run.run_id)
+        gevent.spawn(_leave_run_in_progress, environment, f"run {run.run_id}")
         return False
     run.address = _address_towards(options.master_host, options.master_port)
+    host = environment.host or ""
     error = _unreachable(host)
     if error is None:
         return True
     log.error("llmload: this worker (%s) cannot reach the target %s: %s", run.address, host, error)
     runner.send_message(messaging.UNREACHABLE_MESSAGE, {"target": host, "error": error, "address": run.address})
     return False
+
+
+def _leave_run_in_progress(environment: Environment, which: str) -> None:
+    """A worker that joined after the start has no share of the arrivals; it quits (exit code 0), so
+    Locust gives the users it would hold back to the workers that have one."""
+    while environment.runner is None:  # Locust is still building this worker's runner
+        gevent.sleep(0.05)
+    log.warning("llmload: this worker joined %s after it started: it has no share of its arrivals; it leaves", which)
+    environment.runner.quit()
 
 
 def _address_towards(host: str, port: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gevent
 from locust import User, task
+from locust.runners import STATE_CLEANUP, STATE_STOPPED, STATE_STOPPING
 
 from llmload.client import ChatClient
 from llmload.locust.process import FLUSH_INTERVAL_S, STATE, sink
@@ -17,9 +18,8 @@ class ChatUser(User):
 
     def on_start(self) -> None:
         run = STATE.run
-        assert run is not None, "test_start did not set up the run"
-        self._dispatcher = run.dispatcher
-        if run.dispatcher is None:  # a worker with no share (joined late, or the target out of its reach)
+        self._dispatcher = run.dispatcher if run is not None else None
+        if run is None or run.dispatcher is None:  # a worker with no share (joined late, or the target unreachable)
             return
         plan = run.plan
         host = self.host or self.environment.host
@@ -41,6 +41,14 @@ class ChatUser(User):
             gevent.sleep(FLUSH_INTERVAL_S)  # plan over: idle until the shape ends the run
             return
         self._sender.play(arrival)
+
+    def stop(self, force: bool = False) -> bool:
+        """Locust also stops users to move them between workers (a worker joined mid-run): such a user
+        first finishes what it holds, the arrival it claimed or the request in flight, so nothing the
+        plan scheduled is cut or dropped. Only the run's own stop cuts requests (`cancelled`)."""
+        runner = self.environment.runner
+        stopping = runner is None or runner.state in (STATE_CLEANUP, STATE_STOPPING, STATE_STOPPED)
+        return bool(super().stop(force=force and stopping))
 
     def on_stop(self) -> None:
         if self._dispatcher is not None:

@@ -50,6 +50,9 @@ NO_PREFIX_CACHE = "no prefix-cache queries in the hold (vLLM's prefix_cache_quer
 # --------------------------------------------------------------------------- criteria
 
 
+ENDPOINT_RISE_FACTOR = 2.0  # keeping up: the last window over the first by this many drift limits fails the hold
+
+
 class DriftMinRise(Strict):
     """Projected rise over the hold below which a slope is never drift, per signal: fast targets jitter."""
 
@@ -324,6 +327,15 @@ def _keeping_up(hold: Hold, criteria: DriftCriteria) -> Check:
     done = hold.spans.loc[spans.status.isin(["ok", "failed"])]
     completed = int(((done.finished_at >= hold.start) & (done.finished_at < end)).sum())
     first, last = float(series.iloc[0]), float(series.iloc[-1])
+    limit = max(criteria.relative_rise * first, criteria.min_rise.in_flight)
+    if check.status == "pass" and last - first > ENDPOINT_RISE_FACTOR * limit:
+        # six windows give a wide interval: a queue that grew fourfold late in the hold passed on its slope
+        check = check.model_copy(update={
+            "status": "fail",
+            "detail": f"{check.detail}; yet its last window holds {last - first:+.3g} requests in flight more than"
+            f" its first, over {ENDPOINT_RISE_FACTOR:g}× that limit: the target fell behind, whatever the slope's"
+            " interval",
+        })  # fmt: skip
     moved = "grew" if check.status == "fail" else "went"
     story = (
         f"in flight {moved} from {first:.3g} to {last:.3g} during the hold (mean of its first and last"

@@ -189,41 +189,45 @@ def test_with_on_worker_loss_stop_the_run_ends_with_exit_2_and_the_hold_fails(tm
     assert summary["run"]["finished_at"] - summary["run"]["started_at"] < STAGE_S * 3, "it stopped at the loss"
 
 
-def test_a_worker_that_cannot_reach_the_target_ends_the_run_without_charging_the_server(tmp_path: Path) -> None:
-    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+def _cut_off_run(tmp_path: Path, unreachable: str, run_id: str, *flags: str) -> tuple[int, Fleet, str, dict[str, str]]:
+    """A two-worker run whose worker in host worker2 has no route to host `unreachable`: the master's exit
+    code, the fleet, the target's URL and each host's address."""
     logs = tmp_path / "logs"
-    flags = ("--target-qps", "10", "--stages", "100", "--stage-duration", "20", "--arrival", "constant")
     with hosts("master", "worker1", "worker2", "target") as net:
         target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
-        net.run("worker2", ["ip", "route", "add", "unreachable", f"{net.address('target')}/32"], check=True)
-        fleet = start_fleet(net, target, workload, tmp_path / "reports", "unreachable", flags=flags, logs=logs)
-        started = time.monotonic()
+        net.run("worker2", ["ip", "route", "add", "unreachable", f"{net.address(unreachable)}/32"], check=True)
+        workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
+        fleet = start_fleet(net, target, workload, tmp_path / "reports", run_id, flags=flags, logs=logs)
         code = fleet.wait(timeout_s=90)
-        took = time.monotonic() - started
-        fleet.stop_workers()
+        fleet.stop_workers(timeout_s=1)
+        addresses = {host: net.address(host) for host in net.names}
+    return code, fleet, target, addresses
+
+
+def test_a_worker_that_cannot_reach_the_target_ends_the_run_without_charging_the_server(tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, fleet, target, addresses = _cut_off_run(
+        tmp_path, "target", "unreachable", "--target-qps", "10", "--stages", "100", "--stage-duration", "20"
+    )
+    took = time.monotonic() - started
     output = tail(fleet.master_log, 1_000_000)
     assert code == 2, fleet.tails()
     assert f"cannot reach the target {target}: No route to host; ending the run (exit code 2)" in output, output[-3000:]
-    assert took < 40, took
+    assert took < 40, "the run ended at its start, not after its 20 s stage"
     summary = fleet.summary
     assert summary["failures"]["by_category"] == {}, "no request of it may be charged to the server"
-    refused = next(w for w in summary["workers"] if w["host"] == net.address("worker2"))
+    refused = next(w for w in summary["workers"] if w["host"] == addresses["worker2"])
     assert refused["refused"] == f"cannot reach the target {target}: No route to host"
     assert refused["sent"] == 0
 
 
 def test_a_worker_that_cannot_reach_the_master_does_not_hang_it(tmp_path: Path) -> None:
-    workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
-    logs = tmp_path / "logs"
-    flags = ("--target-qps", "10", "--stages", "100", "--stage-duration", "10", "--expect-workers-max-wait", "8")
-    with hosts("master", "worker1", "worker2", "target") as net:
-        target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
-        net.run("worker2", ["ip", "route", "add", "unreachable", f"{net.address('master')}/32"], check=True)
-        fleet = start_fleet(net, target, workload, tmp_path / "reports", "no-master", flags=flags, logs=logs)
-        code = fleet.wait(timeout_s=60)
-        fleet.stop_workers(timeout_s=1)
+    code, fleet, _, addresses = _cut_off_run(
+        tmp_path, "master", "no-master", "--target-qps", "10", "--stages", "100", "--stage-duration", "10",
+        "--expect-workers-max-wait", "8",
+    )  # fmt: skip
     output = tail(fleet.master_log, 1_000_000)
     assert code == 2, fleet.tails()
     assert "1 of 2 workers connected in 8 s (--expect-workers-max-wait)" in output, output[-3000:]
-    assert f"this master at {net.address('master')}:5557 never joins" in output
+    assert f"this master at {addresses['master']}:5557 never joins" in output
     assert not (fleet.run_dir / "run.json").exists(), "no run was started"

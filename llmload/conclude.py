@@ -35,7 +35,7 @@ def _verdict(run: rundir.Run, summary: Summary, criteria: SoakCriteria) -> Verdi
     try:
         return evaluate(run, summary, criteria).verdict
     except InputError as exc:  # stopped before any request: nothing to judge, and the report still written
-        return Verdict(passed=False, reasons=[f"FAIL run: {exc}"])
+        return Verdict(outcome="fail", reasons=[f"FAIL run: {exc}"])
 
 
 def judge(run_dir: Path, criteria: SoakCriteria) -> SoakResult:

@@ -7,7 +7,7 @@ Config-like models are strict (`extra="forbid"`): a misspelt key fails loudly.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -16,6 +16,7 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    computed_field,
     field_validator,
     model_validator,
 )
@@ -575,15 +576,43 @@ CheckKind = Literal["failures", "rate", "keeping_up", "slo", "goodput", "drift",
 lengthens such a probe); `drift` and `keeping_up` fit a slope, and may fail marginally."""
 
 
+VerdictOutcome = Literal["pass", "fail", "inconclusive"]
+EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "inconclusive": 3}
+"""A gate's exit code by its outcome; 2 is bad input."""
+"""`inconclusive`: no check failed, but one that decides whether the server keeps up could not be measured
+(a hold too short for its answers or its noise): neither a pass nor the server's fault; exit code 3."""
+
+
 class Verdict(BaseModel):
-    passed: bool
+    outcome: VerdictOutcome
     reasons: list[str]
     failed_kinds: list[CheckKind] = Field(default_factory=list, description="the kind of each check that failed")
+    inconclusive_kinds: list[CheckKind] = Field(
+        default_factory=list, description="the kind of each check that could not tell (a longer hold would)"
+    )
     marginal: bool = Field(
         default=False,
         description="failed only on checks a second hold may reverse: a drift past its limit at the slope's "
         "estimate but not at its confidence interval's low end",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_passed(cls, data: Any) -> Any:
+        """A verdict.json of an earlier llmload has only `passed`."""
+        if isinstance(data, dict) and "outcome" not in data and "passed" in data:
+            data = {**data, "outcome": "pass" if data["passed"] else "fail"}
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def passed(self) -> bool:
+        """True only on PASS: INCONCLUSIVE never counts as passing."""
+        return self.outcome == "pass"
+
+    @property
+    def label(self) -> str:
+        return self.outcome.upper()
 
 
 class RunInfo(BaseModel):
@@ -672,6 +701,7 @@ class Probe(BaseModel):
     failed_checks: list[str] = Field(default_factory=list, description="verdict lines of the checks that failed")
     failed_kinds: list[CheckKind] = Field(default_factory=list, description="the kind of each check that failed")
     marginal: bool = Field(default=False, description="failed only on checks a second hold may reverse")
+    inconclusive: bool = Field(default=False, description="its verdict was INCONCLUSIVE: never a pass")
     too_short: bool = Field(
         default=False,
         description="failed only because its hold was short for its latencies: the next probe at its rate holds longer",

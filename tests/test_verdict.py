@@ -167,7 +167,7 @@ def test_windows_slowed_by_other_work_on_the_machine_are_left_out_of_drift(tmp_p
     """A neighbour takes the load generator's machine for the hold's second half and TTFT rises with
     it (client and a local target slowed alike): left out, not the target's drift. The same rise on
     a quiet machine, or a neighbour that came and went with no rise, changes nothing."""
-    stepped: Curve = lambda t: np.where(t < 60, 100.0, 160.0)  # noqa: E731
+    stepped: Curve = lambda t: np.where(t < 60, 100.0, 200.0)  # noqa: E731
     ours = {"host_cpu_run": flat(0.3), "host_cpu_steal": flat(0.0)}
     quiet = {**HEALTHY_SERVER, **ours, "host_cpu_busy": flat(0.35)}
     busy: Curve = lambda t: np.where(t < 60, 0.35, 1.0)  # noqa: E731
@@ -189,14 +189,14 @@ def test_a_drift_over_its_limit_only_at_the_estimate_is_marginal(tmp_path: Path)
     search asks again; doubling is over it at both ends and decides; another failure beside a
     marginal drift decides too."""
     criteria = SoakCriteria()
-    near = judge(write_run(tmp_path / "near", ttft_ms=ramp(100, 122), server=HEALTHY_SERVER), criteria)
+    near = judge(write_run(tmp_path / "near", ttft_ms=ramp(100, 122), server=HEALTHY_SERVER, noise=0.05), criteria)
     check = next(c for c in near.checks if c.name == "p99 TTFT drift")
     assert check.status == "fail" and check.marginal and "marginal:" in check.detail
     assert not near.verdict.passed and near.verdict.marginal
     far = judge(write_run(tmp_path / "far", ttft_ms=ramp(100, 200), server=HEALTHY_SERVER), criteria)
     assert _status(far, "p99 TTFT drift") == "fail" and not far.verdict.marginal
     queue = {**HEALTHY_SERVER, "waiting": ramp(0, 6)}
-    both = judge(write_run(tmp_path / "both", ttft_ms=ramp(100, 122), server=queue), criteria)
+    both = judge(write_run(tmp_path / "both", ttft_ms=ramp(100, 122), server=queue, noise=0.05), criteria)
     assert _status(both, "waiting-queue drift") == "fail" and not both.verdict.marginal
 
 
@@ -312,17 +312,16 @@ def test_a_hold_whose_requests_mostly_did_not_finish_fails_whatever_else_it_show
         _status(result, "error rate") == "fail"
         and f"{sent - done} unfinished of {sent} sent" in _check(result, "error rate").detail
     )
+    # its answers are as long as its hold (they queued): the in-flight trend cannot tell, and says so
     keeping_up = _check(result, "keeping up")
-    assert (
-        keeping_up.status == "fail" and keeping_up.kind == "keeping_up" and "in flight grew from" in keeping_up.detail
-    )
+    assert keeping_up.status == "inconclusive" and "telling a queue from long answers needs 8×" in keeping_up.detail
     # the latency drifts lack windows because requests did not finish: a failure, not a skip
     for name in ("p99 TTFT drift", "p99 E2E drift"):
         check = _check(result, name)
         assert check.status == "fail" and "did not finish is not a pass" in check.detail, check.detail
     for name in ("p99 TTFT SLO", "p99 E2E SLO"):
         assert _status(result, name) == "fail", _check(result, name).detail
-    assert set(result.verdict.failed_kinds) >= {"keeping_up", "failures", "slo", "drift"}
+    assert set(result.verdict.failed_kinds) >= {"failures", "slo", "drift"} and result.verdict.outcome == "fail"
     # the summary and the report show the split
     summary = conclude(run_dir)
     hold = summary.stages[-1]
@@ -365,13 +364,15 @@ def test_an_slo_that_unfinished_requests_decide_cannot_pass(tmp_path: Path) -> N
                               "p99 E2E SLO").detail  # fmt: skip
 
 
-def test_a_hold_too_short_for_its_latencies_fails_when_asked(tmp_path: Path) -> None:
+def test_a_hold_too_short_for_its_latencies_cannot_tell_when_asked(tmp_path: Path) -> None:
     """E2E of 45 s in a 120 s hold is over a third of it: a hold that short has seen under three
-    generations of requests. Off by default (a soak's hold is long); a search turns it on."""
+    generations of requests, so it cannot tell (never a pass, and not the server's fault). Off by
+    default (a soak's hold is long); a search turns it on."""
     run_dir = write_run(tmp_path / "slow", ttft_ms=flat(45_000), noise=0.001, drain_s=60)
     assert _status(judge(run_dir, SoakCriteria()), "hold length") == "skip"
     check = _check(judge(run_dir, SoakCriteria(max_e2e_share_of_hold=1 / 3)), "hold length")
-    assert check.status == "fail" and check.kind == "hold_length" and "38% of the 120 s hold" in check.detail
+    assert check.status == "inconclusive" and check.kind == "hold_length" and "38% of the 120 s hold" in check.detail
+    assert "hold longer" in check.detail
     assert _status(judge(write_run(tmp_path / "fast"), SoakCriteria(max_e2e_share_of_hold=1 / 3)), "hold length") == (
         "pass"
     )
@@ -434,10 +435,16 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {n: run.run_dir for n, run in done.items()}
 
 
-def test_a_healthy_real_run_passes_with_a_reason_per_check(real_runs: dict[str, Path]) -> None:
+def test_a_healthy_real_run_too_short_to_tell_is_inconclusive_with_a_reason_per_check(
+    real_runs: dict[str, Path],
+) -> None:
+    """Five seconds of hold cannot tell whether the server keeps up: INCONCLUSIVE, naming the hold it
+    needs, never a PASS on too little evidence; every other check passes."""
     result = judge(real_runs["healthy"], SoakCriteria(slo_ttft_p99_ms=500, slo_e2e_p99_ms=5000))
     verdict = result.verdict
-    assert verdict.passed, verdict.reasons
+    assert verdict.outcome == "inconclusive" and not verdict.passed, verdict.reasons
+    assert verdict.inconclusive_kinds == ["keeping_up"] and not verdict.failed_kinds
+    assert "telling whether the server keeps up needs 6: hold at least 60 s" in _check(result, "keeping up").detail
     assert result.hold == "150%"
     assert [r.split(":")[0] for r in verdict.reasons] == [
         f"{c.status.upper()} {name}" for c, name in zip(result.checks, CHECKS, strict=True)

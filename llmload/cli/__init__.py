@@ -3,7 +3,8 @@
 error is an InputError, and becomes exit code 2 here and nowhere else.
 
 Commands: `workload` (build, stats, synth), `capacity`, `sim` and `sim_calibrate` (the embedded
-target and its calibration), `demo`, `report`, `compare`, `soak`, `search`, `sweep`; `aliases`
+target and its calibration), `demo`, `report`, `verdict` (run directories judged again),
+`compare`, `soak`, `search`, `sweep`; `aliases`
 keeps a retired flag spelling working, with a warning."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 from llmload.errors import InputError
 
-COMMANDS = ("workload", "sim", "capacity", "compare", "report", "soak", "search", "sweep", "demo")
+COMMANDS = ("workload", "sim", "capacity", "compare", "report", "verdict", "soak", "search", "sweep", "demo")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

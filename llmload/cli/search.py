@@ -103,7 +103,7 @@ def search_bounds(args: argparse.Namespace) -> Bounds:
 
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
-    interrupted before one; 2: bad input."""
+    interrupted before one; 2: bad input; 3: no rate passed and no probe could tell (INCONCLUSIVE)."""
     refuse_overrides(PROBE_FLAGS, passthrough, "the search")
     criteria, flags = probe_flags(args)
     goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
@@ -144,6 +144,10 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         print(f"  confirming soak at {result.passing_qps:g} req/s: {'PASS' if result.confirmed else 'FAIL'}")
     print(f"page: {directory / PAGE_FILE}")
     answer = result.passing_qps if result.outcome in ("found", "capped", "interrupted") else None
+    judged = [p for p in result.probes if p.passed is not None]
+    if answer is None and judged and all(p.inconclusive for p in judged if not p.passed):
+        print("llmload search: INCONCLUSIVE: no probe could tell, even held the longest (raise --probe-duration)")
+        return 3
     if answer is None or result.confirmed is False:
         return 1
     if args.require_qps is not None and answer < args.require_qps:

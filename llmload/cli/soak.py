@@ -4,7 +4,8 @@ Every flag not listed here goes to the Locust run (llmload/locust/flags.py lists
 the arrival flags and the verdict's criteria (--criteria FILE, --slo-ttft-p99-ms, --slo-ttfo-p99-ms
 (first answer token, after a reasoning model's thinking), --slo-e2e-p99-ms, --max-error-rate,
 --min-achieved-ratio (achieved / target), --min-goodput-ratio with --goodput-slo, --alerts warn|fail);
-docs/gates.md explains each check. Exit 0 PASS, 1 FAIL, 2 bad input.
+docs/gates.md explains each check. Exit 0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE (the hold was too short
+or too noisy to tell; the verdict says what to change).
 """
 
 from __future__ import annotations

@@ -62,8 +62,9 @@ class Bounds:
 
 def _verdicts(probes: Sequence[Probe]) -> tuple[dict[float, list[bool]], set[float]]:
     """Each judged rate's verdicts, and the rates whose last probe failed marginally (on a drift only
-    its estimate put over the limit) or too short for its latencies: a suspicion the next probe at
-    that rate decides (its verdict counts; the suspicion's does not)."""
+    its estimate put over the limit) or could not tell (INCONCLUSIVE: too short for its latencies or
+    its noise): a suspicion the next, longer probe at that rate decides (its verdict counts; the
+    suspicion's does not). An INCONCLUSIVE probe at the longest hold counts as not passing."""
     out: dict[float, list[bool]] = {}
     suspected: set[float] = set()
     for probe in probes:
@@ -230,7 +231,7 @@ class Searcher:
         self._add(probe)
         status = "not judged" if probe.passed is None else "PASS" if probe.passed else "FAIL"
         if probe.too_short:
-            status += " (its answers are long for its hold: the next probe at this rate holds longer)"
+            status = "INCONCLUSIVE (its hold is too short to tell: the next probe at this rate holds longer)"
         elif qps in _verdicts(self.result.probes)[1]:
             status += " (marginal drift: the next probe at this rate decides)"
         if probe.unfinished:
@@ -243,9 +244,9 @@ class Searcher:
         if summary is None or summary.verdict is None:
             return Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
         verdict, hold = summary.verdict, summary.stages[-1]
-        failed_checks = [r for r in verdict.reasons if r.startswith("FAIL")]
-        only_short = bool(verdict.failed_kinds) and set(verdict.failed_kinds) == {"hold_length"}
-        queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if only_short else None
+        failed_checks = [r for r in verdict.reasons if r.startswith(("FAIL", "INCONCLUSIVE"))]
+        unsure = verdict.outcome == "inconclusive"  # too short to tell: held longer, never passed
+        queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if unsure else None
         if queue is not None:  # the reason that decided, first
             failed_checks.insert(0, f"FAIL hold length: {queue}")
         return Probe(
@@ -256,7 +257,8 @@ class Searcher:
             failed_checks=failed_checks,
             failed_kinds=verdict.failed_kinds,
             marginal=verdict.marginal,
-            too_short=only_short and queue is None and not confirm and hold_s < LONGEST_HOLD * self.flags.hold_s,
+            inconclusive=unsure and queue is None,
+            too_short=unsure and queue is None and not confirm and hold_s < LONGEST_HOLD * self.flags.hold_s,
             sent=hold.ok + hold.failed + hold.unfinished,
             unfinished=hold.unfinished,
             achieved_qps=hold.achieved_qps,
@@ -325,23 +327,31 @@ def bounds_from(
     return Bounds(_round(start), lowest, max_qps, 2.0, resolution, repeats)
 
 
-def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float, confirm_s: float) -> None:
-    """The probes' criteria: the user's, with drift windows short enough for a probe's hold to be
-    judged for drift, at 99% confidence at least, and a hold too short for its E2E p99 (over a third)
-    failed, unless the user chose that share. The confirming soak gets the user's, its windows too
-    made short enough for its hold: a 40 s confirm in 10 s windows had 4, every drift check SKIPped,
-    and a queue growing tenfold passed."""
+def _judged_in(criteria: SoakCriteria, hold_s: float, confidence: float) -> DriftCriteria:
+    window = min(criteria.drift.window_s, hold_s / DRIFT_WINDOWS)
+    return criteria.drift.model_copy(update={"window_s": window, "confidence": confidence})
 
-    def judged_in(hold_s: float, confidence: float) -> DriftCriteria:
-        window = min(criteria.drift.window_s, hold_s / DRIFT_WINDOWS)
-        return criteria.drift.model_copy(update={"window_s": window, "confidence": confidence})
 
+def probe_criteria(criteria: SoakCriteria, probe_s: float) -> SoakCriteria:
+    """A probe's criteria: the user's, with drift windows short enough for a probe's hold to be judged
+    for drift, at 99% confidence at least, and a hold too short for its E2E p99 (over a third) failed,
+    unless the user chose that share."""
+    drift = _judged_in(criteria, probe_s, max(criteria.drift.confidence, DRIFT_CONFIDENCE))
     share = criteria.max_e2e_share_of_hold or E2E_SHARE_OF_HOLD
-    probe_drift = judged_in(probe_s, max(criteria.drift.confidence, DRIFT_CONFIDENCE))
-    confirm_drift = judged_in(confirm_s, criteria.drift.confidence)
+    return criteria.model_copy(update={"drift": drift, "max_e2e_share_of_hold": share})
+
+
+def confirm_criteria(criteria: SoakCriteria, confirm_s: float) -> SoakCriteria:
+    """The confirming soak's: the user's, its windows too made short enough for its hold (a 40 s confirm
+    in 10 s windows had 4, every drift check SKIPped, and a queue growing tenfold passed)."""
+    return criteria.model_copy(update={"drift": _judged_in(criteria, confirm_s, criteria.drift.confidence)})
+
+
+def write_criteria(directory: Path, criteria: SoakCriteria, probe_s: float, confirm_s: float) -> None:
+    """The probes' criteria and the confirm's, beside the probes."""
     for name, chosen in (
-        ("criteria.yaml", criteria.model_copy(update={"drift": probe_drift, "max_e2e_share_of_hold": share})),
-        ("criteria-confirm.yaml", criteria.model_copy(update={"drift": confirm_drift})),
+        ("criteria.yaml", probe_criteria(criteria, probe_s)),
+        ("criteria-confirm.yaml", confirm_criteria(criteria, confirm_s)),
     ):
         (directory / name).write_text(yaml.safe_dump(chosen.model_dump(mode="json"), sort_keys=False))
 

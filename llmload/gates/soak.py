@@ -56,7 +56,8 @@ class SoakRun:
 
 
 def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
-    """Locust's exit code (0 PASS, 1 FAIL, 2 bad input), after printing the verdict and the report's path."""
+    """Locust's exit code (0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE), after printing the verdict and the
+    report's path."""
     refuse_overrides(SOAK_FLAGS, passthrough, "the soak")
     if not Path(soak.locustfile).is_file():
         raise InputError(f"no locustfile at {soak.locustfile} (run from the repository root)")
@@ -66,7 +67,7 @@ def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
     summary = rundir.read_summary(run_dir)
     if summary is not None:
         verdict = summary.verdict
-        print(f"\nllmload soak: {'PASS' if verdict is not None and verdict.passed else 'FAIL'}")
+        print(f"\nllmload soak: {verdict.label if verdict is not None else 'FAIL'}")
         for reason in verdict.reasons if verdict is not None else []:
             print(f"  - {reason}")
         print(f"report: {run_dir / rundir.REPORT_FILE}")

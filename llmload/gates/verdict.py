@@ -35,7 +35,7 @@ from llmload.models import (
 from llmload.rundir import SERVER_FILE, Run
 from llmload.server.kinds import kind as server_kind
 from llmload.stats import windows
-from llmload.stats.trend import Trend
+from llmload.stats.trend import Trend, t_quantile
 from llmload.yamlfile import load_yaml_model
 
 AlertAction = Literal["warn", "fail"]
@@ -48,9 +48,6 @@ NO_SAMPLES = f"no {SERVER_FILE} samples in the hold"
 NO_PREFIX_CACHE = "no prefix-cache queries in the hold (vLLM's prefix_cache_queries counter)"
 
 # --------------------------------------------------------------------------- criteria
-
-
-ENDPOINT_RISE_FACTOR = 2.0  # keeping up: the last window over the first by this many drift limits fails the hold
 
 
 class DriftMinRise(Strict):
@@ -71,7 +68,7 @@ class DriftCriteria(Strict):
 
     window_s: PositiveFloat = 10.0
     relative_rise: NonNegativeFloat = 0.20
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    confidence: float = Field(default=0.999, gt=0, lt=1)
     min_windows: int = Field(default=6, ge=5, description="fewer windows: the check is skipped")
     min_rise: DriftMinRise = DriftMinRise()
     max_other_cpu: float = Field(
@@ -79,6 +76,19 @@ class DriftCriteria(Strict):
     )
     max_steal: float = Field(
         default=0.05, ge=0, le=1, description="windows where the hypervisor took more of the CPU are left out"
+    )
+
+
+class KeepingUpCriteria(Strict):
+    """Whether the requests in flight grow, judged three ways (docs/gates.md): FAIL when they grow with
+    `fail_confidence`, PASS when an overload of `overload` is ruled out with `pass_confidence`,
+    INCONCLUSIVE in between. Set by the error-rate harness (llmload/errorrates) to its targets."""
+
+    fail_confidence: float = Field(default=0.999, gt=0.5, lt=1)
+    pass_confidence: float = Field(default=0.99, gt=0.5, lt=1)
+    overload: float = Field(default=0.10, gt=0, description="the overload a PASS rules out (0.10: 10% over capacity)")
+    answer_spans: float = Field(
+        default=8.0, gt=0, description="the judged part of the hold must last this many E2E p90s to tell anything"
     )
 
 
@@ -128,6 +138,7 @@ class SoakCriteria(Strict):
         description="E2E p99 / the hold's length above which the hold is too short to judge (a search sets 1/3)",
     )
     drift: DriftCriteria = DriftCriteria()
+    keeping_up: KeepingUpCriteria = KeepingUpCriteria()
     alerts: AlertCriteria = AlertCriteria()
 
 
@@ -137,7 +148,7 @@ class SoakCriteria(Strict):
 class Check(BaseModel):
     name: str
     kind: CheckKind
-    status: Literal["pass", "fail", "warn", "skip"]
+    status: Literal["pass", "fail", "warn", "skip", "inconclusive"]
     detail: str
     marginal: bool = False
     """Failed, yet a second hold may pass: a drift over its limit at the slope's estimate, not at the
@@ -156,10 +167,12 @@ class SoakResult(BaseModel):
     @property
     def verdict(self) -> Verdict:
         failed = [c for c in self.checks if c.status == "fail"]
+        unsure = [c for c in self.checks if c.status == "inconclusive"]
         return Verdict(
-            passed=not failed,
+            outcome="fail" if failed else "inconclusive" if unsure else "pass",
             reasons=[c.line for c in self.checks],
             failed_kinds=[c.kind for c in failed],
+            inconclusive_kinds=[c.kind for c in unsure],
             marginal=bool(failed) and all(c.marginal for c in failed),
         )
 
@@ -206,6 +219,20 @@ class Hold:
     def duration_s(self) -> float:
         return self.stage.duration_s
 
+    @functools.cached_property
+    def answer_span_s(self) -> float:
+        """How long requests overlap in time, as the hold began: the E2E p90 of those sent in its first
+        quarter (an unfinished one as long as it ran). In-flight counts and window latencies stay
+        correlated over about this long; a queue that grows later does not lengthen it."""
+        judged = self.judged
+        early = judged[judged.sent_at < self.start + self.duration_s / 4]
+        values, _ = _censored(early if len(early) else judged, "e2e_ms")
+        return float(np.percentile(values, 90)) / 1000 if len(values) else 0.0
+
+    def lag(self, window_s: float) -> int:
+        """Neighbouring windows that share requests: the slopes' errors are Newey–West's over them."""
+        return math.ceil(self.answer_span_s / window_s)
+
     def windows(
         self, times: pd.Series, values: pd.Series, window_s: float, reduce: Callable[[pd.Series], float]
     ) -> pd.Series:
@@ -241,12 +268,12 @@ def _drift(
     criteria: DriftCriteria,
     kind: CheckKind = "drift",
     starved: str | None = None,
-    keep_disturbed: bool = False,
     unmeasured: str = "",
+    lag: int | None = None,
 ) -> Check:
     """`starved`: why windows lack values although requests were sent in them (they did not finish):
-    then too few windows is a failure, not a skip. `keep_disturbed`: windows where other work took the
-    machine's CPU are judged too (and named)."""
+    then too few windows is a failure, not a skip. `lag`: how many neighbouring windows share requests
+    (the slope's errors are Newey–West's over them)."""
     window = f"{criteria.window_s:g} s"
     if series is None:
         return Check(name=name, kind=kind, status="skip", detail=f"not measured ({unmeasured or NO_SAMPLES})")
@@ -256,13 +283,10 @@ def _drift(
     if left_out.any():
         took = f"other work took up to {disturbed.max():.0%} of this machine's CPU"
         note = (
-            f"; in {int(left_out.sum())} window(s) {took}: a target on this machine slowed by it falls behind too"
-            if keep_disturbed
-            else f"; {int(left_out.sum())} window(s) left out: {took} (limit {criteria.max_other_cpu:.0%}, steal"
+            f"; {int(left_out.sum())} window(s) left out: {took} (limit {criteria.max_other_cpu:.0%}, steal"
             f" {criteria.max_steal:.0%})"
         )
-        if not keep_disturbed:
-            series = series[~left_out]
+        series = series[~left_out]
     if len(series) < criteria.min_windows:
         counted = f"{len(series)} window(s) of {window} with data in the {hold.duration_s:g} s hold"
         if starved is not None:
@@ -274,7 +298,7 @@ def _drift(
         return Check(
             name=name, kind=kind, status="skip", detail=f"{counted}; a slope needs {criteria.min_windows}{note}"
         )
-    trend = Trend.fit(series, criteria.confidence)
+    trend = Trend.fit(series, criteria.confidence, lag=lag)
     rise = trend.slope * hold.duration_s
     limit = max(criteria.relative_rise * max(trend.start, 0.0), floor)
     drifting = trend.low > 0 and rise > limit
@@ -288,61 +312,113 @@ def _drift(
         status="fail" if drifting else "pass",
         marginal=marginal,
         detail=f"{rise:+.3g}{u} over the {hold.duration_s:g} s hold from {trend.start:.3g}{u}{relative}, slope "
-        f"{trend.slope:+.3g}{u}/s ({criteria.confidence:.0%} CI {trend.low:+.3g} to {trend.high:+.3g}, "
+        f"{trend.slope:+.3g}{u}/s ({criteria.confidence:.1%} CI {trend.low:+.3g} to {trend.high:+.3g}, "
         f"{len(series)} windows of {window}); limit: CI above 0 and rise > {limit:.3g}{u} "
         f"({criteria.relative_rise:.0%} of the start, at least {floor:g}){note}"
         + (f"; marginal: {low_rise:+.3g}{u} at the CI's low end" if marginal else ""),
     )
 
 
-def _keeping_up(hold: Hold, criteria: DriftCriteria) -> Check:
+def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -> Check:
     """Server-agnostic: the requests in flight (sent and not yet seen to finish, whatever the server
     exports) over the hold. A target that keeps up holds them level (Little's law: rate × E2E); one
-    that does not queues the surplus, and they grow through the hold. After a step up in rate they
-    rise for about one E2E before they settle, so the windows of the hold's first E2E p50 are left
-    out of the slope while enough windows remain."""
-    count = hold.window_count(criteria.window_s)
-    if not count:
+    that does not queues the surplus, and they grow through the hold at (1 − capacity / rate) of the
+    rate. So the growth per request sent decides three ways: FAIL when it is above 0 beyond noise,
+    PASS when it is below what an overload of `criteria.overload` would give beyond noise, and
+    INCONCLUSIVE in between, when the hold is too short to tell. After a step up in rate the count
+    rises for about one E2E before it settles, so the windows of the hold's first E2E p50 are left out
+    while enough remain; neighbouring windows share requests, so the slope's errors are Newey–West's
+    over as many windows as an E2E p90 spans."""
+    name = "keeping up"
+    kind: CheckKind = "keeping_up"
+    window_s = drift.window_s
+    count = hold.window_count(window_s)
+    if count < drift.min_windows:
+        needed = drift.min_windows * window_s
         return Check(
-            name="keeping up", kind="keeping_up", status="skip",
-            detail=f"the hold is shorter than one {criteria.window_s:g} s window",
+            name=name, kind=kind, status="inconclusive",
+            detail=f"the {hold.duration_s:g} s hold holds {count} window(s) of {window_s:g} s, and telling whether"
+            f" the server keeps up needs {drift.min_windows}: hold at least {needed:g} s",
         )  # fmt: skip
     end = hold.start + hold.duration_s
     spans = hold.spans
     series = windows.in_flight(
-        spans.sent_at.to_numpy(), spans.finished_at.to_numpy(), criteria.window_s, origin=hold.start, windows=count
+        spans.sent_at.to_numpy(), spans.finished_at.to_numpy(), window_s, origin=hold.start, windows=count
     )
     values, _ = _censored(hold.judged, "e2e_ms")
     settle_s = float(np.median(values)) / 1000 if len(values) else 0.0
-    settled = series[series.index - criteria.window_s / 2 >= settle_s]
+    settled = series[series.index - window_s / 2 >= settle_s]
     skipped = ""
-    if 0 < len(settled) < len(series) and len(settled) >= criteria.min_windows:
-        skipped = f" from +{settled.index[0] - criteria.window_s / 2:g} s (after the hold's E2E p50, {settle_s:.1f} s)"
+    if 0 < len(settled) < len(series) and len(settled) >= drift.min_windows:
+        skipped = f" from +{settled.index[0] - window_s / 2:g} s (after the hold's E2E p50, {settle_s:.1f} s)"
         series = settled
-    check = _drift(
-        "keeping up", "requests in flight", series, criteria.min_rise.in_flight,
-        hold=hold, criteria=criteria, kind="keeping_up", keep_disturbed=True,
-    )  # fmt: skip
     sent = int(((spans.sent_at >= hold.start) & (spans.sent_at < end)).sum())
-    done = hold.spans.loc[spans.status.isin(["ok", "failed"])]
+    done = spans.loc[spans.status.isin(["ok", "failed"])]
     completed = int(((done.finished_at >= hold.start) & (done.finished_at < end)).sum())
+    rate = max(sent, 1) / hold.duration_s
     first, last = float(series.iloc[0]), float(series.iloc[-1])
-    limit = max(criteria.relative_rise * first, criteria.min_rise.in_flight)
-    if check.status == "pass" and last - first > ENDPOINT_RISE_FACTOR * limit:
-        # six windows give a wide interval: a queue that grew fourfold late in the hold passed on its slope
-        check = check.model_copy(update={
-            "status": "fail",
-            "detail": f"{check.detail}; yet its last window holds {last - first:+.3g} requests in flight more than"
-            f" its first, over {ENDPOINT_RISE_FACTOR:g}× that limit: the target fell behind, whatever the slope's"
-            " interval",
-        })  # fmt: skip
-    moved = "grew" if check.status == "fail" else "went"
     story = (
-        f"in flight {moved} from {first:.3g} to {last:.3g} during the hold (mean of its first and last"
-        f" {criteria.window_s:g} s windows{skipped}); {completed} requests completed in it against {sent} sent"
+        f"in flight went from {first:.3g} to {last:.3g} during the hold (mean of its first and last {window_s:g} s"
+        f" windows{skipped}); {completed} requests completed in it against {sent} sent"
         f" ({completed / hold.duration_s:.2f} vs {sent / hold.duration_s:.2f} req/s)"
     )
-    return check.model_copy(update={"detail": f"{story}; trend {check.detail}"})
+    lag = hold.lag(window_s)
+    judged_s = len(series) * window_s
+    if judged_s < criteria.answer_spans * hold.answer_span_s:
+        needed = hold.duration_s - judged_s + criteria.answer_spans * hold.answer_span_s
+        return Check(
+            name=name, kind=kind, status="inconclusive",
+            detail=f"{story}; the hold judges {judged_s:g} s, {judged_s / hold.answer_span_s:.1f}× its answers' E2E"
+            f" p90 ({hold.answer_span_s:.1f} s), and telling a queue from long answers needs"
+            f" {criteria.answer_spans:g}×: hold at least {_minutes(needed)}",
+        )  # fmt: skip
+    trend = Trend.fit(series, drift.confidence, lag=lag, adaptive=True)
+    growth = trend.slope / rate  # of the requests sent, the share that stayed in flight
+    low = trend.bound(criteria.fail_confidence, upper=False) / rate
+    high = trend.bound(criteria.pass_confidence, upper=True) / rate
+    tell = 1 - 1 / (1 + criteria.overload)  # the growth an overload of `overload` gives
+    rise = trend.slope * judged_s
+    floor = drift.min_rise.in_flight
+    numbers = (
+        f"growth {growth:+.1%} of the rate ({trend.slope * 60:+.3g} requests in flight a minute, bounds"
+        f" {low:+.1%} to {high:+.1%}, {len(series)} windows of {window_s:g} s, errors over at least {lag} neighbours)"
+    )
+    if low > 0 and rise > floor:
+        return Check(
+            name=name, kind=kind, status="fail",
+            detail=f"{story.replace('went from', 'grew from', 1)}; {numbers}: requests pile up (above 0 at"
+            f" {criteria.fail_confidence:.1%}), the server"
+            f" does not keep up at {rate:.3g} req/s",
+        )  # fmt: skip
+    if high < tell:
+        return Check(
+            name=name, kind=kind, status="pass",
+            detail=f"{story}; {numbers}: rules out an overload of {criteria.overload:.0%} (growth {tell:.1%}) at"
+            f" {criteria.pass_confidence:.1%}",
+        )  # fmt: skip
+    return Check(
+        name=name, kind=kind, status="inconclusive",
+        detail=f"{story}; {numbers}: {_detectable(trend, rate, criteria, judged_s, hold.duration_s)}",
+    )  # fmt: skip
+
+
+def _detectable(trend: Trend, rate: float, criteria: KeepingUpCriteria, judged_s: float, hold_s: float) -> str:
+    """What this hold can tell and the hold that would tell `criteria.overload`: the slope's error
+    falls as the judged span to the power 3/2 (more windows, and wider apart)."""
+    z = t_quantile(criteria.pass_confidence, trend.dof) + t_quantile(criteria.fail_confidence, trend.dof)
+    share = z * trend.error / rate  # the growth this hold tells from level
+    overload = 1 / (1 - share) - 1 if share < 1 else math.inf
+    tell = 1 - 1 / (1 + criteria.overload)
+    needed = hold_s - judged_s + judged_s * (share / tell) ** (2 / 3)
+    can = f"an overload of {overload:.0%} or more" if math.isfinite(overload) else "no overload"
+    return (
+        f"this {hold_s:g} s hold at {rate:.3g} req/s can tell {can}; about {_minutes(needed)} would tell"
+        f" {criteria.overload:.0%} (a longer hold, or answers that vary less)"
+    )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 # --------------------------------------------------------------------------- checks
@@ -498,9 +574,9 @@ def _hold_length_check(hold: Hold, share: float | None) -> Check:
     return Check(
         name=name,
         kind="hold_length",
-        status="fail" if long else "pass",
+        status="inconclusive" if long else "pass",
         detail=f"E2E p99 {at_least}{p99_s:.2f} s is {p99_s / hold.duration_s:.0%} of the {hold.duration_s:g} s hold"
-        f" (limit {share:.0%})" + (": a hold this short cannot judge requests this long" if long else ""),
+        f" (limit {share:.0%})" + (": a hold this short cannot judge requests this long: hold longer" if long else ""),
     )
 
 
@@ -610,20 +686,24 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
         return f"not exported by {manifest.server.label}" if manifest.server and field in unexported else otherwise
 
     starved = _starved(hold, drift)
+    lag = hold.lag(drift.window_s)
     judged_failures = df[df.status.isin(["failed", "unfinished"])].error_category.value_counts().to_dict()
     checks = [
         _oom_check(judged_failures),
         *_rate_checks(hold_summary, criteria, hold),
-        _keeping_up(hold, drift),
+        _keeping_up(hold, drift, criteria.keeping_up),
         _hold_length_check(hold, criteria.max_e2e_share_of_hold),
         _slo_check("p99 TTFT SLO", hold, "ttft_ms", criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
         _slo_check("p99 TTFO SLO", hold, "ttfo_ms", criteria.slo_ttfo_p99_ms, "--slo-ttfo-p99-ms"),
         _slo_check("p99 E2E SLO", hold, "e2e_ms", criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
         _goodput_check(hold_summary, criteria.min_goodput_ratio, manifest),
         drift_check(
-            "p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms, starved=starved
+            "p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms, starved=starved,
+            lag=lag,
         ),
-        drift_check("p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms, starved=starved),
+        drift_check(
+            "p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms, starved=starved, lag=lag
+        ),
         drift_check(
             "KV-cache usage drift", "", server_series("kv_cache_usage", drift.window_s), floors.kv_cache_usage,
             unmeasured=unmeasured("kv_cache_usage"),

@@ -67,7 +67,9 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
     group.add_argument("--timeout-total", type=float, default=Limits.total_s)
     group.add_argument(
-        "--verdict", action="store_true", help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL"
+        "--verdict",
+        action="store_true",
+        help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL, 3 INCONCLUSIVE",
     )
     add_criteria_arguments(group)
     group.add_argument(

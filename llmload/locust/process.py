@@ -35,7 +35,7 @@ from llmload.live import LiveStats
 from llmload.locust import messaging, views
 from llmload.locust.flags import plan_flags
 from llmload.locust.messaging import WorkerState
-from llmload.models import RequestRecord, ServerIdentity
+from llmload.models import EXIT_CODES, RequestRecord, ServerIdentity
 from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
@@ -515,8 +515,8 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     )
     if STATE.criteria is not None and summary.verdict is not None:
         if environment.process_exit_code != 2:  # 2: a worker lost (--on-worker-loss stop), or the target unreachable
-            environment.process_exit_code = 0 if summary.verdict.passed else 1
-        log.info("llmload: verdict %s", "PASS" if summary.verdict.passed else "FAIL")
+            environment.process_exit_code = EXIT_CODES[summary.verdict.outcome]
+        log.info("llmload: verdict %s", summary.verdict.label)
         for reason in summary.verdict.reasons:
             log.info("llmload:   %s", reason)
     r = summary.requests

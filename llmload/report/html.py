@@ -385,6 +385,7 @@ h1 { font-size: 1.5em; margin-bottom: .2em; } h2 { font-size: 1.15em; margin: 1.
 .verdict { padding: .7em 1em; border-radius: 6px; margin: 1em 0; border: 2px solid; }
 .verdict.pass { background: #e9f7ec; border-color: #2ca02c; }
 .verdict.fail { background: #fdecea; border-color: #d62728; }
+.verdict.inconclusive { background: #fff6e0; border-color: #e6a700; }
 .verdict strong { font-size: 1.4em; } .verdict ul { margin: .3em 0 0; }
 .warn { background: #fff6e0; border-left: 4px solid #e6a700; padding: .4em 1em; margin: 1em 0; }
 table { border-collapse: collapse; margin: .4em 0 1em; font-variant-numeric: tabular-nums; }
@@ -413,9 +414,8 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 {{ s.run.arrival }} arrivals, target {{ s.run.target_qps | fmt(2) }} req/s, {{ s.run.workers }} load-generator
 process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 {% if s.verdict %}
-<div class="verdict {{ 'pass' if s.verdict.passed else 'fail' }}"><strong>{{ 'PASS' if s.verdict.passed
-  else 'FAIL' }}</strong>{% if s.verdict.reasons %}<ul>{% for r in s.verdict.reasons %}<li>{{ r }}</li>{% endfor
-  %}</ul>{% endif %}</div>
+<div class="verdict {{ s.verdict.outcome }}"><strong>{{ s.verdict.label }}</strong>{% if s.verdict.reasons
+  %}<ul>{% for r in s.verdict.reasons %}<li>{{ r }}</li>{% endfor %}</ul>{% endif %}</div>
 {% endif %}
 {% for w in s.run.warnings %}<div class="warn">{{ w }}</div>{% endfor %}
 <h2>Requests</h2>

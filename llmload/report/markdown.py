@@ -188,7 +188,7 @@ def render_markdown(summary: Summary) -> str:
         "",
     ]
     if summary.verdict is not None:
-        verdict = "PASS" if summary.verdict.passed else "FAIL"
+        verdict = summary.verdict.label
         lines += [f"**Verdict: {verdict}**", "", *[f"- {r}" for r in summary.verdict.reasons], ""]
     lines += [
         "## Requests",

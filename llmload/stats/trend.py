@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -29,14 +30,57 @@ class Trend:
     low: float
     high: float
     start: float
+    error: float = 0.0  # the slope's standard error
+    dof: int = 3
+
+    def bound(self, confidence: float, *, upper: bool) -> float:
+        """The one-sided bound of the slope at `confidence`: below it (upper) or above it (lower)."""
+        half = t_quantile(confidence, self.dof) * self.error
+        return self.slope + half if upper else self.slope - half
 
     @classmethod
-    def fit(cls, series: pd.Series, confidence: float) -> Trend:
+    def fit(cls, series: pd.Series, confidence: float, lag: int | None = None, *, adaptive: bool = False) -> Trend:
+        """Without `lag`, the windows are taken as independent. With it, the interval uses Newey–West
+        (HAC) errors over `lag` neighbouring windows (`adaptive`: more when the residuals say so, by
+        Andrews' AR(1) bandwidth), widened as fixed-b theory says (Kiefer–Vogelsang): neighbouring
+        windows move together when the requests in them overlap in time or a queue wanders slowly, and
+        errors that assume otherwise are too narrow (a healthy server then "drifts" far more often than
+        1 − confidence). Never narrower than the errors of independent windows."""
         x, y = series.index.to_numpy(dtype=float), series.to_numpy(dtype=float)
         dx = x - x.mean()
-        slope = float(dx @ (y - y.mean()) / (dx @ dx))
+        sxx = float(dx @ dx)
+        slope = float(dx @ (y - y.mean()) / sxx)
         intercept = float(y.mean() - slope * x.mean())
         residuals = y - intercept - slope * x
-        error = np.sqrt(residuals @ residuals / (len(x) - 2) / (dx @ dx))
-        half = t_quantile(0.5 + confidence / 2, len(x) - 2) * error
-        return cls(slope, slope - half, slope + half, intercept)
+        n = len(x)
+        error = float(np.sqrt(residuals @ residuals / (n - 2) / sxx))  # independent windows
+        if lag is not None and adaptive:
+            lag = max(lag, andrews_lag(residuals))
+        lag = 0 if lag is None else min(lag, n - 2)
+        widen = 1.0
+        if lag > 0:
+            scores = dx * residuals
+            long_run = float(scores @ scores)
+            for k in range(1, lag + 1):
+                long_run += 2 * (1 - k / (lag + 1)) * float(scores[k:] @ scores[:-k])
+            error = max(error, float(np.sqrt(max(long_run * n / (n - 2), 0.0))) / sxx)
+            widen = 1 + FIXED_B_WIDENING * lag / n
+        dof = max(n - 2, 3)
+        error *= widen
+        half = t_quantile(0.5 + confidence / 2, dof) * error
+        return cls(slope, slope - half, slope + half, intercept, error, dof)
+
+
+FIXED_B_WIDENING = 2.0  # critical values grow about linearly with lag / n (Kiefer & Vogelsang 2005); set by the harness
+
+
+def andrews_lag(residuals: np.ndarray) -> int:
+    """Andrews' (1991) data-dependent Bartlett bandwidth from the residuals' first autocorrelation."""
+    n = len(residuals)
+    if n < 4:
+        return 0
+    head, tail = residuals[:-1], residuals[1:]
+    denominator = float(head @ head)
+    rho = min(max(float(head @ tail) / denominator, 0.0), 0.97) if denominator > 0 else 0.0
+    alpha = 4 * rho**2 / ((1 - rho) ** 2 * (1 + rho) ** 2)
+    return math.ceil(1.1447 * (alpha * n) ** (1 / 3))

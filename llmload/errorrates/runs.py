@@ -1,0 +1,128 @@
+"""A run against a server of known capacity, made without a network: the plan's arrivals as llmload
+plans them (`ArrivalSchedule`), the server's answers (`servers`), the drain as the run ends it
+(a fixed time after the plan), and the records a real run writes. It is judged by the verdict's own code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from llmload.errorrates.servers import Server
+from llmload.gates.verdict import SoakCriteria, SoakResult, evaluate
+from llmload.models import RunManifest, Stage
+from llmload.observe.summary import read_server
+from llmload.records import FRAME_COLUMNS, RunRecords
+from llmload.report.summary import summarize
+from llmload.rundir import Run
+from llmload.schedule import ArrivalProcess, ArrivalSchedule, build_stages
+from llmload.stats.percentiles import percentiles
+
+HoldKind = Literal["probe", "confirm", "soak", "soak-30m"]
+STARTED_AT = 1_800_000_000.0
+RUN_DRAIN_S = 30.0  # --drain-timeout's default
+PROBE_DRAIN_S = 10.0  # --probe-drain's default
+NO_SERVER_FILE = Path("/nonexistent/server.jsonl")  # these servers export no /metrics
+
+
+@dataclass(frozen=True)
+class Hold:
+    """How a rate is held and judged: the stages before it, its length and its criteria."""
+
+    kind: HoldKind
+    stages: tuple[Stage, ...]
+    criteria: SoakCriteria
+    drain_s: float  # as the run has it: the soak's --drain-timeout default, the search's --probe-drain
+
+    @property
+    def judged(self) -> Stage:
+        return self.stages[-1]
+
+
+def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
+    """The holds the gates judge: a search probe (10 s warm-up, 30 s hold), the search's confirm (5 min),
+    the default soak (25/50/100% × 60 s, then 150% × 5 min) and a 30-minute soak, each at `hold_qps`
+    in its hold, with the criteria that hold is judged by (the search's own for a probe and a confirm)."""
+    from llmload.gates.search import confirm_criteria, probe_criteria
+
+    default = SoakCriteria()
+    if kind == "probe":
+        stages = build_stages(hold_qps, (100,), 30.0, warmup_s=10.0)
+        return Hold(kind, tuple(stages), probe_criteria(default, 30.0), PROBE_DRAIN_S)
+    if kind == "confirm":
+        stages = build_stages(hold_qps, (100,), 300.0, warmup_s=10.0)
+        return Hold(kind, tuple(stages), confirm_criteria(default, 300.0), PROBE_DRAIN_S)
+    hold_s = 300.0 if kind == "soak" else 1800.0
+    stages = build_stages(hold_qps / 1.5, (25, 50, 100, 150), 60.0, hold_duration_s=hold_s)
+    return Hold(kind, tuple(stages), default, RUN_DRAIN_S)
+
+
+def records(
+    hold: Hold, server: Server, process: ArrivalProcess, burstiness: float, seed: int
+) -> tuple[RunManifest, pd.DataFrame]:
+    """One run's plan and records: every request sent on time (these holds measure the server, not
+    the load generator), answered as `server` answers, or `unfinished` when the drain ended first."""
+    stages = list(hold.stages)
+    schedule = ArrivalSchedule(stages, process, burstiness=burstiness, seed=seed)
+    arrivals = np.fromiter(schedule.times(), dtype=float)
+    served = server.serve(arrivals, np.random.default_rng(seed + 1_000_003))
+    plan_end = stages[-1].end_s
+    ends = plan_end + hold.drain_s
+    done = served.finished <= ends
+    answered = served.first_token <= ends
+    stage_index = np.searchsorted(np.array([s.end_s for s in stages]), arrivals, side="right")
+    sent_at = STARTED_AT + arrivals
+    finished_at = STARTED_AT + np.where(done, served.finished, ends)
+    e2e = (finished_at - sent_at) * 1000
+    ttft = np.where(answered, served.first_token - arrivals, np.nan) * 1000
+    tokens = np.where(done, served.tokens, np.nan)
+    frame = pd.DataFrame(
+        {
+            "worker": 0,
+            "stage": pd.Categorical([stages[i].name for i in np.minimum(stage_index, len(stages) - 1).tolist()]),
+            "status": pd.Categorical(np.where(done, "ok", "unfinished")),
+            "turn": 0,
+            "scheduled_at": sent_at,
+            "sent_at": sent_at,
+            "finished_at": finished_at,
+            "schedule_delay_ms": 0.0,
+            "ttft_ms": ttft,
+            "ttfo_ms": np.nan,
+            "e2e_ms": e2e,
+            "tpot_ms": np.where(tokens > 1, (e2e - ttft) / (tokens - 1), np.nan),
+            "prompt_tokens": 100.0,
+            "output_tokens": tokens,
+            "cached_tokens": np.nan,
+            "usage_from_server": True,
+            "reasoning_tokens": np.nan,
+            "reasoning_tokens_counted": None,
+            "requested_output_tokens": np.nan,
+            "output_tokens_forced": None,
+            "error_category": pd.Series("unfinished", index=range(len(done))).where(~done),
+            "error_message": pd.Series(
+                "still running when the drain after the plan ended", index=range(len(done))
+            ).where(~done),
+        },
+        columns=list(FRAME_COLUMNS),
+    )
+    manifest = RunManifest(
+        run_id=f"errorrates-{seed}", host="http://known-capacity", model=None, workload="(generated)",
+        arrival=process, burstiness=burstiness, seed=seed, target_qps=stages[-1].qps / stages[-1].percent * 100,
+        stages=stages, drain_s=float(ends - plan_end), started_at=STARTED_AT,
+        finished_at=STARTED_AT + float(ends), workers=1, limits={},
+    )  # fmt: skip
+    return manifest, frame
+
+
+def judge(manifest: RunManifest, frame: pd.DataFrame, criteria: SoakCriteria) -> SoakResult:
+    """The soak verdict of a generated run, through the code `llmload verdict` runs: the summary
+    (`summarize`), then `evaluate`. Only the ITL histograms, which no check reads, are left out."""
+    server = read_server(NO_SERVER_FILE)
+    summary = summarize(
+        frame, manifest, itl=percentiles([]), stage_itl_p50=None, server=server, good=None, workload_prefix=None
+    )
+    run = Run(Path(manifest.run_id), manifest, RunRecords(Path(manifest.run_id), frame), server)
+    return evaluate(run, summary, criteria)

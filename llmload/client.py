@@ -20,6 +20,7 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.url import URL
 
+from llmload.drain import AGE_FACTOR, DrainOver
 from llmload.failures import (
     classify_exception,
     classify_http_status,
@@ -164,6 +165,13 @@ class ChatClient:
             else:
                 result.error_category = "timeout"
                 result.error_message = f"no complete response within {self.limits.total_s:g} s"
+        except DrainOver:
+            ran = time.perf_counter() - result.sent_at
+            result.error_category = "unfinished"
+            result.error_message = (
+                f"still running when the drain after the plan ended, after {ran:.1f} s: older than"
+                f" {AGE_FACTOR:g}× the longest answer seen, so not waited for"
+            )
         except gevent.GreenletExit:
             # recorded by the caller, which then lets the stop go on
             result.error_category = "cancelled"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from llmload.client import Limits
+from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError
 from llmload.models import GoodputSLO, RunManifest, ServerIdentity, Stage
 from llmload.report.goodput import parse_goodput_slo
@@ -46,7 +47,7 @@ class PlanFlags:
     warmup_s: float | None = None
     seed: int = 0
     first_session: int = 0
-    drain_s: float = 30.0
+    drain_s: float = DEFAULT_CAP_S
     history_turns: int | None = None
     max_users: int = 2000
     limits: Limits = field(default_factory=Limits)

@@ -26,6 +26,7 @@ import gevent
 import numpy as np
 import psutil
 
+from llmload import drain
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage
@@ -106,7 +107,7 @@ class WorkerShare:
     run_id: str
     index: int = 0
     count: int = 1
-    drain_s: float = 30.0
+    drain_s: float = drain.DEFAULT_CAP_S
 
 
 class Dispatcher:
@@ -128,6 +129,8 @@ class Dispatcher:
         self.sends: list[float] = []  # when requests left (run offsets), until the live figures take them
         self.sent_total = 0  # requests sent, counted here: a distributed run's master checks its records by it
         self.in_flight: dict[int, InFlight] = {}
+        self.on_the_wire: dict[int, gevent.Greenlet] = {}  # flights whose stream is open, by their user
+        self.longest_answer_s = 0.0  # the drain waits on requests younger than a multiple of it
         self._flight_ids = itertools.count()
 
     def adopt(self, positions: Sequence[int]) -> None:
@@ -147,8 +150,24 @@ class Dispatcher:
         self.in_flight[flight] = InFlight(seq, scheduled, now, session_id, turn)
         return flight
 
-    def land(self, flight: int) -> None:
+    def land(self, flight: int, answer_s: float | None = None) -> None:
+        """A request's record is handed on; `answer_s`: how long the server took to answer it, when it did."""
         self.in_flight.pop(flight, None)
+        if answer_s is not None:
+            self.longest_answer_s = max(self.longest_answer_s, answer_s)
+
+    def end_drain(self, now: float) -> int:
+        """After the plan's end, give up on the requests on the wire once none may still finish
+        (llmload.drain: all older than a multiple of the longest answer seen); how many were cut."""
+        if now < self.plan_end or not self.on_the_wire:
+            return 0
+        ages = [now - self.in_flight[f].sent for f in self.on_the_wire if f in self.in_flight]
+        if drain.waiting_on(np.asarray(ages), self.longest_answer_s):
+            return 0
+        users = list(self.on_the_wire.values())
+        for user in users:
+            user.kill(drain.DrainOver, block=False)
+        return len(users)
 
     def take_sends(self) -> tuple[list[float], float]:
         """The sends noted since the last call, and the run offset up to which they are complete."""
@@ -357,7 +376,11 @@ class TurnSender:
         while True:
             forced = turn.output_tokens is not None and self.shape.forces_length
             body = self.shape.body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
-            result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
+            self.dispatcher.on_the_wire[flight] = gevent.getcurrent()
+            try:
+                result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
+            finally:
+                self.dispatcher.on_the_wire.pop(flight, None)
             if (
                 result.ok
                 or result.stopped
@@ -372,7 +395,7 @@ class TurnSender:
         if record.error_category in HEALTH_PROBED and not result.stopped:
             record = with_health(record, self.client.probe_health())
         self.sink(record)
-        self.dispatcher.land(flight)
+        self.dispatcher.land(flight, result.finished_at - result.sent_at if result.ok else None)
         live.next_turn += 1
         if result.ok:
             live.history.append([*turn.messages, Message(role="assistant", content=result.text)])

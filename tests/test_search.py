@@ -12,7 +12,16 @@ import pytest
 
 from llmload.errors import InputError
 from llmload.gates.passthrough import long_options, refuse_overrides
-from llmload.gates.search import PROBE_FLAGS, Bounds, ProbeFlags, Searcher, boundary, next_rate, write_criteria
+from llmload.gates.search import (
+    DRIFT_CONFIDENCE,
+    PROBE_FLAGS,
+    Bounds,
+    ProbeFlags,
+    Searcher,
+    boundary,
+    next_rate,
+    write_criteria,
+)
 from llmload.gates.verdict import SoakCriteria
 from llmload.models import Probe, SearchResult
 from llmload.records import read_records
@@ -140,7 +149,8 @@ def test_every_hold_of_a_search_has_the_windows_its_drift_checks_need(
     probes, confirm = (
         load_yaml_model(tmp_path / name, SoakCriteria) for name in ("criteria.yaml", "criteria-confirm.yaml")
     )
-    assert probes.drift.window_s == pytest.approx(10 / 6) and probes.drift.confidence == 0.99
+    assert probes.drift.window_s == pytest.approx(10 / 6)
+    assert probes.drift.confidence == max(user.drift.confidence, DRIFT_CONFIDENCE)
     assert confirm.drift.window_s == pytest.approx(confirm_window_s)
     assert confirm.drift.confidence == user.drift.confidence and confirm.max_e2e_share_of_hold is None
     assert int(confirm_s / confirm.drift.window_s + 1e-9) >= confirm.drift.min_windows

@@ -12,6 +12,7 @@ from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import (
     PAGE_FILE,
+    PROBE_DRAIN_S,
     PROBE_FLAGS,
     Bounds,
     Interrupted,
@@ -62,8 +63,10 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
         help="unjudged lead-in of each probe at its rate (10s)",
     )  # fmt: skip
     parser.add_argument(
-        "--probe-drain", type=float, default=10.0, help="seconds a probe's requests may finish after its hold (10)"
-    )
+        "--probe-drain", type=float, default=PROBE_DRAIN_S,
+        help="the longest (s) a probe's requests may run on after its hold; the drain ends sooner, once every request"
+        " still running is older than 3x the longest answer seen (%(default)g)",
+    )  # fmt: skip
     parser.add_argument("--confirm", action="store_true", help="then soak at the rate found (--confirm-duration)")
     parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")
     parser.add_argument("--require-qps", type=float, default=None, help="exit 1 unless the answer is at least this")

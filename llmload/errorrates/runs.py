@@ -1,6 +1,7 @@
 """A run against a server of known capacity, made without a network: the plan's arrivals as llmload
 plans them (`ArrivalSchedule`), the server's answers (`servers`), the drain as the run ends it
-(a fixed time after the plan), and the records a real run writes. It is judged by the verdict's own code."""
+(`llmload.drain`, sized from the answers seen), and the records a real run writes. It is judged by
+the verdict's own code."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from llmload.drain import DEFAULT_CAP_S, drain_end
 from llmload.errorrates.servers import Server
 from llmload.gates.verdict import SoakCriteria, SoakResult, evaluate
 from llmload.models import RunManifest, Stage
@@ -23,8 +25,6 @@ from llmload.stats.percentiles import percentiles
 
 HoldKind = Literal["probe", "confirm", "soak", "soak-30m"]
 STARTED_AT = 1_800_000_000.0
-RUN_DRAIN_S = 30.0  # --drain-timeout's default
-PROBE_DRAIN_S = 10.0  # --probe-drain's default
 NO_SERVER_FILE = Path("/nonexistent/server.jsonl")  # these servers export no /metrics
 
 
@@ -35,7 +35,7 @@ class Hold:
     kind: HoldKind
     stages: tuple[Stage, ...]
     criteria: SoakCriteria
-    drain_s: float  # as the run has it: the soak's --drain-timeout default, the search's --probe-drain
+    drain_s: float  # the drain's cap, as the run has it: --drain-timeout's default, or the search's --probe-drain
 
     @property
     def judged(self) -> Stage:
@@ -46,7 +46,7 @@ def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
     """The holds the gates judge: a search probe (10 s warm-up, 30 s hold), the search's confirm (5 min),
     the default soak (25/50/100% × 60 s, then 150% × 5 min) and a 30-minute soak, each at `hold_qps`
     in its hold, with the criteria that hold is judged by (the search's own for a probe and a confirm)."""
-    from llmload.gates.search import confirm_criteria, probe_criteria
+    from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
 
     default = SoakCriteria()
     if kind == "probe":
@@ -57,7 +57,7 @@ def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
         return Hold(kind, tuple(stages), confirm_criteria(default, 300.0), PROBE_DRAIN_S)
     hold_s = 300.0 if kind == "soak" else 1800.0
     stages = build_stages(hold_qps / 1.5, (25, 50, 100, 150), 60.0, hold_duration_s=hold_s)
-    return Hold(kind, tuple(stages), default, RUN_DRAIN_S)
+    return Hold(kind, tuple(stages), default, DEFAULT_CAP_S)
 
 
 def records(
@@ -70,7 +70,7 @@ def records(
     arrivals = np.fromiter(schedule.times(), dtype=float)
     served = server.serve(arrivals, np.random.default_rng(seed + 1_000_003))
     plan_end = stages[-1].end_s
-    ends = plan_end + hold.drain_s
+    ends = drain_end(arrivals, served.finished, plan_end, hold.drain_s)
     done = served.finished <= ends
     answered = served.first_token <= ends
     stage_index = np.searchsorted(np.array([s.end_s for s in stages]), arrivals, side="right")

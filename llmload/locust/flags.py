@@ -9,6 +9,7 @@ from typing import Any
 from locust import events
 
 from llmload.client import Limits
+from llmload.drain import AGE_FACTOR, DEFAULT_CAP_S
 from llmload.fleet import ON_WORKER_LOSS
 from llmload.gates.verdict import add_criteria_arguments
 from llmload.plan import PlanFlags
@@ -61,7 +62,11 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
     group.add_argument("--reports-dir", default="reports", help="where run directories are written")
     group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
-    group.add_argument("--drain-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    group.add_argument(
+        "--drain-timeout", type=float, default=DEFAULT_CAP_S,
+        help="the longest (s) in-flight requests may run on after the plan; the drain ends sooner, once every"
+        f" request still running is older than {AGE_FACTOR:g}× the longest answer seen (%(default)g)",
+    )  # fmt: skip
     group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
     group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
     group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)

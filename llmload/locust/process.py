@@ -381,6 +381,7 @@ def _flush_loop(environment: Environment, run: ProcessRun) -> None:
     while True:
         gevent.sleep(FLUSH_INTERVAL_S)
         _expire(environment, run, time.perf_counter())
+        run.dispatcher.end_drain(time.perf_counter())
         run.cpu_max = max(run.cpu_max, runner.current_cpu_usage)
         if isinstance(runner, WorkerRunner):
             _send_records(runner, run)

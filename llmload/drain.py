@@ -1,0 +1,54 @@
+"""When the drain after the plan ends: sized from the answers seen, not a fixed time.
+
+A fixed drain judged healthy servers by the length of their answers: with 35 s answers and a 30 s
+drain, half the soaks of a server at half its capacity ended with requests still running, and failed.
+So the run waits while a request in flight is younger than `AGE_FACTOR` × the longest answer seen so
+far (it may well finish), and gives up on the rest (older than any answer by far: stuck), never past
+`--drain-timeout` after the plan's end. A healthy server's drain ends with its last answer; an
+overloaded one's queue drains up to that cap, and is judged on what it did meanwhile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+AGE_FACTOR = 3.0
+DEFAULT_CAP_S = 300.0  # --drain-timeout's default: only a stuck or overloaded server's drain lasts that long
+
+
+class DrainOver(Exception):
+    """Raised in a request still on the wire when the drain gives up on it: it becomes `unfinished`."""
+
+
+def waiting_on(ages: np.ndarray, longest_answer_s: float) -> bool:
+    """Whether a request in flight, of these ages (s), may still finish: one younger than AGE_FACTOR ×
+    the longest answer seen (before any answer came back, every request is waited for)."""
+    if not len(ages):
+        return False
+    return longest_answer_s <= 0 or bool((np.asarray(ages) < AGE_FACTOR * longest_answer_s).any())
+
+
+def drain_end(sent: np.ndarray, finished: np.ndarray, plan_end: float, cap_s: float) -> float:
+    """When the drain ends for requests sent at `sent` that would finish at `finished` (s, one clock):
+    the first moment after the plan's end at which `waiting_on` says no, at most `cap_s` after it; the
+    rule the running dispatcher applies (llmload.replay), here on answer times known in advance."""
+    deadline = plan_end + cap_s
+    order = np.argsort(finished, kind="stable")
+    ends, starts = finished[order], sent[order]
+    if not len(ends) or ends[-1] <= plan_end:
+        return plan_end
+    longest = np.maximum.accumulate(ends - starts)
+    youngest = np.maximum.accumulate(starts[::-1])[::-1]  # of the requests still to finish, from each on
+    done = int(np.searchsorted(ends, plan_end, side="right"))
+    now = plan_end
+    while done < len(ends):
+        seen = float(longest[done - 1]) if done else 0.0
+        if seen > 0:  # until the next answer nothing changes but the ages of those in flight
+            gives_up = max(now, float(youngest[done]) + AGE_FACTOR * seen)
+            if gives_up < ends[done]:
+                return min(gives_up, deadline)
+        now = float(ends[done])
+        if now >= deadline:
+            return deadline
+        done += 1
+    return now

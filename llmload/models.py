@@ -590,6 +590,7 @@ class Verdict(BaseModel):
     inconclusive_kinds: list[CheckKind] = Field(
         default_factory=list, description="the kind of each check that could not tell (a longer hold would)"
     )
+    hold_needed_s: float | None = Field(default=None, description="INCONCLUSIVE: about the hold that would tell")
     marginal: bool = Field(
         default=False,
         description="failed only on checks a second hold may reverse: a drift past its limit at the slope's "
@@ -701,6 +702,7 @@ class Probe(BaseModel):
     failed_checks: list[str] = Field(default_factory=list, description="verdict lines of the checks that failed")
     failed_kinds: list[CheckKind] = Field(default_factory=list, description="the kind of each check that failed")
     marginal: bool = Field(default=False, description="failed only on checks a second hold may reverse")
+    hold_needed_s: float | None = Field(default=None, description="INCONCLUSIVE: about the hold that would tell")
     inconclusive: bool = Field(default=False, description="its verdict was INCONCLUSIVE: never a pass")
     too_short: bool = Field(
         default=False,
@@ -824,6 +826,9 @@ class SweepRow(BaseModel):
     failing_qps: float | None = None
     failing_reason: str | None = None
     passed: bool | None = Field(default=None, description="search: passes at --require-qps; soak: its verdict")
+    inconclusive: bool = Field(
+        default=False, description="soak: INCONCLUSIVE (never a pass); search: no probe could tell"
+    )
     verdict_reasons: list[str] = Field(default_factory=list, description="the checks that failed")
     measured_at_qps: float | None = Field(default=None, description="the rate the figures below were measured at")
     output_tokens_per_s: float | None = None

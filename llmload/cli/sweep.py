@@ -3,7 +3,8 @@ server (`--serve`, in its own process group, stopped afterwards, Ctrl-C included
 for the highest rate that passes the soak verdict (`--mode search`) or the 150% soak at the
 target (`--mode soak`); a server that does not start is a row that says why, in vLLM's numbers.
 `--predict` first runs the same sweep on the embedded target sized by each configuration.
-Exit 0 when a configuration passes (at --require-qps), 1 when none does, 2 on bad input."""
+Exit 0 when a configuration passes (at --require-qps), 1 when none does, 2 on bad input, 3 when none passes
+and none could be told (every verdict INCONCLUSIVE: holds too short)."""
 
 from __future__ import annotations
 
@@ -121,7 +122,10 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
                 predicted.update({row.name: row for row in result.rows})
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return 0 if result.best is not None else 1
+    if result.best is not None:
+        return 0
+    judged = [row for row in result.rows if row.passed is not None]
+    return 3 if judged and all(row.inconclusive for row in judged) else 1
 
 
 def _print(result: SweepResult, where: Path) -> None:

@@ -8,11 +8,16 @@ writes.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
 
 from llmload.errorrates.runs import HoldKind, hold_plan, judge, records
 from llmload.errorrates.servers import BatchServer, FifoServer, Lengths, Server
+from llmload.gates.verdict import KeepingUpCriteria
 from llmload.schedule import ArrivalProcess
 
 HEALTHY_LOAD = 0.85
@@ -28,6 +33,11 @@ class Arrivals:
     @property
     def label(self) -> str:
         return f"gamma {self.burstiness:g}" if self.process == "gamma" else self.process
+
+    @property
+    def cv2(self) -> float:
+        """The squared coefficient of variation of the gaps between arrivals."""
+        return {"constant": 0.0, "poisson": 1.0}.get(self.process, 1 / self.burstiness)
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,32 @@ class Cell:
         """What the gate must say: healthy, overloaded, or either (between the two)."""
         return "healthy" if self.load <= HEALTHY_LOAD else "overloaded" if self.load >= OVERLOADED else "between"
 
+    @property
+    def held_requests(self) -> float:
+        return self.rate * hold_plan(self.hold, self.rate).judged.duration_s
+
+    @functools.cached_property
+    def requests_needed(self) -> float:
+        """The fewest requests with which keeping up can PASS this server at all, were its queue perfectly
+        level: the random-walk error (llmload.gates.verdict._random_walk_error) must leave room under the
+        growth of a 10% overload, (z_pass / growth)² × (c_a² / 5 + 6/5 × c_s²), with c_s² of the server's
+        service times and c_a² of the arrival process. A hold with fewer can only be INCONCLUSIVE."""
+        criteria = KeepingUpCriteria()
+        z = NormalDist().inv_cdf(criteria.pass_confidence)
+        growth = 1 - 1 / (1 + criteria.overload)
+        service = self.server.service_times(np.random.default_rng(0), 100_000)
+        service_cv2 = float(service.var() / service.mean() ** 2)
+        return (z / growth) ** 2 * (self.arrivals.cv2 / 5 + 6 / 5 * service_cv2)
+
+    @property
+    def too_few(self) -> bool:
+        """Whether the hold is too short for any verdict but INCONCLUSIVE on a healthy server: fewer
+        requests than `requests_needed`, or a hold under `answer_spans` of its answers' p90."""
+        hold = hold_plan(self.hold, self.rate)
+        p90 = float(np.percentile(self.server.service_times(np.random.default_rng(0), 100_000), 90))
+        spans = hold.criteria.keeping_up.answer_spans
+        return self.held_requests < self.requests_needed or hold.judged.duration_s < spans * p90
+
 
 @dataclass
 class Tally:
@@ -59,9 +95,10 @@ class Tally:
 
     @property
     def wrong(self) -> float:
-        """The share of verdicts the cell's side forbids."""
+        """The share of verdicts the cell's side forbids: on a healthy server anything but PASS, or only
+        FAIL where the hold holds too few requests to tell (INCONCLUSIVE is right there)."""
         if self.cell.side == "healthy":
-            return 1 - self.share("pass")
+            return self.share("fail") if self.cell.too_few else 1 - self.share("pass")
         if self.cell.side == "overloaded":
             return self.share("pass")
         return 0.0
@@ -73,7 +110,7 @@ def tally(cell: Cell, seeds: range) -> Tally:
     out = Tally(cell)
     for seed in seeds:
         manifest, frame = records(hold, cell.server, cell.arrivals.process, cell.arrivals.burstiness, seed)
-        result = judge(manifest, frame, hold.criteria)
+        result, _ = judge(manifest, frame, hold.criteria)
         verdict = result.verdict
         out.runs += 1
         out.outcomes[verdict.outcome] += 1

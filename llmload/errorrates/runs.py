@@ -15,7 +15,7 @@ import pandas as pd
 from llmload.drain import DEFAULT_CAP_S, drain_end
 from llmload.errorrates.servers import Server
 from llmload.gates.verdict import SoakCriteria, SoakResult, evaluate
-from llmload.models import RunManifest, Stage
+from llmload.models import RunManifest, Stage, Summary
 from llmload.observe.summary import read_server
 from llmload.records import FRAME_COLUMNS, RunRecords
 from llmload.report.summary import summarize
@@ -117,7 +117,7 @@ def records(
     return manifest, frame
 
 
-def judge(manifest: RunManifest, frame: pd.DataFrame, criteria: SoakCriteria) -> SoakResult:
+def judge(manifest: RunManifest, frame: pd.DataFrame, criteria: SoakCriteria) -> tuple[SoakResult, Summary]:
     """The soak verdict of a generated run, through the code `llmload verdict` runs: the summary
     (`summarize`), then `evaluate`. Only the ITL histograms, which no check reads, are left out."""
     server = read_server(NO_SERVER_FILE)
@@ -125,4 +125,4 @@ def judge(manifest: RunManifest, frame: pd.DataFrame, criteria: SoakCriteria) ->
         frame, manifest, itl=percentiles([]), stage_itl_p50=None, server=server, good=None, workload_prefix=None
     )
     run = Run(Path(manifest.run_id), manifest, RunRecords(Path(manifest.run_id), frame), server)
-    return evaluate(run, summary, criteria)
+    return evaluate(run, summary, criteria), summary

@@ -87,6 +87,9 @@ class FifoServer:
     def label(self) -> str:
         return f"FIFO {self.slots} slot(s), {self.mean_answer_s:.3g} s answers ({self.lengths.label})"
 
+    def service_times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self.ttft_s + (self.lengths.draw(n, rng) - 1) * self.itl_s
+
     def serve(self, arrivals: np.ndarray, rng: np.random.Generator) -> Served:
         tokens = self.lengths.draw(len(arrivals), rng)
         service = self.ttft_s + (tokens - 1) * self.itl_s
@@ -128,6 +131,10 @@ class BatchServer:
     def mean_answer_s(self) -> float:
         """At a full batch."""
         return self.lengths.mean_tokens * (self.step_s + self.step_per_seq_s * self.max_num_seqs)
+
+    def service_times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """At a full batch."""
+        return self.lengths.draw(n, rng) * (self.step_s + self.step_per_seq_s * self.max_num_seqs)
 
     @property
     def label(self) -> str:

@@ -31,7 +31,7 @@ import yaml
 
 from llmload.errors import InputError
 from llmload.gates.verdict import DriftCriteria, SoakCriteria
-from llmload.models import Probe, SearchOutcome, SearchResult
+from llmload.models import Probe, SearchOutcome, SearchResult, StageSummary, Verdict
 from llmload.process_group import start_in_group
 from llmload.report.search_page import render_page
 from llmload.rundir import read_summary
@@ -171,19 +171,23 @@ class Searcher:
         return sum(math.ceil(p.qps * s) for p, s in zip(self.result.probes, held, strict=True))
 
     def hold_and_drain(self, qps: float, *, confirm: bool) -> tuple[float, float]:
-        """The next probe's hold and drain at `qps`: the search's, or longer after a probe at this rate
-        whose answers were too long for its hold (twice its hold, or enough for its E2E p99, at most
-        LONGEST_HOLD times --probe-duration; a drain of twice that p99)."""
+        """The next probe's hold and drain at `qps`: the hold that last decided a rate (at least
+        --probe-duration), or longer after a probe at this rate that could not tell (INCONCLUSIVE): the
+        hold its verdict says would tell, with a fifth more, or twice its hold, or enough for its E2E p99,
+        whichever is longest, at most LONGEST_HOLD times --probe-duration; a drain of twice that p99."""
         flags = self.flags
         if confirm:
             return flags.confirm_s, flags.drain_s
+        decided = [p for p in self.result.probes if not p.confirm and p.passed is not None and not p.too_short]
+        base = max(flags.hold_s, decided[-1].hold_s or flags.hold_s) if decided else flags.hold_s
         short = [p for p in self.result.probes if p.qps == qps and not p.confirm]
         if not short or not short[-1].too_short:
-            return flags.hold_s, flags.drain_s
+            return min(base, LONGEST_HOLD * flags.hold_s), flags.drain_s
         last = short[-1]
         held = last.hold_s or flags.hold_s
         e2e_s = (last.e2e_p99_ms or 0.0) / 1000
-        hold = min(LONGEST_HOLD * flags.hold_s, max(2 * held, math.ceil(1.5 * e2e_s / E2E_SHARE_OF_HOLD)))
+        told = math.ceil(1.2 * last.hold_needed_s) if last.hold_needed_s else 0
+        hold = min(LONGEST_HOLD * flags.hold_s, max(2 * held, told, math.ceil(1.5 * e2e_s / E2E_SHARE_OF_HOLD)))
         return hold, max(flags.drain_s, math.ceil(2 * e2e_s))
 
     def locust_command(self, qps: float, run_id: str, *, confirm: bool) -> list[str]:
@@ -244,7 +248,12 @@ class Searcher:
         summary = read_summary(self.directory / run_id)
         if summary is None or summary.verdict is None:
             return Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
-        verdict, hold = summary.verdict, summary.stages[-1]
+        return self.judged_probe(run_id, qps, hold_s, summary.verdict, summary.stages[-1], confirm=confirm)
+
+    def judged_probe(
+        self, run_id: str, qps: float, hold_s: float, verdict: Verdict, hold: StageSummary, *, confirm: bool
+    ) -> Probe:
+        """What the search learns from a probe's verdict and its hold's figures."""
         failed_checks = [r for r in verdict.reasons if r.startswith(("FAIL", "INCONCLUSIVE"))]
         unsure = verdict.outcome == "inconclusive"  # too short to tell: held longer, never passed
         queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if unsure else None
@@ -259,6 +268,7 @@ class Searcher:
             failed_kinds=verdict.failed_kinds,
             marginal=verdict.marginal,
             inconclusive=unsure and queue is None,
+            hold_needed_s=verdict.hold_needed_s,
             too_short=unsure and queue is None and not confirm and hold_s < LONGEST_HOLD * self.flags.hold_s,
             sent=hold.ok + hold.failed + hold.unfinished,
             unfinished=hold.unfinished,

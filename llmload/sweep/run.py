@@ -153,6 +153,8 @@ class Sweep:
         lo, hi = boundary(found.probes)
         row.outcome, row.passing_qps, row.failing_qps, row.failing_reason = found.outcome, lo, hi, found.failing_reason
         row.passed = lo is not None and lo >= (self.result.required_qps or 0)
+        judged = [p for p in found.probes if p.passed is not None]
+        row.inconclusive = lo is None and bool(judged) and all(p.inconclusive for p in judged if not p.passed)
         row.reports = [f"{row.name}/{SEARCH_DIR}/{p.run_id}/{rundir.HTML_FILE}" for p in found.probes]
         answer = found.answer_probe
         if answer is not None:
@@ -171,10 +173,11 @@ class Sweep:
             row.passed, row.verdict_reasons = False, ["no verdict: the soak did not finish (see its log)"]
             return
         row.passed = summary.verdict.passed
+        row.inconclusive = summary.verdict.outcome == "inconclusive"
         row.passing_qps = summary.run.target_qps if row.passed else None
         row.failing_qps = None if row.passed else summary.run.target_qps
-        row.verdict_reasons = [r for r in summary.verdict.reasons if r.startswith("FAIL")]
-        row.failing_reason = row.verdict_reasons[0].removeprefix("FAIL ") if row.verdict_reasons else None
+        row.verdict_reasons = [r for r in summary.verdict.reasons if r.startswith(("FAIL", "INCONCLUSIVE"))]
+        row.failing_reason = row.verdict_reasons[0].split(" ", 1)[1] if row.verdict_reasons else None
 
     def _with_prediction(self, row: SweepRow) -> SweepRow:
         predicted = self.predicted.get(row.name)

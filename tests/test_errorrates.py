@@ -1,0 +1,114 @@
+"""The gates' error-rate harness (llmload/errorrates): servers of known capacity behave as queueing
+theory says, their runs are judged as `llmload verdict` judges a run directory, and a few cells of the
+table in docs/gates.md hold their targets (the seeds are fixed: the same verdicts every time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from llmload.drain import drain_end
+from llmload.errorrates.grid import SERVERS, Arrivals, Cell, tally
+from llmload.errorrates.runs import Hold, hold_plan, judge, records
+from llmload.errorrates.servers import BatchServer, FifoServer, Lengths
+from llmload.records import FRAME_COLUMNS
+from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, VERDICT_FILE
+from tests.locust_runs import llmload_cli
+
+SEEDS = range(40)
+
+
+def _completions_per_s(server: FifoServer | BatchServer, load: float, seconds: float = 2000.0) -> float:
+    rng = np.random.default_rng(0)
+    rate = load * server.capacity_qps
+    arrivals = np.sort(rng.uniform(0, seconds, int(rate * seconds)))
+    served = server.serve(arrivals, rng)
+    return float((served.finished <= seconds).sum()) / seconds
+
+
+@pytest.mark.parametrize("server", [SERVERS["fifo-1x3s-fixed"], SERVERS["fifo-32x3s"], SERVERS["batch-16x2s"]])
+def test_a_server_of_known_capacity_serves_what_it_is_sent_below_it_and_its_capacity_above(
+    server: FifoServer | BatchServer,
+) -> None:
+    below = _completions_per_s(server, 0.7)
+    above = _completions_per_s(server, 1.5)
+    assert below == pytest.approx(0.7 * server.capacity_qps, rel=0.05)
+    assert above == pytest.approx(server.capacity_qps, rel=0.05)
+
+
+def test_lengths_have_the_mean_they_are_given() -> None:
+    rng = np.random.default_rng(1)
+    for shape in ("fixed", "lognormal", "pareto"):
+        drawn = Lengths(shape, 200, 0.9).draw(200_000, rng)  # type: ignore[arg-type]
+        assert drawn.mean() == pytest.approx(200, rel=0.02), shape
+
+
+def test_the_drain_waits_for_long_answers_and_gives_up_on_stuck_ones() -> None:
+    """Answers of 35-38 s sent just before the plan's end are waited for; a stuck request is given up
+    once it is 3x older than the longest answer seen (38 s: at 20 + 114 s); the cap holds."""
+    sent = np.array([0.0, 10.0, 90.0, 95.0, 20.0])
+    finished = np.array([35.0, 48.0, 128.0, 131.0, 2000.0])  # the last one is stuck
+    assert drain_end(sent, finished, plan_end=100.0, cap_s=300.0) == pytest.approx(134.0)
+    assert drain_end(sent[:4], finished[:4], plan_end=100.0, cap_s=20.0) == 120.0
+    alone = drain_end(sent[[0, 4]], finished[[0, 4]], plan_end=100.0, cap_s=300.0)
+    assert alone == pytest.approx(125.0)  # the one 35 s answer: the stuck one is waited for until it is 105 s old
+
+
+def test_a_generated_run_judged_from_its_directory_gets_the_same_verdict(tmp_path: Path) -> None:
+    """The harness judges in memory; `llmload verdict` on the same records, written as a run directory,
+    must agree check for check (it is the same code, and this shows it)."""
+    cell = Cell(SERVERS["fifo-32x3s"], "probe", Arrivals("poisson"), 0.7)
+    hold = hold_plan(cell.hold, cell.rate)
+    manifest, frame = records(hold, cell.server, "poisson", 1.0, seed=3)
+    in_memory, _ = judge(manifest, frame, hold.criteria)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(manifest.model_dump(mode="json")))
+    rows = frame.assign(session_id="s", run_id=manifest.run_id)[["run_id", "session_id", *FRAME_COLUMNS]]
+    rows = rows.astype(object).where(rows.notna(), None)
+    lines = [orjson.dumps(record) + b"\n" for record in rows.to_dict("records")]
+    (run_dir / RECORDS_FILE).write_bytes(b"".join(lines))
+    criteria = tmp_path / "criteria.yaml"
+    criteria.write_text(orjson.dumps(hold.criteria.model_dump(mode="json")).decode())
+    proc = llmload_cli("verdict", str(run_dir), "--criteria", str(criteria), timeout=120)
+    assert proc.returncode == {"pass": 0, "fail": 1, "inconclusive": 3}[in_memory.verdict.outcome], proc.stderr
+    assert proc.stdout.startswith(f"{run_dir}: {in_memory.verdict.label} — "), proc.stdout
+    written = orjson.loads((run_dir / VERDICT_FILE).read_bytes())
+    assert written["outcome"] == in_memory.verdict.outcome and written["reasons"] == in_memory.verdict.reasons
+
+
+def test_the_default_soak_passes_a_healthy_server_and_fails_an_overloaded_one() -> None:
+    """The issue's first case: 32 slots, 3 s answers, at 0.7 and 0.85 of capacity (Poisson and bursty
+    arrivals) failed 12-21% of default soaks; at 1.2 every soak must fail."""
+    for arrivals in (Arrivals("poisson"), Arrivals("gamma", 0.5)):
+        for load in (0.7, 0.85):
+            result = tally(Cell(SERVERS["fifo-32x3s"], "soak", arrivals, load), SEEDS)
+            assert result.share("pass") == 1.0, (arrivals, load, result.outcomes, result.reasons)
+        overloaded = tally(Cell(SERVERS["fifo-32x3s"], "soak", arrivals, 1.2), SEEDS)
+        assert overloaded.share("fail") == 1.0, (arrivals, overloaded.outcomes)
+
+
+def test_a_one_slot_server_just_over_its_capacity_never_passes() -> None:
+    """The issue's third case: one slot at 1.13 of capacity passed a search probe; it may not PASS a
+    probe, a confirm or a soak (a hold too short to tell says so)."""
+    server = SERVERS["fifo-1x8s"]
+    for hold in ("probe", "confirm", "soak"):
+        result = tally(Cell(server, hold, Arrivals("constant"), 1.13), range(20))  # type: ignore[arg-type]
+        assert result.share("pass") == 0.0, (hold, result.outcomes, result.reasons)
+
+
+def test_a_hold_too_short_to_tell_is_inconclusive_and_names_the_hold_it_needs() -> None:
+    """The issue's fourth case, a 10 s hold: not a PASS on no evidence."""
+    cell = Cell(SERVERS["fifo-32x3s"], "probe", Arrivals("poisson"), 0.5)
+    hold = hold_plan("probe", cell.rate)
+    stages = (*hold.stages[:-1], hold.stages[-1].model_copy(update={"duration_s": 10.0}))
+    criteria = hold.criteria.model_copy(update={"drift": hold.criteria.drift.model_copy(update={"window_s": 10.0})})
+    short = Hold(hold.kind, stages, criteria, hold.drain_s)
+    manifest, frame = records(short, cell.server, "poisson", 1.0, seed=0)
+    result, _ = judge(manifest, frame, short.criteria)
+    assert result.verdict.outcome == "inconclusive" and "keeping_up" in result.verdict.inconclusive_kinds
+    keeping_up = next(c for c in result.checks if c.name == "keeping up")
+    assert "hold at least 60 s" in keeping_up.detail, keeping_up.detail

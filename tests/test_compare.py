@@ -66,7 +66,14 @@ def test_two_runs_of_the_same_target_differ_but_do_not_regress(
     base, again = (compare.load_run(runs[n]).summary.latency_ms for n in ("base", "again"))
     assert base.ttft.p50 != again.ttft.p50 and base.itl.p99 != again.itl.p99  # the noise is real
     assert set(_results(out).values()) == {"ok"}, out
-    assert "No regression" in out
+    assert "No regression" in out and "could not tell" in out
+    # each figure says the smallest change these runs could have called a regression: at least its limit
+    comparison = compare.compare_runs(
+        compare.load_run(runs["base"]), compare.load_run(runs["again"]), compare.Thresholds()
+    )
+    for row in comparison.rows:
+        if row.ci is not None and row.unit == "ms":
+            assert row.detectable is not None and row.detectable >= row.limit, row
 
 
 def test_a_slower_first_token_is_a_ttft_regression_and_itl_is_not(
@@ -81,7 +88,7 @@ def test_a_slower_first_token_is_a_ttft_regression_and_itl_is_not(
     assert all(results[f"TPOT {q}"] == "ok" for q in ("p50", "p95", "p99")), out
     table = markdown.read_text()
     assert "regression gate: **FAIL**" in table
-    assert "| metric | baseline | current | Δ | Δ % | CI of Δ | allowed | result |" in table
+    assert "| metric | baseline | current | Δ | Δ % | CI of Δ | allowed | detectable | result |" in table
     ttft = next(line for line in table.splitlines() if line.startswith("| TTFT p50 (ms) |"))
     assert ttft.endswith("| **REGRESSION** |")
     delta = float(ttft.split("|")[4])

@@ -14,6 +14,8 @@ from llmload.drain import drain_end
 from llmload.errorrates.grid import SERVERS, Arrivals, Cell, tally
 from llmload.errorrates.runs import Hold, hold_plan, judge, records
 from llmload.errorrates.servers import BatchServer, FifoServer, Lengths
+from llmload.errorrates.walk import calm_quantiles
+from llmload.gates.verdict import WALK_CALM_QUANTILE, WALK_CALM_WINDOWS
 from llmload.records import FRAME_COLUMNS
 from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, VERDICT_FILE
 from tests.locust_runs import llmload_cli
@@ -37,6 +39,13 @@ def test_a_server_of_known_capacity_serves_what_it_is_sent_below_it_and_its_capa
     above = _completions_per_s(server, 1.5)
     assert below == pytest.approx(0.7 * server.capacity_qps, rel=0.05)
     assert above == pytest.approx(server.capacity_qps, rel=0.05)
+
+
+def test_the_verdicts_table_of_a_walks_calm_is_what_simulation_gives() -> None:
+    """Keeping up rules out a saturated server by how calm its in-flight series is; the table it reads
+    is the 0.5% quantile of a simulated walk's calm (a fresh, smaller simulation agrees within 15%)."""
+    fresh = calm_quantiles(WALK_CALM_WINDOWS, 0.005, paths=6_000, seed=7)
+    assert fresh == pytest.approx(list(WALK_CALM_QUANTILE), rel=0.15)
 
 
 def test_lengths_have_the_mean_they_are_given() -> None:

@@ -14,6 +14,7 @@ import pandas as pd
 
 from llmload.drain import DEFAULT_CAP_S, drain_end
 from llmload.errorrates.servers import Server
+from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
 from llmload.gates.verdict import SoakCriteria, SoakResult, evaluate
 from llmload.models import RunManifest, Stage, Summary
 from llmload.observe.summary import read_server
@@ -46,8 +47,6 @@ def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
     """The holds the gates judge: a search probe (10 s warm-up, 30 s hold), the search's confirm (5 min),
     the default soak (25/50/100% × 60 s, then 150% × 5 min) and a 30-minute soak, each at `hold_qps`
     in its hold, with the criteria that hold is judged by (the search's own for a probe and a confirm)."""
-    from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
-
     default = SoakCriteria()
     if kind == "probe":
         stages = build_stages(hold_qps, (100,), 30.0, warmup_s=10.0)

@@ -1,4 +1,4 @@
-"""The gates: a run, or runs, judged PASS or FAIL, and the commands built on that judgement.
+"""The gates: a run, or runs, judged PASS, FAIL or INCONCLUSIVE, and the commands built on that judgement.
 
 - ``verdict``: the soak verdict's checks of a run (its hold stage), one reason line each.
 - ``soak``: ``llmload soak``, a Locust run with the soak's stages and the verdict.

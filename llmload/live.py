@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from llmload.models import ServerIdentity, Stage
+from llmload.models import ServerIdentity, Stage, Verdict
 from llmload.observe.observer import ServerSample
 from llmload.observe.summary import hit_rate
 
@@ -116,6 +116,7 @@ class LiveStats:
     ) -> None:
         self.stages = list(stages)
         self.identity = server  # which server the run met (llmload/server)
+        self.verdict: Verdict | None = None  # the soak verdict, once the run has ended with --verdict
         self.started_at = started_at
         self._plan = np.sort(plan_offsets)  # every planned request, seconds from the start
         self.registry = CollectorRegistry(auto_describe=True)

@@ -11,13 +11,13 @@ import orjson
 import pytest
 
 from llmload.drain import drain_end
+from llmload.errorrates.compare import compare_pair, write_run
 from llmload.errorrates.grid import SERVERS, Arrivals, Cell, tally
 from llmload.errorrates.runs import Hold, hold_plan, judge, records
 from llmload.errorrates.servers import BatchServer, FifoServer, Lengths
 from llmload.errorrates.walk import calm_quantiles
 from llmload.gates.verdict import WALK_CALM_QUANTILE, WALK_CALM_WINDOWS
-from llmload.records import FRAME_COLUMNS
-from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, VERDICT_FILE
+from llmload.rundir import VERDICT_FILE
 from tests.locust_runs import llmload_cli
 
 SEEDS = range(40)
@@ -73,13 +73,7 @@ def test_a_generated_run_judged_from_its_directory_gets_the_same_verdict(tmp_pat
     hold = hold_plan(cell.hold, cell.rate)
     manifest, frame = records(hold, cell.server, "poisson", 1.0, seed=3)
     in_memory, _ = judge(manifest, frame, hold.criteria)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / MANIFEST_FILE).write_bytes(orjson.dumps(manifest.model_dump(mode="json")))
-    rows = frame.assign(session_id="s", run_id=manifest.run_id)[["run_id", "session_id", *FRAME_COLUMNS]]
-    rows = rows.astype(object).where(rows.notna(), None)
-    lines = [orjson.dumps(record) + b"\n" for record in rows.to_dict("records")]
-    (run_dir / RECORDS_FILE).write_bytes(b"".join(lines))
+    run_dir = write_run(tmp_path / "run", manifest, frame)
     criteria = tmp_path / "criteria.yaml"
     criteria.write_text(orjson.dumps(hold.criteria.model_dump(mode="json")).decode())
     proc = llmload_cli("verdict", str(run_dir), "--criteria", str(criteria), timeout=120)
@@ -87,6 +81,20 @@ def test_a_generated_run_judged_from_its_directory_gets_the_same_verdict(tmp_pat
     assert proc.stdout.startswith(f"{run_dir}: {in_memory.verdict.label} — "), proc.stdout
     written = orjson.loads((run_dir / VERDICT_FILE).read_bytes())
     assert written["outcome"] == in_memory.verdict.outcome and written["reasons"] == in_memory.verdict.reasons
+
+
+def test_compare_calls_no_regression_between_runs_of_one_server_and_catches_one_fifteen_percent_slower(
+    tmp_path: Path,
+) -> None:
+    """Default soaks of a 32-slot server at 0.7 of capacity, written as run directories and compared by
+    `compare`'s own code: same server, no regression; every latency 1.15×, a regression in E2E p50."""
+    server = SERVERS["fifo-32x3s"]
+    for seed in range(2):
+        same = compare_pair(tmp_path, server, 0.7, Arrivals("poisson"), seed)
+        limits = {"E2E p50": 0.10, "E2E p95": 0.10, "E2E p99": 0.15}  # the default thresholds
+        assert not same.regressed and all(limits[m] <= d < 0.5 for m, d in same.detectable.items()), same
+        worse = compare_pair(tmp_path, server, 0.7, Arrivals("poisson"), seed, factor=1.15)
+        assert "E2E p50" in worse.regressed, worse
 
 
 def test_the_default_soak_passes_a_healthy_server_and_fails_an_overloaded_one() -> None:

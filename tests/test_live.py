@@ -197,7 +197,8 @@ def test_live_rates_show_a_real_shortfall(tmp_path: Path) -> None:
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (make browser installs it)")
 def test_web_ui_llm_tab_and_prometheus_agree_with_the_run(tmp_path: Path) -> None:
     """A real run in Locust's web UI: the LLM tab shows while it runs; afterwards the UI's request
-    count and the Prometheus counters and histogram totals equal the run's summary."""
+    count and the Prometheus counters and histogram totals equal the run's summary, and the tab shows
+    the verdict (a 12 s hold is too short to tell: INCONCLUSIVE, with the hold it needs)."""
     web_port, metrics_port = free_port(), free_port()
     workload = small_workload(tmp_path)
     command = locust_command(
@@ -215,6 +216,7 @@ def test_web_ui_llm_tab_and_prometheus_agree_with_the_run(tmp_path: Path) -> Non
         "0",
         "--prometheus-port",
         str(metrics_port),
+        "--verdict",
     )
     command = [c for c in command if c not in ("--headless", "--only-summary")]
     command += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(web_port)]  # fmt: skip
@@ -254,6 +256,9 @@ def test_web_ui_llm_tab_and_prometheus_agree_with_the_run(tmp_path: Path) -> Non
     assert metrics["llmload_output_tokens_total{}"] == records.output_tokens.sum()
     assert metrics["llmload_target_qps{}"] == 8.0
     assert "llmload: stage" not in output  # the console line is for headless runs
+    tab = {row["what"]: row["value"] for row in ui_stats["extended_stats"][0]["data"]}
+    assert summary["verdict"]["outcome"] == "inconclusive"
+    assert "hold at least 60 s" in tab["verdict: INCONCLUSIVE"], tab
 
 
 def _ui_state(ui: str) -> str:

@@ -6,5 +6,6 @@
   verdict's own code.
 - ``grid``: the cells (server, hold, arrivals, load) and the tally of their verdicts over seeds.
 - ``search``: ``llmload search``'s own loop, its probes made against such a server.
+- ``compare``: ``llmload compare`` between runs of one server, and of it against a slower copy.
 - ``walk``: how calm a saturated server's random walk can look (the verdict's table of quantiles).
 """

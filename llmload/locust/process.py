@@ -515,6 +515,7 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
         cpu_max_percent=cpu, steal_percent=run.steal.percent, criteria=STATE.criteria, fleet=fleet
     )
     if STATE.criteria is not None and summary.verdict is not None:
+        run.recorder.live.verdict = summary.verdict  # the LLM tab shows it after the run
         if environment.process_exit_code != 2:  # 2: a worker lost (--on-worker-loss stop), or the target unreachable
             environment.process_exit_code = EXIT_CODES[summary.verdict.outcome]
         log.info("llmload: verdict %s", summary.verdict.label)

@@ -78,6 +78,9 @@ def tab_rows(live: LiveStats) -> list[dict[str, str]]:
     """The LLM tab of Locust's web UI, in the flow's order: TTFT, TTFO (once a request reasoned), ITL,
     TPOT, E2E, the stages in run order (warm-up first), requests, failures, the server."""
     rows = []
+    if live.verdict is not None:
+        decisive = [r for r in live.verdict.reasons if r.startswith(live.verdict.label)] or live.verdict.reasons
+        rows.append({"name": f"verdict: {live.verdict.label}", "value": decisive[0] if decisive else ""})
     for name in shown_latencies(live, ("ttft", "ttfo", "itl", "tpot", "e2e")):
         p = live.percentiles(name)
         unit = "gaps" if name == "itl" else "requests"

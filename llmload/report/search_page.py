@@ -75,8 +75,9 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <th>achieved</th><th>goodput</th><th>TTFT p50 / p99 ms</th><th>E2E p50 / p99 ms</th><th class="l">report</th></tr>
 {% for p in r.probes %}<tr><td>{{ loop.index }}</td><td>{{ p.qps | fmt(2) }}</td>
 <td>{{ (p.hold_s or r.probe_s) | fmt(0) }}</td>
-<td class="l">{% if p.passed is none %}not judged{% elif p.passed %}PASS{% else %}<b>FAIL</b>{% endif
-%}{% if p.confirm %} (confirming soak){% endif %}{% if p.too_short %} (held longer next){% endif %}</td>
+<td class="l">{% if p.passed is none %}not judged{% elif p.passed %}PASS{% elif p.inconclusive or p.too_short
+%}INCONCLUSIVE{% else %}<b>FAIL</b>{% endif %}{% if p.confirm %} (confirming soak){% endif %}{% if p.too_short
+%} (held longer next){% endif %}</td>
 <td>{{ p.sent | fmt(0) }}</td><td>{% if p.unfinished %}<b>{{ p.unfinished }}</b>{% else %}{{ p.unfinished | fmt(0)
 }}{% endif %}</td><td>{{ p.achieved_qps | fmt(2) }}</td><td>{{ p.goodput_qps | fmt(2) }}</td>
 <td>{{ p.ttft_p50_ms | fmt(0) }} / {{ p.ttft_p99_ms | fmt(0) }}</td><td>{{ p.e2e_p50_ms | fmt(0) }} /

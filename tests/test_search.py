@@ -205,11 +205,11 @@ def test_the_rate_found_is_the_simulators_saturation_rate_and_a_longer_run_there
     assert any(word in result["failing_reason"] for word in ("keeping up", "finished", "drift")), output[-3000:]
     assert f"highest passing rate is {found:g} req/s" in output
     assert "No latency SLO was given, so this is the highest rate the server keeps up with" in output
-    # the answer passed twice, failing at most marginally where its next probe outvoted; every probe
-    # is an ordinary run with its report
+    # the answer passed twice, failing at most marginally where its next probe outvoted, or too short
+    # to tell (held longer next); every probe is an ordinary run with its report
     at_answer = [p for p in result["probes"] if p["qps"] == found and not p["confirm"]]
     assert sum(p["passed"] for p in at_answer) == 2, at_answer
-    assert all(p["passed"] or p["marginal"] for p in at_answer)
+    assert all(p["passed"] or p["marginal"] or p["too_short"] for p in at_answer)
     # each probe at a rate met other arrivals (the simulator is deterministic: the same seed, the same run)
     seeds = [orjson.loads((reports / "s" / p["run_id"] / "run.json").read_bytes())["seed"] for p in at_answer]
     assert seeds == list(range(len(at_answer))), seeds

@@ -33,11 +33,6 @@ class Trend:
     error: float = 0.0  # the slope's standard error
     dof: int = 3
 
-    def bound(self, confidence: float, *, upper: bool) -> float:
-        """The one-sided bound of the slope at `confidence`: below it (upper) or above it (lower)."""
-        half = t_quantile(confidence, self.dof) * self.error
-        return self.slope + half if upper else self.slope - half
-
     @classmethod
     def fit(cls, series: pd.Series, confidence: float, lag: int | None = None, *, adaptive: bool = False) -> Trend:
         """Without `lag`, the windows are taken as independent. With it, the interval uses Newey–West

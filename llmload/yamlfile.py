@@ -3,6 +3,7 @@ configs): one reader, one error style, so a misspelt key is named the same way w
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,9 +47,18 @@ def load_yaml_mapping(path: Path, what: str = "keys", error: type[InputError] = 
 
 
 def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = InputError) -> ModelT:
-    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file (and key)."""
-    data = load_yaml_mapping(path, error=error)
+    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file, the line
+    of the key at fault and, for an unknown key, the closest known one."""
+    entries = yaml_entries(path, error=error)
     try:
-        return model.model_validate(data)
+        return model.model_validate({key: value for key, value, _ in entries})
     except ValidationError as exc:
-        raise error(f"{path}: {validation_message(exc)}") from None
+        lines = {key: line for key, _, line in entries}
+        first = exc.errors()[0]["loc"]
+        key = str(first[0]) if first else ""
+        where = f"{path}:{lines[key]}" if key in lines else str(path)
+        message = validation_message(exc)
+        if exc.errors()[0]["type"] == "extra_forbidden" and len(first) == 1:
+            hint = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+            message += f"; did you mean {hint[0]}?" if hint else f" (known: {', '.join(model.model_fields)})"
+        raise error(f"{where}: {message}") from None

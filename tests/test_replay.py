@@ -130,8 +130,8 @@ def test_a_first_session_starts_the_replay_further_into_the_workload() -> None:
 
 
 def test_a_negative_first_session_is_refused_naming_the_flag(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="--first-session must be ≥ 0"):
-        RunPlan.build(PlanFlags(workload=str(small_workload(tmp_path)), target_qps=1, first_session=-1))
+    with pytest.raises(InputError, match="--first-session: Input should be greater than or equal to 0"):
+        RunPlan.build(PlanFlags.checked(workload=str(small_workload(tmp_path)), target_qps=1, first_session=-1))
 
 
 def test_too_few_users_show_as_schedule_delay_and_backlog() -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from llmload.cli import main
-from llmload.workload import Workload, WorkloadError, load_workload
+from llmload.errors import InputError
+from llmload.workload import Workload, load_workload
 from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.formats import detect_format, read_log, sharegpt
 from llmload.workload.tokens import get_tokenizer
@@ -372,7 +373,7 @@ def test_bad_lines_are_reported_with_file_and_line_and_nothing_is_written(tmp_pa
     [
         ("sharegpt-bad.jsonl", [(2, "unsupported speaker"), (3, "no human message"), (4, "bad conversation")]),
         ("mooncake-bad.jsonl", [(2, "bad hash_ids"), (3, "bad timestamp")]),
-        ("azure-bad.csv", [(3, "bad row"), (4, "bad row"), (5, "bad row"), (6, "bad row")]),
+        ("azure-bad.csv", [(3, "bad value"), (4, "short row"), (5, "bad value"), (6, "bad value")]),
     ],
 )
 def test_every_format_reports_bad_lines(tmp_path: Path, name: str, expected: list[tuple[int, str]]) -> None:
@@ -403,7 +404,7 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_unknown_text_is_not_a_format(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("dear diary\n")
-    with pytest.raises(WorkloadError, match="cannot tell the log format; use --format"):
+    with pytest.raises(InputError, match="cannot tell the log format; use --format"):
         detect_format(notes)
 
 

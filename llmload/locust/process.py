@@ -237,6 +237,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
         else:
+            if (error := _unreachable(environment.host)) is not None:
+                raise InputError(f"nothing answers at {environment.host}: {error}")
             server = identify(environment.host, options.api_key or None, options.server_kind)
             server_kind = kind(server.kind)
             model = _resolve_model(environment.host, options, plan.workload)
@@ -343,11 +345,10 @@ def _unreachable(url: str) -> str | None:
     try:
         socket.create_connection((parsed.hostname or "", port), timeout=TARGET_PROBE_TIMEOUT_S).close()
     except OSError as exc:
-        return (
-            f"{exc.strerror or exc}"
-            if not isinstance(exc, TimeoutError)
-            else f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
-        )
+        if isinstance(exc, TimeoutError):
+            return f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
+        reason = str(exc.strerror or exc)
+        return reason[:1].lower() + reason[1:]  # "connection refused", as part of a sentence
     return None
 
 

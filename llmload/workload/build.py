@@ -74,10 +74,13 @@ class BuildError(WorkloadError):
 
     def __init__(self, issues: list[Issue], by_kind: Counter[str]) -> None:
         total = sum(by_kind.values())
-        super().__init__(f"{total:,} bad line(s) in the sources; nothing written (--skip-bad skips them)")
+        if total == 1:  # one line says it all
+            super().__init__(f"{issues[0].where}: {issues[0].reason}; nothing written (--skip-bad skips bad lines)")
+        else:
+            super().__init__(f"{total:,} bad line(s) in the sources; nothing written (--skip-bad skips them)")
         self.issues = issues
         self.by_kind = by_kind
-        for issue in issues:  # printed before the message: each bad line as file:line
+        for issue in issues if total > 1 else ():  # printed before the message: each bad line as file:line
             self.add_note(f"{issue.where}: {issue.reason}")
         if total > len(issues):
             self.add_note(f"... and {total - len(issues):,} more")

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import Session, WorkloadSpec
+from llmload.workload.formats import log_format
 from llmload.yamlfile import load_yaml_model
 
 
@@ -36,7 +37,15 @@ class Workload:
 
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)
-    spec = load_yaml_model(path, WorkloadSpec, WorkloadError)
+    try:
+        spec = load_yaml_model(path, WorkloadSpec, WorkloadError)
+    except WorkloadError:
+        if path.is_file() and (fmt := log_format(path)) is not None:  # a request log given for its workload
+            raise WorkloadError(
+                f"{path}: this is {fmt.title}, not a workload: `llmload workload build {path} -o"
+                f" {path.with_suffix('.yaml').name}` makes one"
+            ) from None
+        raise
     sessions_path = path.parent / spec.sessions
     sessions = list(_read_sessions(sessions_path))
     if not sessions:

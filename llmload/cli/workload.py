@@ -91,7 +91,14 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
         default=BuildOptions().max_open_sessions,
         help="bound on sessions held open (memory); the least recently active closes first",
     )
-    build.add_argument("--seed", type=int, default=0, help="seed of synthesized text")
+    build.add_argument(
+        "--output-tokens",
+        metavar="DISTRIBUTION",
+        help="output lengths of the requests whose log gives none (no reply, output_tokens or max_tokens), drawn from"
+        " this, as `workload synth` takes it (e.g. lognormal:median=160,sigma=0.7); without it such a log is refused:"
+        " replayed, those requests would run to max_model_len",
+    )
+    build.add_argument("--seed", type=int, default=0, help="seed of synthesized text and drawn output lengths")
     build.set_defaults(workload_run=_build)
 
     stats = subparsers.add_parser(
@@ -135,10 +142,18 @@ def _build(args: argparse.Namespace) -> int:
         session_gap_s=args.session_gap,
         max_open_sessions=args.max_open_sessions,
         seed=args.seed,
+        output_tokens=parse_distribution(args.output_tokens, "--output-tokens") if args.output_tokens else None,
     )
     result = build_workload(args.sources, args.output, options, progress=sys.stderr)
     _report_counts("skipped bad", result.log.skipped)
     _report_counts("ignored", result.log.ignored)
+    if result.log.unbounded:
+        print(
+            f"output lengths of {result.log.unbounded:,} of {result.stats.requests:,} requests drawn from"
+            f" --output-tokens {args.output_tokens} (the log gives them no reply, output_tokens or max_tokens);"
+            " replay asks for exactly these lengths",
+            file=sys.stderr,
+        )
     print(
         f"wrote {result.path} ({result.stats.sessions:,} sessions, {result.stats.requests:,} requests, "
         f"{result.log.format}, tokenizer {options.tokenizer}) and {result.path.parent / result.spec.sessions}"

@@ -296,7 +296,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             run_id, run_dir, plan.planned(), what, warmup,
         )  # fmt: skip
         if server is not None:
-            log.info("llmload: %s", server_line(server, shape))
+            log.info("llmload: %s", server_line(server, shape, lengths_asked=plan.workload.asks_lengths))
     STATE.run = run
 
 

@@ -34,6 +34,11 @@ class Workload:
     def mean_turns(self) -> float:
         return self.requests / len(self.sessions)
 
+    @property
+    def asks_lengths(self) -> bool:
+        """Some turn asks for an exact output length (the others carry max_tokens)."""
+        return any(turn.output_tokens is not None for session in self.sessions for turn in session.turns)
+
 
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)

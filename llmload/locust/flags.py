@@ -74,7 +74,9 @@ def add_arguments(parser: Any) -> None:
         "--goodput-slo", action="append", default=[], metavar="SPEC",
         help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
     )  # fmt: skip
-    group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    group.add_argument(
+        "--metrics-interval", type=parse_duration, default=1.0, help="time between /metrics scrapes, > 0 (1s)"
+    )
     group.add_argument(
         "--gpu-metrics",
         metavar="URL",

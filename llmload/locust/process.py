@@ -123,6 +123,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
         criteria = STATE.criteria
         if criteria is not None and criteria.min_goodput_ratio is not None and STATE.plan.goodput_slo is None:
             raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
+        # a local run checks before Locust starts (the web UI at each start); a master's workers check themselves
+        if options.headless and environment.host and not isinstance(environment.runner, MasterRunner):
+            _require_reachable(environment.host)
     except InputError as exc:
         _fail_config(str(exc))
     if not environment.host:
@@ -237,8 +240,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
         else:
-            if (error := _unreachable(environment.host)) is not None:
-                raise InputError(f"nothing answers at {environment.host}: {error}")
+            if not isinstance(runner, MasterRunner):
+                _require_reachable(environment.host)
             server = identify(environment.host, options.api_key or None, options.server_kind)
             server_kind = kind(server.kind)
             model = _resolve_model(environment.host, options, plan.workload)
@@ -336,6 +339,13 @@ def _address_towards(host: str, port: int) -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return socket.gethostname()
+
+
+def _require_reachable(host: str) -> None:
+    """An InputError when no TCP connection to the target opens: no request is sent to a host where
+    nothing listens (they would all be charged to it as connection errors)."""
+    if (error := _unreachable(host)) is not None:
+        raise InputError(f"nothing answers at {host}: {error}")
 
 
 def _unreachable(url: str) -> str | None:

@@ -36,9 +36,23 @@ def yaml_entries(path: Path, what: str = "keys", error: type[InputError] = Input
             for key, value in root.value
         ]  # fmt: skip
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{_where(path, exc)}: not valid YAML: {_problem(exc)}") from None
     finally:
         loader.dispose()
+
+
+def _where(path: Path, exc: yaml.YAMLError) -> str:
+    """`file:line:column` of a YAML error, where the parser says."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    """The parser's complaint in one line (its own message spans several, with the text quoted)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = [exc.context, exc.problem]
+        return ": ".join(part for part in parts if part) or str(exc).splitlines()[0]
+    return str(exc).splitlines()[0]
 
 
 def load_yaml_mapping(path: Path, what: str = "keys", error: type[InputError] = InputError) -> dict[str, Any]:
@@ -50,6 +64,8 @@ def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = I
     """`model` from the YAML mapping in `path`; any problem raises `error` naming the file, the line
     of the key at fault and, for an unknown key, the closest known one."""
     entries = yaml_entries(path, error=error)
+    if not entries and any(field.is_required() for field in model.model_fields.values()):
+        raise error(f"{path}: empty")
     try:
         return model.model_validate({key: value for key, value, _ in entries})
     except ValidationError as exc:

@@ -158,6 +158,17 @@ CASES = [
         llmload("workload", "stats", "{dir}/typo.yaml"),
         "typo.yaml:21: history_turn: unknown key; did you mean history_turns?",
     ),
+    Case("stats-empty-yaml", llmload("workload", "stats", "{dir}/empty.yaml"), "empty.yaml: empty"),
+    Case(
+        "stats-not-yaml",
+        llmload("workload", "stats", "{dir}/broken.yaml"),
+        "broken.yaml:3:9: not valid YAML: while parsing a flow sequence: expected ',' or ']', but got ':'",
+    ),
+    Case(
+        "synth-target-qps",
+        llmload("workload", "synth", "-o", "{dir}/s.yaml", "--target-qps", "-1"),
+        "argument --target-qps: must be positive, not -1",
+    ),
     Case(
         "stats-max-tokens",
         llmload("workload", "stats", str(WORKLOAD), "--max-tokens", "0"),
@@ -199,6 +210,8 @@ def _inputs(directory: Path) -> None:
     """The files the cases read."""
     (directory / "empty.jsonl").write_bytes(b"")
     (directory / "notes.txt").write_text("dear diary\n")
+    (directory / "empty.yaml").write_bytes(b"")
+    (directory / "broken.yaml").write_text("version: 1\nname: [a\nsessions: x\n")
     (directory / "broken.jsonl").write_text('{"messages": [\n')
     (directory / "no-generated.csv").write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n")
     rows = [f"2023-11-16 18:15:4{i}.0000000,374,{44 if i < 5 else 'abc'}" for i in range(6)]

@@ -291,7 +291,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     synth.add_argument("--prefix-popularity", help="zipf:S (default zipf:1.1) or uniform")
     synth.add_argument("--prefix-sessions", type=float, help="share of sessions that start with prefixes (default 1)")
-    synth.add_argument("--target-qps", type=float, default=None)
+    synth.add_argument("--target-qps", type=_positive(float), default=None, help="the workload's 100%% request rate")
     synth.set_defaults(workload_run=_synth)
     _add_build_and_stats(commands)
 

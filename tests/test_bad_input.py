@@ -72,8 +72,11 @@ CASES = [
     Case("metrics-interval", locust("--metrics-interval", "0"), "argument --metrics-interval: not a duration: '0'"),
     Case("warmup", locust("--warmup", "-5"), "argument --warmup: not a duration: '-5'"),
     Case("goodput-slo", locust("--goodput-slo", "fast"), "--goodput-slo 'fast': expected METRIC=MS"),
+    Case("extra-body", locust("--extra-body", "[1]"), "--extra-body must be a JSON object of fields, got list"),
     # the target and the workload
-    Case("unreachable-host", locust(), "nothing answers at http://127.0.0.1:{closed}: connection refused"),
+    Case(  # with --model, as the issue found it: the host is still checked before any request
+        "unreachable-host", locust("--model", "m"), "nothing answers at http://127.0.0.1:{closed}: connection refused"
+    ),
     Case(
         "log-as-workload",
         locust(workload=str(LOGS / "openai.jsonl")),
@@ -96,6 +99,7 @@ CASES = [
         "--burstiness: Input should be greater than 0",
     ),
     Case("soak-duration", llmload("soak", "--duration", "0"), "argument --duration: not a duration: '0'"),
+    Case("demo-duration", llmload("demo", "--duration", "0"), "argument --duration: not a duration: '0'"),
     # the embedded target
     Case("sim-port-in-use", llmload("sim", "--port", "{busy}"), "--port {busy} on 127.0.0.1: address already in use"),
     Case("sim-ttft", llmload("sim", "--ttft-ms", "-1"), "--ttft-ms: Input should be greater than or equal to 0"),

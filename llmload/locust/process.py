@@ -119,6 +119,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         return
     try:
         STATE.plan = RunPlan.build(plan_flags(options))
+        parse_extra_body(options.extra_body)  # refused here, before Locust starts, rather than at each start
         STATE.criteria = criteria_from_args(options) if options.verdict else None
         criteria = STATE.criteria
         if criteria is not None and criteria.min_goodput_ratio is not None and STATE.plan.goodput_slo is None:

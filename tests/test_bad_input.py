@@ -184,6 +184,11 @@ CASES = [
         "sd: Input should be greater than or equal to 0",
     ),
     Case(
+        "synth-like-no-replies",
+        llmload("workload", "synth", "--like", "{dir}/asked.json", "-o", "{dir}/s.yaml"),
+        "3 of 3 requests in {dir}/asked.json have no known output length",
+    ),
+    Case(
         "capacity-log-as-workload",
         llmload(
             "capacity",

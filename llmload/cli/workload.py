@@ -228,6 +228,12 @@ def _synth(args: argparse.Namespace) -> int:
         if args.turns is not None:
             raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
         table, _, reuse = _input_table(args.like, args)
+        unknown = int(table["output_tokens"].isna().sum())
+        if unknown and args.output_tokens is None:  # a reply of no known length cannot be copied
+            raise InputError(
+                f"{unknown:,} of {len(table):,} requests in {', '.join(args.like)} have no known output length (no"
+                " reply or output_tokens): give --output-tokens DISTRIBUTION to draw the replies' lengths"
+            )
         real = workload_stats(table, reusable_prefix=reuse)
         options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
         rng = np.random.default_rng([options.seed, 1])

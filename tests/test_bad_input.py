@@ -141,6 +141,16 @@ CASES = [
         "argument --session-gap: must be positive, not 0",
     ),
     Case(
+        "build-unwritable",
+        llmload("workload", "build", str(LOGS / "openai.jsonl"), "-o", "{dir}/notes.txt/w.yaml"),
+        "{dir}/notes.txt/w.yaml: cannot write: ",
+    ),
+    Case(
+        "synth-unwritable",
+        llmload("workload", "synth", "-o", "{dir}/notes.txt/s.yaml", "--sessions", "2"),
+        "{dir}/notes.txt/s.yaml: cannot write: ",
+    ),
+    Case(
         "build-no-file",
         llmload("workload", "build", "{dir}/missing.jsonl", "-o", "{dir}/w.yaml"),
         "missing.jsonl: no such file",

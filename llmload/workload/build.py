@@ -632,10 +632,14 @@ def build_workload(
     output = Path(output)
     name = output.name.removesuffix(".yaml").removesuffix(".yml")
     sessions_path = output.parent / f"{name}.sessions.jsonl"
-    output.parent.mkdir(parents=True, exist_ok=True)
     partial = sessions_path.with_name(f".{sessions_path.name}.{os.getpid()}.partial")
     try:
-        with partial.open("wb") as out:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        handle = partial.open("wb")
+    except OSError as exc:
+        raise WorkloadError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with handle as out:
             log = _run([Path(s) for s in sources], options, name, out=out, progress=progress)
         if log.unbounded and not log.drawn:
             raise WorkloadError(

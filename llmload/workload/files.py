@@ -78,8 +78,12 @@ def _read_sessions(path: Path) -> Iterable[Session]:
 def save_workload(spec: WorkloadSpec, sessions: Iterable[Session], path: str | Path) -> Path:
     """Write the YAML spec and its sessions file (named by `spec.sessions`, beside it)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with (path.parent / spec.sessions).open("wb") as out:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = (path.parent / spec.sessions).open("wb")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    with out:
         for session in sessions:
             out.write(orjson.dumps(session.model_dump(exclude_none=True)) + b"\n")
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False))

@@ -78,6 +78,11 @@ CASES = [
         "unreachable-host", locust("--model", "m"), "nothing answers at http://127.0.0.1:{closed}: connection refused"
     ),
     Case(
+        "host-not-a-url",
+        locust("--host", "localhost:{closed}"),
+        "--host localhost:{closed} is not a URL: give http://HOST:PORT",
+    ),
+    Case(
         "log-as-workload",
         locust(workload=str(LOGS / "openai.jsonl")),
         f"{LOGS / 'openai.jsonl'}: this is an OpenAI JSONL log, not a workload: `llmload workload build",
@@ -101,7 +106,11 @@ CASES = [
     Case("soak-duration", llmload("soak", "--duration", "0"), "argument --duration: not a duration: '0'"),
     Case("demo-duration", llmload("demo", "--duration", "0"), "argument --duration: not a duration: '0'"),
     # the embedded target
-    Case("sim-port-in-use", llmload("sim", "--port", "{busy}"), "--port {busy} on 127.0.0.1: address already in use"),
+    Case(
+        "sim-port-in-use",
+        llmload("sim", "--port", "{busy}"),
+        "cannot listen on 127.0.0.1:{busy} (--host, --port): address already in use",
+    ),
     Case("sim-ttft", llmload("sim", "--ttft-ms", "-1"), "--ttft-ms: Input should be greater than or equal to 0"),
     # request logs
     Case("build-empty", llmload("workload", "build", "{dir}/empty.jsonl", "-o", "{dir}/w.yaml"), "empty.jsonl: empty"),

@@ -345,6 +345,9 @@ def _address_towards(host: str, port: int) -> str:
 def _require_reachable(host: str) -> None:
     """An InputError when no TCP connection to the target opens: no request is sent to a host where
     nothing listens (they would all be charged to it as connection errors)."""
+    parsed = urllib.parse.urlsplit(host)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InputError(f"--host {host} is not a URL: give http://HOST:PORT (or https://)")
     if (error := _unreachable(host)) is not None:
         raise InputError(f"nothing answers at {host}: {error}")
 

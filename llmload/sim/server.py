@@ -654,7 +654,9 @@ async def _serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRe
             await site.start()
         except OSError as exc:  # the port is taken, or the address is not this machine's
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise InputError(f"--port {config.port} on {config.host}: {reason[:1].lower()}{reason[1:]}") from None
+            raise InputError(
+                f"cannot listen on {config.host}:{config.port} (--host, --port): {reason[:1].lower()}{reason[1:]}"
+            ) from None
         sim.sites.append(site)
         host, port = runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host

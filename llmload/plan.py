@@ -70,7 +70,7 @@ class PlanFlags(BaseModel):
     burstiness: PositiveFloat = 1.0
     time_scale: PositiveFloat = 1.0
     warmup_s: NonNegativeFloat | None = None
-    seed: int = 0
+    seed: NonNegativeInt = 0
     first_session: NonNegativeInt = 0
     drain_s: NonNegativeFloat = 30.0
     history_turns: PositiveInt | None = None

@@ -59,7 +59,11 @@ CASES = [
     Case("burstiness-0", locust("--burstiness", "0"), "--burstiness: Input should be greater than 0"),
     Case("burstiness-gamma", locust("--arrival", "gamma", "--burstiness", "-1"), "--burstiness: Input should be"),
     Case("drain-timeout", locust("--drain-timeout", "-1"), "--drain-timeout: Input should be greater than or equal"),
-    Case("max-users", locust("--max-users", "0"), "--max-users: Input should be greater than 0"),
+    Case(  # two at once, both named
+        "seed-and-max-users",
+        locust("--max-users", "0", "--seed", "-1"),
+        "--seed: Input should be greater than or equal to 0; --max-users: Input should be greater than 0",
+    ),
     Case("time-scale-trace", locust("--time-scale", "0", "--arrival", "trace"), "--time-scale: Input should be"),
     Case(  # several at once: each is named, in one line (one Locust start instead of six)
         "plan-ranges",
@@ -158,6 +162,16 @@ CASES = [
         "synth-unwritable",
         llmload("workload", "synth", "-o", "{dir}/notes.txt/s.yaml", "--sessions", "2"),
         "{dir}/notes.txt/s.yaml: cannot write: ",
+    ),
+    Case(
+        "build-seed",
+        llmload("workload", "build", "{dir}/asked.json", "-o", "{dir}/w.yaml", "--output-tokens", "9", "--seed", "-1"),
+        "--seed: Input should be greater than or equal to 0",
+    ),
+    Case(
+        "synth-seed",
+        llmload("workload", "synth", "-o", "{dir}/s.yaml", "--seed", "-1"),
+        "--seed: Input should be greater than or equal to 0",
     ),
     Case(
         "build-no-file",

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import ReusablePrefix
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
@@ -118,14 +119,18 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> BuildOptions:
-    return BuildOptions(
-        format=args.format,
-        tokenizer=args.tokenizer,
-        skip_bad=args.skip_bad,
-        block_size=args.block_size,
-        chat_template=args.chat_template,
-        **extra,
-    )
+    """How the logs are read, as the flags say; a value out of range is an InputError naming its flag."""
+    try:
+        return BuildOptions(
+            format=args.format,
+            tokenizer=args.tokenizer,
+            skip_bad=args.skip_bad,
+            block_size=args.block_size,
+            chat_template=args.chat_template,
+            **extra,
+        )
+    except ValidationError as exc:
+        raise InputError(validation_message(exc, flags={"session_gap_s": "session-gap"})) from None
 
 
 def _report_counts(verb: str, counts: Counter[str]) -> None:

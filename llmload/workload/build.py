@@ -33,7 +33,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, PositiveInt
 
 from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, WorkloadSpec
 from llmload.workload.distributions import Distribution
@@ -62,7 +62,7 @@ class BuildOptions(BaseModel):
     skip_bad: bool = False
     session_gap_s: PositiveFloat = 600.0
     max_open_sessions: PositiveInt = 100_000
-    seed: int = 0
+    seed: NonNegativeInt = 0
     model: str | None = None
     block_size: PositiveInt = DEFAULT_BLOCK_SIZE
     """Tokens per block of the reusable-prefix figure (llmload/workload/prefix.py)."""

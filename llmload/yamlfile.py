@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -74,7 +74,30 @@ def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = I
         key = str(first[0]) if first else ""
         where = f"{path}:{lines[key]}" if key in lines else str(path)
         message = validation_message(exc)
-        if exc.errors()[0]["type"] == "extra_forbidden" and len(first) == 1:
-            hint = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
-            message += f"; did you mean {hint[0]}?" if hint else f" (known: {', '.join(model.model_fields)})"
+        unknown = next((err["loc"] for err in exc.errors() if err["type"] == "extra_forbidden"), None)
+        known = _known_keys(model, unknown[:-1]) if unknown else None
+        if unknown and known:
+            hint = difflib.get_close_matches(str(unknown[-1]), known, n=1, cutoff=0.6)
+            within = "".join(f"{part}." for part in unknown[:-1] if not isinstance(part, int))
+            message += f"; did you mean {within}{hint[0]}?" if hint else f" (known: {', '.join(known)})"
         raise error(f"{where}: {message}") from None
+
+
+def _known_keys(model: type[BaseModel], path: tuple[int | str, ...]) -> list[str] | None:
+    """The keys the model nested at `path` (list indexes skipped) knows; None where that is no model."""
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (`X`, `X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_in(arg)) is not None), None)

@@ -195,6 +195,11 @@ CASES = [
         llmload("workload", "stats", "{dir}/typo.yaml"),
         "typo.yaml:21: history_turn: unknown key; did you mean history_turns?",
     ),
+    Case(
+        "stats-nested-typo",
+        llmload("workload", "stats", "{dir}/nested-typo.yaml"),
+        "nested-typo.yaml:3: source.format: Field required; source.formt: unknown key; did you mean source.format?",
+    ),
     Case("stats-empty-yaml", llmload("workload", "stats", "{dir}/empty.yaml"), "empty.yaml: empty"),
     Case(
         "stats-not-yaml",
@@ -267,6 +272,7 @@ def _inputs(directory: Path) -> None:
     lines = typo.splitlines()
     lines.insert(20, "history_turn: 3")  # line 21
     (directory / "typo.yaml").write_text("\n".join(lines) + "\n")
+    (directory / "nested-typo.yaml").write_text(typo.replace("  format: synthetic-chat", "  formt: synthetic-chat"))
     (directory / "unbounded.yaml").write_text("version: 1\nname: unbounded\nsessions: unbounded.sessions.jsonl\n")
     turn = {"messages": [{"role": "user", "content": "write me a novel"}]}
     (directory / "unbounded.sessions.jsonl").write_text(json.dumps({"id": "s0", "turns": [turn]}) + "\n")

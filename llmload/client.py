@@ -19,6 +19,8 @@ import orjson
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.url import URL
+from pydantic import PositiveFloat
+from pydantic.dataclasses import dataclass as checked_dataclass
 
 from llmload.drain import AGE_FACTOR, DrainOver
 from llmload.failures import (
@@ -34,14 +36,15 @@ CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"
 
 
-@dataclass(frozen=True)
+@checked_dataclass(frozen=True)
 class Limits:
-    """Per-request limits: a stalled or endless stream ends as `timeout`, never hangs the run."""
+    """Per-request limits: a stalled or endless stream ends as `timeout`, never hangs the run (each
+    > 0: a limit of 0 would fail every request)."""
 
-    connect_s: float = 10.0
-    first_token_s: float = 120.0
-    between_tokens_s: float = 30.0
-    total_s: float = 600.0
+    connect_s: PositiveFloat = 10.0
+    first_token_s: PositiveFloat = 120.0
+    between_tokens_s: PositiveFloat = 30.0
+    total_s: PositiveFloat = 600.0
 
 
 @dataclass(slots=True)

@@ -52,6 +52,16 @@ class Turn(Strict):
         default=None, description="prompt length in the source (history included), for stats"
     )
 
+    @model_validator(mode="after")
+    def _bounded(self) -> Turn:
+        """A request with no length limit would run to the server's max_model_len: never sent."""
+        if self.output_tokens is None and self.max_tokens is None:
+            raise ValueError(
+                "a turn needs output_tokens or max_tokens (without, a server generates up to max_model_len);"
+                " `llmload workload build --output-tokens DISTRIBUTION` draws them for a log that has none"
+            )
+        return self
+
 
 REPLAY_SEPARATOR = "~"
 """A run longer than its workload replays it again: the n-th replay of session `id` is `id~n` in the records."""

@@ -6,13 +6,24 @@ plan's record in the run directory is run.json (`RunManifest`), written from it 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+)
 
 from llmload.client import Limits
 from llmload.drain import DEFAULT_CAP_S
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import GoodputSLO, RunManifest, ServerIdentity, Stage
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
@@ -32,26 +43,49 @@ from llmload.workload import Workload, load_workload
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 
 
-@dataclass(frozen=True)
-class PlanFlags:
-    """What the user asked for (Locust's flags, `llmload soak` and `search` pass them on)."""
+# PlanFlags fields whose flag is not `--field-name`
+FLAG_NAMES = {
+    "stage_duration_s": "stage-duration",
+    "hold_duration_s": "hold-duration",
+    "warmup_s": "warmup",
+    "drain_s": "drain-timeout",
+    "connect_s": "timeout-connect",
+    "first_token_s": "timeout-first-token",
+    "between_tokens_s": "timeout-between-tokens",
+    "total_s": "timeout-total",
+}
+
+
+class PlanFlags(BaseModel):
+    """What the user asked for (Locust's flags, `llmload soak` and `search` pass them on), each
+    within its range: `checked` refuses a value out of it before anything starts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     workload: str
-    target_qps: float | None = None
+    target_qps: PositiveFloat | None = None
     stages: str = "25,50,100,150"
-    stage_duration_s: float = 60.0
-    hold_duration_s: float | None = None
+    stage_duration_s: PositiveFloat = 60.0
+    hold_duration_s: PositiveFloat | None = None
     arrival: ArrivalProcess = "poisson"
-    burstiness: float = 1.0
-    time_scale: float = 1.0
-    warmup_s: float | None = None
-    seed: int = 0
-    first_session: int = 0
-    drain_s: float = DEFAULT_CAP_S
-    history_turns: int | None = None
-    max_users: int = 2000
-    limits: Limits = field(default_factory=Limits)
+    burstiness: PositiveFloat = 1.0
+    time_scale: PositiveFloat = 1.0
+    warmup_s: NonNegativeFloat | None = None
+    seed: NonNegativeInt = 0
+    first_session: NonNegativeInt = 0
+    drain_s: NonNegativeFloat = DEFAULT_CAP_S
+    history_turns: PositiveInt | None = None
+    max_users: PositiveInt = 2000
+    limits: Limits = Field(default_factory=Limits)
     goodput_slo: tuple[str, ...] = ()
+
+    @classmethod
+    def checked(cls, **values: Any) -> PlanFlags:
+        """The flags, or an InputError naming each flag out of its range (`--burstiness: ...`)."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise InputError(validation_message(exc, flags=FLAG_NAMES)) from None
 
 
 @dataclass(frozen=True)
@@ -97,10 +131,8 @@ class RunPlan:
             stages = trace_stages(stages, arrivals, workload.sessions)
         else:
             arrivals = ArrivalSchedule(stages, flags.arrival, burstiness=flags.burstiness, seed=flags.seed)
-        if flags.first_session < 0 or (trace and flags.first_session):
-            raise InputError("--first-session must be ≥ 0, and applies to rate modes only (a trace keeps its order)")
-        if flags.history_turns is not None and flags.history_turns < 1:
-            raise InputError("--history-turns must be ≥ 1")
+        if trace and flags.first_session:
+            raise InputError("--first-session applies to rate modes only (a trace keeps its order)")
         goodput_slo = parse_goodput_slo(flags.goodput_slo) if flags.goodput_slo else None
         return cls(flags, workload, stages, arrivals, target, goodput_slo)
 

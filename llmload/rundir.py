@@ -90,6 +90,8 @@ class Run:
     manifest: RunManifest
     records: RunRecords
     server: ServerSamples
+    cut_off: str | None = None
+    """requests.jsonl ends in half a record (the run was killed mid-write): what was kept, in words."""
 
     @property
     def finished_at(self) -> float:
@@ -114,4 +116,19 @@ def load(run_dir: Path) -> Run:
         records = RunRecords.load(run_dir / RECORDS_FILE, run_dir / PARQUET_FILE)
     except ValueError as exc:
         raise InputError(f"{run_dir}: {exc}") from None
-    return Run(run_dir, manifest, records, read_server(run_dir / SERVER_FILE))
+    kept = len(records.frame)
+    cut_off = (
+        f"{RECORDS_FILE} line {kept + 1} is cut off ({kept:,} complete record{'s' if kept != 1 else ''} kept)"
+        if _ends_mid_line(run_dir / RECORDS_FILE)
+        else None
+    )
+    return Run(run_dir, manifest, records, read_server(run_dir / SERVER_FILE), cut_off)
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """The file's last line has no newline: its writer stopped in the middle of it."""
+    with path.open("rb") as handle:
+        if handle.seek(0, 2) == 0:
+            return False
+        handle.seek(-1, 2)
+        return handle.read(1) != b"\n"

@@ -3,8 +3,9 @@ configs): one reader, one error style, so a misspelt key is named the same way w
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -35,9 +36,23 @@ def yaml_entries(path: Path, what: str = "keys", error: type[InputError] = Input
             for key, value in root.value
         ]  # fmt: skip
     except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from None
+        raise error(f"{_where(path, exc)}: not valid YAML: {_problem(exc)}") from None
     finally:
         loader.dispose()
+
+
+def _where(path: Path, exc: yaml.YAMLError) -> str:
+    """`file:line:column` of a YAML error, where the parser says."""
+    mark = getattr(exc, "problem_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+
+
+def _problem(exc: yaml.YAMLError) -> str:
+    """The parser's complaint in one line (its own message spans several, with the text quoted)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        parts = [exc.context, exc.problem]
+        return ": ".join(part for part in parts if part) or str(exc).splitlines()[0]
+    return str(exc).splitlines()[0]
 
 
 def load_yaml_mapping(path: Path, what: str = "keys", error: type[InputError] = InputError) -> dict[str, Any]:
@@ -46,9 +61,43 @@ def load_yaml_mapping(path: Path, what: str = "keys", error: type[InputError] = 
 
 
 def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = InputError) -> ModelT:
-    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file (and key)."""
-    data = load_yaml_mapping(path, error=error)
+    """`model` from the YAML mapping in `path`; any problem raises `error` naming the file, the line
+    of the key at fault and, for an unknown key, the closest known one."""
+    entries = yaml_entries(path, error=error)
+    if not entries and any(field.is_required() for field in model.model_fields.values()):
+        raise error(f"{path}: empty")
     try:
-        return model.model_validate(data)
+        return model.model_validate({key: value for key, value, _ in entries})
     except ValidationError as exc:
-        raise error(f"{path}: {validation_message(exc)}") from None
+        lines = {key: line for key, _, line in entries}
+        first = exc.errors()[0]["loc"]
+        key = str(first[0]) if first else ""
+        where = f"{path}:{lines[key]}" if key in lines else str(path)
+        message = validation_message(exc)
+        unknown = next((err["loc"] for err in exc.errors() if err["type"] == "extra_forbidden"), None)
+        known = _known_keys(model, unknown[:-1]) if unknown else None
+        if unknown and known:
+            hint = difflib.get_close_matches(str(unknown[-1]), known, n=1, cutoff=0.6)
+            within = "".join(f"{part}." for part in unknown[:-1] if not isinstance(part, int))
+            message += f"; did you mean {within}{hint[0]}?" if hint else f" (known: {', '.join(known)})"
+        raise error(f"{where}: {message}") from None
+
+
+def _known_keys(model: type[BaseModel], path: tuple[int | str, ...]) -> list[str] | None:
+    """The keys the model nested at `path` (list indexes skipped) knows; None where that is no model."""
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (`X`, `X | None`, `list[X]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_in(arg)) is not None), None)

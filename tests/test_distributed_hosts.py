@@ -212,12 +212,12 @@ def test_a_worker_that_cannot_reach_the_target_ends_the_run_without_charging_the
     took = time.monotonic() - started
     output = tail(fleet.master_log, 1_000_000)
     assert code == 2, fleet.tails()
-    assert f"cannot reach the target {target}: No route to host; ending the run (exit code 2)" in output, output[-3000:]
+    assert f"cannot reach the target {target}: no route to host; ending the run (exit code 2)" in output, output[-3000:]
     assert took < 40, "the run ended at its start, not after its 20 s stage"
     summary = fleet.summary
     assert summary["failures"]["by_category"] == {}, "no request of it may be charged to the server"
     refused = next(w for w in summary["workers"] if w["host"] == addresses["worker2"])
-    assert refused["refused"] == f"cannot reach the target {target}: No route to host"
+    assert refused["refused"] == f"cannot reach the target {target}: no route to host"
     assert refused["sent"] == 0
 
 

@@ -130,8 +130,8 @@ def test_a_first_session_starts_the_replay_further_into_the_workload() -> None:
 
 
 def test_a_negative_first_session_is_refused_naming_the_flag(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="--first-session must be ≥ 0"):
-        RunPlan.build(PlanFlags(workload=str(small_workload(tmp_path)), target_qps=1, first_session=-1))
+    with pytest.raises(InputError, match="--first-session: Input should be greater than or equal to 0"):
+        RunPlan.build(PlanFlags.checked(workload=str(small_workload(tmp_path)), target_qps=1, first_session=-1))
 
 
 def test_too_few_users_show_as_schedule_delay_and_backlog() -> None:
@@ -172,7 +172,12 @@ def test_trace_replay_sends_at_the_recorded_times(time_scale: float) -> None:
     """Sessions at their offsets, a follow-up at its recorded time, all divided by the time scale."""
     sessions = [_session(1, name=f"s{k}", offset_s=0.2 * k) for k in range(4)]
     sessions[1] = sessions[1].model_copy(
-        update={"turns": [*sessions[1].turns, Turn(messages=[Message(role="user", content="again")], at_s=0.5)]}
+        update={
+            "turns": [
+                *sessions[1].turns,
+                Turn(messages=[Message(role="user", content="again")], output_tokens=2, at_s=0.5),
+            ]
+        }
     )
     stages = build_stages(1.0, (100,), 0.8 / time_scale)  # one pass: the trace repeats at 0.6 + 0.2 s
     with canned_server(_reply) as (url, _):
@@ -193,7 +198,9 @@ def test_a_trace_turn_due_before_its_reply_waits_as_schedule_delay() -> None:
 
     session = _session(1, offset_s=0.0)
     session = session.model_copy(
-        update={"turns": [*session.turns, Turn(messages=[Message(role="user", content="again")], at_s=0.1)]}
+        update={
+            "turns": [*session.turns, Turn(messages=[Message(role="user", content="again")], output_tokens=2, at_s=0.1)]
+        }
     )
     with canned_server(slow) as (url, _):
         dispatcher = TraceDispatcher(

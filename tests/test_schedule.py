@@ -95,7 +95,7 @@ def test_trace_clock_plays_each_stage_at_its_percent_and_the_time_scale() -> Non
 
 
 def test_trace_stages_carry_the_rate_the_trace_holds() -> None:
-    turn = Turn(messages=[Message(role="user", content="x")])
+    turn = Turn(messages=[Message(role="user", content="x")], output_tokens=2)
     sessions = [Session(id=f"s{k}", offset_s=k * 0.5, turns=[turn, turn.model_copy(update={"at_s": 0.25})])
                 for k in range(20)]  # fmt: skip
     stages = build_stages(1.0, (100, 200), stage_duration_s=5.0)

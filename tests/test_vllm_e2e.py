@@ -47,7 +47,12 @@ def _workload(directory: Path) -> Path:
         for i in range(6)
     ]
     # far beyond max_model_len 2048 of the server: vLLM answers 400
-    sessions.insert(3, Session(id="too-long", turns=[Turn(messages=[Message(role="user", content=synth.text(3000))])]))
+    sessions.insert(
+        3,
+        Session(
+            id="too-long", turns=[Turn(messages=[Message(role="user", content=synth.text(3000))], output_tokens=16)]
+        ),
+    )
     return write_workload(directory, "vllm-e2e", sessions)
 
 

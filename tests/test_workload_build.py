@@ -15,13 +15,16 @@ from pathlib import Path
 import pytest
 
 from llmload.cli import main
-from llmload.workload import Workload, WorkloadError, load_workload
+from llmload.errors import InputError
+from llmload.workload import Workload, load_workload
 from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.formats import detect_format, read_log, sharegpt
 from llmload.workload.tokens import get_tokenizer
 
 LOGS = Path(__file__).parent / "data" / "logs"
 TINY = f"hf:{LOGS / 'tiny-tokenizer'}"
+DRAWN = 7  # the output length given to requests whose log has none (--output-tokens 7)
+FILL = {"output_tokens": {"kind": "fixed", "value": DRAWN}}
 SYSTEM = "You are the support assistant of an online shop. Be short and polite."
 count = get_tokenizer("cl100k_base").count
 
@@ -131,7 +134,7 @@ def test_response_times_are_taken_out_of_think_times(tmp_path: Path, capsys: pyt
 
 
 def test_bare_request_bodies_group_without_replies_or_times(tmp_path: Path) -> None:
-    workload = build(tmp_path, "openai-bare.jsonl")
+    workload = build(tmp_path, "openai-bare.jsonl", **FILL)
     assert contents(workload) == [
         # two identical first requests: continuations go to the longest-waiting session first
         [["hi"], ["Weather?"], ["sunny, 21C"]],
@@ -140,8 +143,10 @@ def test_bare_request_bodies_group_without_replies_or_times(tmp_path: Path) -> N
     ]
     first, second, _ = workload.sessions
     assert [m.role for m in first.turns[2].messages] == ["tool"]
-    # the reply is known from the next request's assistant message
-    assert [t.output_tokens for t in first.turns] == [count("Hello"), None, None]  # a null reply is empty
+    # the reply is known from the next request's assistant message; a null reply is empty, and with no
+    # max_tokens either the length is drawn
+    assert [t.output_tokens for t in first.turns] == [count("Hello"), None, DRAWN]
+    assert [t.max_tokens for t in first.turns] == [16, 32, None]
     assert second.turns[0].output_tokens == count("Hey")
     assert [t.prompt_tokens for t in first.turns] == [1, 1 + 1 + count("Weather?"), 4 + 0 + count("sunny, 21C")]
     assert workload.sessions[2].turns[0].max_tokens == 8  # max_completion_tokens
@@ -149,7 +154,7 @@ def test_bare_request_bodies_group_without_replies_or_times(tmp_path: Path) -> N
 
 
 def test_sharegpt_conversations_become_sessions(tmp_path: Path) -> None:
-    workload = build(tmp_path, "sharegpt.json")
+    workload = build(tmp_path, "sharegpt.json", **FILL)
     assert contents(workload) == [
         [["Hi"], ["Tell me a joke."]],
         [["Be brief.", "2+2?"]],
@@ -162,7 +167,35 @@ def test_sharegpt_conversations_become_sessions(tmp_path: Path) -> None:
         count("Why did the cache miss? It was out of line."),
     ]
     assert joke[1].prompt_tokens == count("Hi") + count("Hello! How can I help you today?") + count("Tell me a joke.")
-    assert workload.sessions[3].turns[0].output_tokens is None
+    assert workload.sessions[3].turns[0].output_tokens == DRAWN  # unanswered: drawn
+    assert workload.spec.source is not None and workload.spec.source.generator is not None
+    assert workload.spec.source.generator["output_tokens_drawn"] == 1
+
+
+def test_a_log_without_replies_is_refused_unless_output_lengths_are_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Single-turn ShareGPT holding only the human turns: replayed as is, every request would run to
+    max_model_len. Without --output-tokens nothing is written; with it, each length is drawn and said so."""
+    log = tmp_path / "asked.json"
+    log.write_text(
+        json.dumps([{"id": f"q{i}", "conversations": [{"from": "human", "value": f"q {i}"}]} for i in range(4)])
+    )
+    out = tmp_path / "asked.yaml"
+    assert run_cli("build", str(log), "-o", str(out)) == 2
+    err = capsys.readouterr().err
+    assert f"4 of 4 requests in {log} have no output length" in err and "give --output-tokens DISTRIBUTION" in err
+    assert not out.exists() and not list(tmp_path.glob("*.jsonl"))
+    assert run_cli("build", str(log), "-o", str(out), "--output-tokens", "uniform:low=10,high=20") == 0
+    assert (
+        "output lengths of 4 of 4 requests drawn from --output-tokens uniform:low=10,high=20" in capsys.readouterr().err
+    )
+    turns = [t for s in load_workload(out).sessions for t in s.turns]
+    assert all(t.output_tokens is not None and 10 <= t.output_tokens <= 20 for t in turns)
+    assert run_cli("stats", str(log)) == 0
+    printed = capsys.readouterr().out
+    assert "Recommended max_model_len: none: no request says how long its reply may be" in printed
+    assert "Output lengths: 4 of 4 requests have no reply, output_tokens or max_tokens" in printed
 
 
 def test_sharegpt_array_is_streamed_across_read_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,7 +258,7 @@ def test_hf_tokenizer_with_chat_template_counts_as_vllm_does() -> None:
 
 
 def test_templated_tokenizer_counts_the_whole_history(tmp_path: Path) -> None:
-    workload = build(tmp_path, "openai-bare.jsonl", tokenizer=TINY)
+    workload = build(tmp_path, "openai-bare.jsonl", tokenizer=TINY, **FILL)
     assert workload.spec.tokenizer == TINY
     tokenizer = get_tokenizer(TINY)
     second = workload.sessions[0].turns[1]
@@ -355,7 +388,7 @@ def test_bad_lines_are_reported_with_file_and_line_and_nothing_is_written(tmp_pa
         (f"{source}:8", "out of range"),
     ]
     assert list(tmp_path.iterdir()) == []
-    workload = build(tmp_path, "openai-bad.jsonl", skip_bad=True)
+    workload = build(tmp_path, "openai-bad.jsonl", skip_bad=True, **FILL)
     assert contents(workload) == [[["fine"]], [["also fine"]]]
     assert workload.spec.source is not None and workload.spec.source.generator is not None
     assert workload.spec.source.generator["skipped_lines"] == {
@@ -372,7 +405,7 @@ def test_bad_lines_are_reported_with_file_and_line_and_nothing_is_written(tmp_pa
     [
         ("sharegpt-bad.jsonl", [(2, "unsupported speaker"), (3, "no human message"), (4, "bad conversation")]),
         ("mooncake-bad.jsonl", [(2, "bad hash_ids"), (3, "bad timestamp")]),
-        ("azure-bad.csv", [(3, "bad row"), (4, "bad row"), (5, "bad row"), (6, "bad row")]),
+        ("azure-bad.csv", [(3, "bad value"), (4, "short row"), (5, "bad value"), (6, "bad value")]),
     ],
 )
 def test_every_format_reports_bad_lines(tmp_path: Path, name: str, expected: list[tuple[int, str]]) -> None:
@@ -387,7 +420,8 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert f"{LOGS / 'openai-bad.jsonl'}:4: unsupported role: messages[0] has role 'bot'" in err
     assert "5 bad line(s) in the sources; nothing written" in err and not out.exists()
-    assert run_cli("build", str(LOGS / "openai-bad.jsonl"), "-o", str(out), "--skip-bad") == 0
+    skip = ("--skip-bad", "--output-tokens", "fixed:7")
+    assert run_cli("build", str(LOGS / "openai-bad.jsonl"), "-o", str(out), *skip) == 0
     captured = capsys.readouterr()
     assert "skipped bad 5 line(s): " in captured.err and "not valid JSON: 1" in captured.err
     assert f"wrote {out} (2 sessions, 2 requests" in captured.out and "Recommended max_model_len" in captured.out
@@ -403,7 +437,7 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_unknown_text_is_not_a_format(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("dear diary\n")
-    with pytest.raises(WorkloadError, match="cannot tell the log format; use --format"):
+    with pytest.raises(InputError, match="cannot tell the log format; use --format"):
         detect_format(notes)
 
 

@@ -42,7 +42,8 @@ def test_misspelt_key_names_the_key_and_file(tmp_path: Path) -> None:
     spec, sessions = synthesize_workload("typo", SynthOptions(sessions=2))
     path = save_workload(spec, sessions, tmp_path / "typo.yaml")
     path.write_text(path.read_text().replace("target_qps", "taget_qps") + "taget_qps: 3\n")
-    with pytest.raises(WorkloadError, match=r"typo\.yaml: taget_qps: unknown key"):
+    line = path.read_text().splitlines().index("taget_qps: 3") + 1
+    with pytest.raises(WorkloadError, match=rf"typo\.yaml:{line}: taget_qps: unknown key; did you mean target_qps\?"):
         load_workload(path)
 
 

@@ -15,6 +15,7 @@ from llmload.cli import main
 from llmload.models import Message, Session, Turn, WorkloadSpec
 from llmload.workload import load_workload, save_workload
 from llmload.workload.build import BuildOptions, build_workload, source_table
+from llmload.workload.distributions import Fixed
 from llmload.workload.stats import TABLE_COLUMNS, render_stats, request_table, workload_stats
 from llmload.workload.tokens import get_tokenizer
 
@@ -79,8 +80,9 @@ def test_max_tokens_override_and_rounding() -> None:
 def test_built_workload_has_the_stats_of_its_source(tmp_path: Path) -> None:
     for name in ("openai.jsonl", "sharegpt.json", "vllm-0.32-debug.log", "mooncake.jsonl"):
         out = tmp_path / f"{Path(name).stem}.yaml"
-        result = build_workload([LOGS / name], out, progress=None)
-        log = source_table([LOGS / name])
+        options = BuildOptions(output_tokens=Fixed(kind="fixed", value=7))  # sharegpt.json ends unanswered
+        result = build_workload([LOGS / name], out, options, progress=None)
+        log = source_table([LOGS / name], options)
         reuse = log.reusable_prefix  # the same log's figure: here the request tables are compared
         from_source = workload_stats(log.table, think_times=log.think_times, reusable_prefix=reuse)
         from_file = workload_stats(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from llmload.errors import InputError
 from llmload.rundir import REPORT_FILE, read_summary
+from llmload.schedule import parse_duration
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 LOCUSTFILE = Path("loadtests/chat.py")
@@ -20,7 +21,7 @@ HELP = "a short real load test against the embedded target"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=40.0, help="seconds of ramp (4 stages)")
+    parser.add_argument("--duration", type=parse_duration, default=40.0, help="the ramp, 4 stages (40s)")
     parser.add_argument("--reports-dir", default="reports")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "rebuild summary.json, report.md and report.html from a run's records"
@@ -18,5 +19,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     summary = conclude(run_dir)
+    for warning in summary.run.warnings:
+        print(f"llmload report: warning: {warning}", file=sys.stderr)
     print(f"{run_dir / REPORT_FILE}: {summary.requests.scheduled} scheduled, {summary.requests.ok} ok")
     return 0

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 
-from llmload.errors import InputError
+from llmload.errors import InputError, validation_message
 from llmload.models import ReusablePrefix
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
@@ -91,7 +92,14 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
         default=BuildOptions().max_open_sessions,
         help="bound on sessions held open (memory); the least recently active closes first",
     )
-    build.add_argument("--seed", type=int, default=0, help="seed of synthesized text")
+    build.add_argument(
+        "--output-tokens",
+        metavar="DISTRIBUTION",
+        help="output lengths of the requests whose log gives none (no reply, output_tokens or max_tokens), drawn from"
+        " this, as `workload synth` takes it (e.g. lognormal:median=160,sigma=0.7); without it such a log is refused:"
+        " replayed, those requests would run to max_model_len",
+    )
+    build.add_argument("--seed", type=int, default=0, help="seed of synthesized text and drawn output lengths")
     build.set_defaults(workload_run=_build)
 
     stats = subparsers.add_parser(
@@ -111,14 +119,18 @@ def _add_build_and_stats(subparsers: argparse._SubParsersAction[argparse.Argumen
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> BuildOptions:
-    return BuildOptions(
-        format=args.format,
-        tokenizer=args.tokenizer,
-        skip_bad=args.skip_bad,
-        block_size=args.block_size,
-        chat_template=args.chat_template,
-        **extra,
-    )
+    """How the logs are read, as the flags say; a value out of range is an InputError naming its flag."""
+    try:
+        return BuildOptions(
+            format=args.format,
+            tokenizer=args.tokenizer,
+            skip_bad=args.skip_bad,
+            block_size=args.block_size,
+            chat_template=args.chat_template,
+            **extra,
+        )
+    except ValidationError as exc:
+        raise InputError(validation_message(exc, flags={"session_gap_s": "session-gap"})) from None
 
 
 def _report_counts(verb: str, counts: Counter[str]) -> None:
@@ -135,10 +147,18 @@ def _build(args: argparse.Namespace) -> int:
         session_gap_s=args.session_gap,
         max_open_sessions=args.max_open_sessions,
         seed=args.seed,
+        output_tokens=parse_distribution(args.output_tokens, "--output-tokens") if args.output_tokens else None,
     )
     result = build_workload(args.sources, args.output, options, progress=sys.stderr)
     _report_counts("skipped bad", result.log.skipped)
     _report_counts("ignored", result.log.ignored)
+    if result.log.unbounded:
+        print(
+            f"output lengths of {result.log.unbounded:,} of {result.stats.requests:,} requests drawn from"
+            f" --output-tokens {args.output_tokens} (the log gives them no reply, output_tokens or max_tokens);"
+            " replay asks for exactly these lengths",
+            file=sys.stderr,
+        )
     print(
         f"wrote {result.path} ({result.stats.sessions:,} sessions, {result.stats.requests:,} requests, "
         f"{result.log.format}, tokenizer {options.tokenizer}) and {result.path.parent / result.spec.sessions}"
@@ -213,6 +233,12 @@ def _synth(args: argparse.Namespace) -> int:
         if args.turns is not None:
             raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
         table, _, reuse = _input_table(args.like, args)
+        unknown = int(table["output_tokens"].isna().sum())
+        if unknown and args.output_tokens is None:  # a reply of no known length cannot be copied
+            raise InputError(
+                f"{unknown:,} of {len(table):,} requests in {', '.join(args.like)} have no known output length (no"
+                " reply or output_tokens): give --output-tokens DISTRIBUTION to draw the replies' lengths"
+            )
         real = workload_stats(table, reusable_prefix=reuse)
         options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
         rng = np.random.default_rng([options.seed, 1])
@@ -276,7 +302,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     synth.add_argument("--prefix-popularity", help="zipf:S (default zipf:1.1) or uniform")
     synth.add_argument("--prefix-sessions", type=float, help="share of sessions that start with prefixes (default 1)")
-    synth.add_argument("--target-qps", type=float, default=None)
+    synth.add_argument("--target-qps", type=_positive(float), default=None, help="the workload's 100%% request rate")
     synth.set_defaults(workload_run=_synth)
     _add_build_and_stats(commands)
 

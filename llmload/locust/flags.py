@@ -81,7 +81,9 @@ def add_arguments(parser: Any) -> None:
         "--goodput-slo", action="append", default=[], metavar="SPEC",
         help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
     )  # fmt: skip
-    group.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    group.add_argument(
+        "--metrics-interval", type=parse_duration, default=1.0, help="time between /metrics scrapes, > 0 (1s)"
+    )
     group.add_argument(
         "--gpu-metrics",
         metavar="URL",
@@ -101,8 +103,14 @@ def add_arguments(parser: Any) -> None:
 
 
 def plan_flags(options: argparse.Namespace) -> PlanFlags:
-    """The plan's part of the flags, typed."""
-    return PlanFlags(
+    """The plan's part of the flags, typed and each within its range (InputError names the flag)."""
+    limits = {
+        "connect_s": options.timeout_connect,
+        "first_token_s": options.timeout_first_token,
+        "between_tokens_s": options.timeout_between_tokens,
+        "total_s": options.timeout_total,
+    }
+    return PlanFlags.checked(
         workload=str(options.workload),
         target_qps=options.target_qps,
         stages=options.stages,
@@ -117,11 +125,6 @@ def plan_flags(options: argparse.Namespace) -> PlanFlags:
         drain_s=options.drain_timeout,
         history_turns=options.history_turns,
         max_users=options.max_users,
-        limits=Limits(
-            connect_s=options.timeout_connect,
-            first_token_s=options.timeout_first_token,
-            between_tokens_s=options.timeout_between_tokens,
-            total_s=options.timeout_total,
-        ),
+        limits=limits,
         goodput_slo=tuple(options.goodput_slo),
     )

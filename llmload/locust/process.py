@@ -119,10 +119,14 @@ def _on_init(environment: Environment, **_: Any) -> None:
         return
     try:
         STATE.plan = RunPlan.build(plan_flags(options))
+        parse_extra_body(options.extra_body)  # refused here, before Locust starts, rather than at each start
         STATE.criteria = criteria_from_args(options) if options.verdict else None
         criteria = STATE.criteria
         if criteria is not None and criteria.min_goodput_ratio is not None and STATE.plan.goodput_slo is None:
             raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
+        # a local run checks before Locust starts (the web UI at each start); a master's workers check themselves
+        if options.headless and environment.host and not isinstance(environment.runner, MasterRunner):
+            _require_reachable(environment.host)
     except InputError as exc:
         _fail_config(str(exc))
     if not environment.host:
@@ -237,6 +241,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
         else:
+            if not isinstance(runner, MasterRunner):
+                _require_reachable(environment.host)
             server = identify(environment.host, options.api_key or None, options.server_kind)
             server_kind = kind(server.kind)
             model = _resolve_model(environment.host, options, plan.workload)
@@ -294,7 +300,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
             run_id, run_dir, plan.planned(), what, warmup,
         )  # fmt: skip
         if server is not None:
-            log.info("llmload: %s", server_line(server, shape))
+            log.info("llmload: %s", server_line(server, shape, lengths_asked=plan.workload.asks_lengths))
     STATE.run = run
 
 
@@ -336,6 +342,16 @@ def _address_towards(host: str, port: int) -> str:
         return socket.gethostname()
 
 
+def _require_reachable(host: str) -> None:
+    """An InputError when no TCP connection to the target opens: no request is sent to a host where
+    nothing listens (they would all be charged to it as connection errors)."""
+    parsed = urllib.parse.urlsplit(host)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise InputError(f"--host {host} is not a URL: give http://HOST:PORT (or https://)")
+    if (error := _unreachable(host)) is not None:
+        raise InputError(f"nothing answers at {host}: {error}")
+
+
 def _unreachable(url: str) -> str | None:
     """Why a TCP connection to the target's host and port fails, or None when it opens."""
     parsed = urllib.parse.urlsplit(url)
@@ -343,11 +359,10 @@ def _unreachable(url: str) -> str | None:
     try:
         socket.create_connection((parsed.hostname or "", port), timeout=TARGET_PROBE_TIMEOUT_S).close()
     except OSError as exc:
-        return (
-            f"{exc.strerror or exc}"
-            if not isinstance(exc, TimeoutError)
-            else f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
-        )
+        if isinstance(exc, TimeoutError):
+            return f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
+        reason = str(exc.strerror or exc)
+        return reason[:1].lower() + reason[1:]  # "connection refused", as part of a sentence
     return None
 
 

@@ -435,6 +435,8 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
         records.frame, manifest, itl=itl.judged, stage_itl_p50=itl.stage_p50(), server=run.server,
         good=good_requests(records, manifest.goodput_slo), workload_prefix=sent_reusable_prefix(run),
     )  # fmt: skip
+    if run.cut_off is not None:
+        summary.run.warnings.insert(0, run.cut_off)
     return summary, itl
 
 

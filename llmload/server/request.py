@@ -129,9 +129,12 @@ def chat_body(
     return RequestShape(kind("vllm")).body(model, messages, max_tokens=max_tokens, output_tokens=output_tokens)
 
 
-def server_line(server: ServerIdentity, shape: RequestShape) -> str:
-    """The console's line on the target: which server, how it was told, and whether lengths are forced."""
+def server_line(server: ServerIdentity, shape: RequestShape, *, lengths_asked: bool) -> str:
+    """The console's line on the target: which server, how it was told, and whether lengths are forced
+    (`lengths_asked`: the workload asks for exact output lengths; else its turns carry max_tokens only)."""
     told = f"target: {server.name} (told by {server.evidence})"
+    if not lengths_asked:
+        return f"{told}; the workload asks for no exact output lengths: each request carries its max_tokens"
     if shape.kind.forces_length:
         return f"{told}; exact output lengths asked for with {' + '.join(shape.forcing)}"
     return f"{told}; output lengths not forced: {shape.kind.force_note}"

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import signal
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from llmload.capacity.plan import CapacityReport
+from llmload.errors import InputError
 from llmload.sim import wire
 from llmload.sim.config import SimConfig
 from llmload.sim.engine import Engine, EngineRequest
@@ -648,7 +650,13 @@ async def _serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRe
     gc.set_threshold(700, 1, 1000)
     try:
         site = web.TCPSite(runner, config.host, config.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # the port is taken, or the address is not this machine's
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise InputError(
+                f"cannot listen on {config.host}:{config.port} (--host, --port): {reason[:1].lower()}{reason[1:]}"
+            ) from None
         sim.sites.append(site)
         host, port = runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host

@@ -33,15 +33,16 @@ import numpy as np
 import orjson
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, PositiveInt
 
 from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, WorkloadSpec
+from llmload.workload.distributions import Distribution
 from llmload.workload.files import WorkloadError
 from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, read_log
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, NO_TEXT, PrefixBlocks, PromptLayout
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
-from llmload.workload.synth import TextSynthesizer
+from llmload.workload.synth import TextSynthesizer, draw_tokens
 from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
 
 PROGRESS_EVERY = 100_000
@@ -61,12 +62,15 @@ class BuildOptions(BaseModel):
     skip_bad: bool = False
     session_gap_s: PositiveFloat = 600.0
     max_open_sessions: PositiveInt = 100_000
-    seed: int = 0
+    seed: NonNegativeInt = 0
     model: str | None = None
     block_size: PositiveInt = DEFAULT_BLOCK_SIZE
     """Tokens per block of the reusable-prefix figure (llmload/workload/prefix.py)."""
     chat_template: ChatTemplate = DEFAULT_CHAT_TEMPLATE
     """How the reusable-prefix figure renders a log's messages into prompts."""
+    output_tokens: Distribution | None = None
+    """Where a request has no output length (no reply, output_tokens or max_tokens), its length is
+    drawn from this; without it `build_workload` refuses such a log (the replay would be unbounded)."""
 
 
 class BuildError(WorkloadError):
@@ -74,10 +78,13 @@ class BuildError(WorkloadError):
 
     def __init__(self, issues: list[Issue], by_kind: Counter[str]) -> None:
         total = sum(by_kind.values())
-        super().__init__(f"{total:,} bad line(s) in the sources; nothing written (--skip-bad skips them)")
+        if total == 1:  # one line says it all
+            super().__init__(f"{issues[0].where}: {issues[0].reason}; nothing written (--skip-bad skips bad lines)")
+        else:
+            super().__init__(f"{total:,} bad line(s) in the sources; nothing written (--skip-bad skips them)")
         self.issues = issues
         self.by_kind = by_kind
-        for issue in issues:  # printed before the message: each bad line as file:line
+        for issue in issues if total > 1 else ():  # printed before the message: each bad line as file:line
             self.add_note(f"{issue.where}: {issue.reason}")
         if total > len(issues):
             self.add_note(f"... and {total - len(issues):,} more")
@@ -95,6 +102,10 @@ class LogTable:
     think_times: str | None = None
     reusable_prefix: ReusablePrefix | str | None = None
     """The reusable-prefix figure, or why the log has none."""
+    unbounded: int = 0
+    """Requests with no output length (no reply, output_tokens or max_tokens), drawn or not."""
+    drawn: bool = False
+    """Their lengths were drawn from `BuildOptions.output_tokens`."""
 
 
 @dataclass
@@ -298,6 +309,7 @@ class _Finisher:
         write: bool,
         redact: bool,
         seed: int,
+        fill: Distribution | None = None,
     ) -> None:
         self.name = name
         self.prefix = prefix
@@ -309,6 +321,9 @@ class _Finisher:
         self.table = _Table()
         self.t0: float | None = None
         self.think_basis: Counter[str] = Counter()  # follow-up turns by how their think time was found
+        self.fill = fill
+        self._fill_rng = np.random.default_rng([seed, 2])
+        self.unbounded = 0  # requests without an output length or max_tokens (drawn when `fill` is given)
 
     @cached_property
     def _synth(self) -> TextSynthesizer:
@@ -396,6 +411,10 @@ class _Finisher:
             output = request.output_tokens
             if output is None and request.reply is not None:
                 output = reply_count
+            if not output and request.max_tokens is None:  # replayed as is, the server would not stop
+                self.unbounded += 1
+                if self.fill is not None:
+                    output = draw_tokens(self.fill, self._fill_rng, 1)[0]
             previous_reply = reply_count
             think = 0.0
             if previous_ts is not None and request.timestamp is not None:
@@ -528,8 +547,9 @@ def _run(
     )
     layout = PromptLayout(options.tokenizer, options.chat_template)
     finisher = _Finisher(
-        name, tokenizer, prefix, layout, write=out is not None, redact=options.redact, seed=options.seed
-    )
+        name, tokenizer, prefix, layout, write=out is not None, redact=options.redact, seed=options.seed,
+        fill=options.output_tokens,
+    )  # fmt: skip
     sessions = _Sessions(options.session_gap_s, options.max_open_sessions)
     issues: list[Issue] = []
     skipped: Counter[str] = Counter()
@@ -573,7 +593,10 @@ def _run(
         raise WorkloadError(f"no requests in {', '.join(map(str, sources))}")
     table = finisher.table.frame(name, sessions.count)
     reuse = prefix.result() if prefix.requests else NO_TEXT
-    return LogTable(table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis), reuse)
+    return LogTable(
+        table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis), reuse,
+        unbounded=finisher.unbounded, drawn=options.output_tokens is not None,
+    )  # fmt: skip
 
 
 def think_time_note(basis: Counter[str]) -> str | None:
@@ -609,11 +632,21 @@ def build_workload(
     output = Path(output)
     name = output.name.removesuffix(".yaml").removesuffix(".yml")
     sessions_path = output.parent / f"{name}.sessions.jsonl"
-    output.parent.mkdir(parents=True, exist_ok=True)
     partial = sessions_path.with_name(f".{sessions_path.name}.{os.getpid()}.partial")
     try:
-        with partial.open("wb") as out:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        handle = partial.open("wb")
+    except OSError as exc:
+        raise WorkloadError(f"{output}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with handle as out:
             log = _run([Path(s) for s in sources], options, name, out=out, progress=progress)
+        if log.unbounded and not log.drawn:
+            raise WorkloadError(
+                f"{log.unbounded:,} of {len(log.table):,} requests in {', '.join(map(str, sources))} have no output"
+                " length (no reply, output_tokens or max_tokens), so a server would generate up to max_model_len"
+                " for each: give --output-tokens DISTRIBUTION (e.g. lognormal:median=160,sigma=0.7) to draw theirs"
+            )
         stats = workload_stats(log.table, think_times=log.think_times, reusable_prefix=log.reusable_prefix)
         spec = WorkloadSpec(
             version=1,
@@ -626,6 +659,11 @@ def build_workload(
                     "redacted": options.redact,
                     "skipped_lines": dict(log.skipped),
                     "session_gap_s": options.session_gap_s,
+                    **(
+                        {"output_tokens_drawn": log.unbounded, "output_tokens": options.output_tokens.model_dump()}
+                        if log.unbounded and options.output_tokens is not None
+                        else {}
+                    ),
                 },
             ),
             tokenizer=options.tokenizer,

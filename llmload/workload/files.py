@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import Session, WorkloadSpec
+from llmload.workload.formats import log_format
 from llmload.yamlfile import load_yaml_model
 
 
@@ -33,10 +34,23 @@ class Workload:
     def mean_turns(self) -> float:
         return self.requests / len(self.sessions)
 
+    @property
+    def asks_lengths(self) -> bool:
+        """Some turn asks for an exact output length (the others carry max_tokens)."""
+        return any(turn.output_tokens is not None for session in self.sessions for turn in session.turns)
+
 
 def load_workload(path: str | Path) -> Workload:
     path = Path(path)
-    spec = load_yaml_model(path, WorkloadSpec, WorkloadError)
+    try:
+        spec = load_yaml_model(path, WorkloadSpec, WorkloadError)
+    except WorkloadError:
+        if path.is_file() and (fmt := log_format(path)) is not None:  # a request log given for its workload
+            raise WorkloadError(
+                f"{path}: this is {fmt.title}, not a workload: `llmload workload build {path} -o"
+                f" {path.with_suffix('.yaml').name}` makes one"
+            ) from None
+        raise
     sessions_path = path.parent / spec.sessions
     sessions = list(_read_sessions(sessions_path))
     if not sessions:
@@ -64,8 +78,12 @@ def _read_sessions(path: Path) -> Iterable[Session]:
 def save_workload(spec: WorkloadSpec, sessions: Iterable[Session], path: str | Path) -> Path:
     """Write the YAML spec and its sessions file (named by `spec.sessions`, beside it)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with (path.parent / spec.sessions).open("wb") as out:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = (path.parent / spec.sessions).open("wb")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    with out:
         for session in sessions:
             out.write(orjson.dumps(session.model_dump(exclude_none=True)) + b"\n")
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False))

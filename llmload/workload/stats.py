@@ -71,6 +71,10 @@ class WorkloadStats(BaseModel):
     max_tokens: int | None = Field(description="the max_tokens the recommendation assumes")
     max_tokens_configured: bool = Field(description="max_tokens was given, not taken from the source")
     recommended_max_model_len: int | None = Field(description="P99 prompt + max_tokens, rounded up to a multiple of 16")
+    no_recommendation: str | None = Field(default=None, description="why there is no recommended_max_model_len")
+    unbounded_requests: int = Field(
+        default=0, description="requests with neither an output length nor max_tokens: unbounded if replayed"
+    )
     reusable_prefix: ReusablePrefix | None = Field(
         default=None, description="prompt tokens an infinite prefix cache could serve (llmload/workload/prefix.py)"
     )
@@ -119,6 +123,7 @@ def workload_stats(
     recommended = (
         None if prompt_p99 is None or assumed is None else _round_up(prompt_p99 + assumed, MAX_MODEL_LEN_MULTIPLE)
     )
+    unbounded = int(limit.isna().sum())
     return WorkloadStats(
         think_times=think_times,
         requests=len(table),
@@ -136,6 +141,11 @@ def workload_stats(
         max_tokens=assumed,
         max_tokens_configured=max_tokens is not None,
         recommended_max_model_len=recommended,
+        no_recommendation=None
+        if recommended is not None
+        else "no request says how long its reply may be (no reply, output_tokens or max_tokens in the source):"
+        " give --max-tokens N, the longest reply the server should allow",
+        unbounded_requests=unbounded,
         reusable_prefix=None if isinstance(reusable_prefix, str) else reusable_prefix,
         reusable_prefix_absent=reusable_prefix if isinstance(reusable_prefix, str) else None,
     )
@@ -232,6 +242,14 @@ def render_stats(stats: WorkloadStats) -> str:
             f"Recommended max_model_len: {stats.recommended_max_model_len:,} = P99 prompt "
             f"{fmt(stats.prompt_tokens.p99, 0)} + max_tokens {stats.max_tokens:,} ({origin}), "
             f"rounded up to a multiple of {MAX_MODEL_LEN_MULTIPLE}."
+        )
+    else:
+        lines.append(f"Recommended max_model_len: none: {stats.no_recommendation}.")
+    if stats.unbounded_requests:
+        lines.append(
+            f"Output lengths: {stats.unbounded_requests:,} of {stats.requests:,} requests have no reply, output_tokens"
+            " or max_tokens (a server would generate up to max_model_len): `workload build --output-tokens"
+            " DISTRIBUTION` draws theirs."
         )
     lines += _render_reuse(stats)
     return "\n".join(lines) + "\n"

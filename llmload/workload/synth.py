@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, PositiveFloat, PositiveInt, ValidationError
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import Message, Session, Strict, Turn, WorkloadSource, WorkloadSpec
@@ -105,7 +105,7 @@ class SynthOptions(Strict):
     """What `llmload workload synth` draws; token counts are under `tokenizer`, clipped at 1."""
 
     sessions: PositiveInt = 200
-    seed: int = 0
+    seed: NonNegativeInt = 0
     turns: Distribution = Geometric(kind="geometric", p=0.3)
     max_turns: PositiveInt = 8
     prompt_tokens: Distribution = Field(

@@ -41,6 +41,7 @@ __all__ = [
     "LogRequest",
     "Parsed",
     "detect_format",
+    "log_format",
     "read_log",
 ]
 
@@ -56,9 +57,9 @@ _BY_NAME = {f.name: f for f in FORMATS}
 _SNIFF_ORDER = sorted(FORMATS, key=lambda f: f.fallback)  # stable: FORMATS order, loose sniffs last
 
 
-def detect_format(path: Path) -> str:
-    """The format of a log from its first non-blank line, read whole however long it is (one JSON
-    request may be megabytes), and, for vLLM logs, its first 64 KiB."""
+def _first_line(path: Path) -> tuple[bytes, bytes]:
+    """The first 64 KiB and the first non-blank line (whole however long it is: one JSON request may
+    be megabytes); FormatError for a file that cannot be read or holds nothing."""
     try:
         with path.open("rb") as handle:
             head = handle.read(DETECT_BYTES)
@@ -66,6 +67,15 @@ def detect_format(path: Path) -> str:
             first_line = next((line for line in handle if line.strip()), b"")
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    if not first_line:
+        raise FormatError(f"{path}: empty")
+    return head, first_line
+
+
+def _sniff(path: Path) -> tuple[LogFormat | None, dict[str, Any] | None]:
+    """The format whose sniff takes the log's head (None: no format's), and its first line decoded
+    when that is a JSON object."""
+    head, first_line = _first_line(path)
     first = first_line.decode("utf-8", errors="replace").strip()
     record: dict[str, Any] | None = None
     if first.startswith("{"):
@@ -74,17 +84,33 @@ def detect_format(path: Path) -> str:
         except orjson.JSONDecodeError:
             raise FormatError(f"{path}:1: first line is not a JSON object; use --format") from None
     seen = Head(first_line=first, record=record, text=head.decode("utf-8", errors="replace"))
-    for fmt in _SNIFF_ORDER:
-        if fmt.sniff(seen):
-            return fmt.name
+    return next((fmt for fmt in _SNIFF_ORDER if fmt.sniff(seen)), None), record
+
+
+def detect_format(path: Path) -> str:
+    """The format of a log from its first non-blank line and, for vLLM logs, its first 64 KiB."""
+    fmt, record = _sniff(path)
+    if fmt is not None:
+        return fmt.name
     if record is not None:
         raise FormatError(f"{path}:1: a JSON object of no known log format (keys {sorted(record)[:8]})")
     raise FormatError(f"{path}: cannot tell the log format; use --format ({', '.join(FORMAT_NAMES)})")
 
 
+def log_format(path: Path) -> LogFormat | None:
+    """The log format `path` is in, or None (it is something else: a workload, say, or unreadable)."""
+    try:
+        return _sniff(path)[0]
+    except FormatError:
+        return None
+
+
 def read_log(path: Path, fmt: str | None = None) -> tuple[str, Iterator[Parsed]]:
     """The format (given or detected) and the stream of parsed requests and issues of one file."""
-    fmt = fmt or detect_format(path)
+    if fmt is None:
+        fmt = detect_format(path)
+    else:
+        _first_line(path)  # an empty file is refused as such, whatever format was given
     if fmt not in _BY_NAME:
         raise FormatError(f"unknown format {fmt!r}: one of {', '.join(FORMAT_NAMES)}")
     return fmt, _BY_NAME[fmt].parse(path)

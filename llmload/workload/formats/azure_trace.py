@@ -6,13 +6,24 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmload.workload.formats.common import Head, Issue, LogFormat, LogRequest, Parsed, integer, log_timestamp
+from llmload.workload.formats.common import (
+    BadLine,
+    FormatError,
+    Head,
+    Issue,
+    LogFormat,
+    LogRequest,
+    Parsed,
+    integer,
+    log_timestamp,
+)
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 def parse_azure_trace(path: Path) -> Iterator[Parsed]:
-    """Azure LLM inference trace CSV (2023/2024): one request per row, lengths only.
+    """Azure LLM inference trace CSV (2023/2024): one request per row, lengths only; the columns are
+    found by name, and a header without one of them is refused naming it.
 
     Example::
 
@@ -21,29 +32,43 @@ def parse_azure_trace(path: Path) -> Iterator[Parsed]:
     """
     with path.open(newline="") as handle:
         reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header[:3]) != _AZURE_COLUMNS:
-            yield Issue(f"{path}:1", f"bad header: not {','.join(_AZURE_COLUMNS)}")
-            return
+        header = [name.strip() for name in next(reader, [])]
+        missing = [name for name in _AZURE_COLUMNS if name not in header]
+        if missing:
+            raise FormatError(
+                f"{path}:1: no column {' or '.join(missing)} (it has {', '.join(header) or 'no columns'})"
+            )
+        stamp_at, context_at, generated_at = (header.index(name) for name in _AZURE_COLUMNS)
         for row in reader:
             where = f"{path}:{reader.line_num}"
             if not row:
                 continue
+            if len(row) < len(header):
+                yield Issue(where, f"{len(row)} column(s), not {len(header)}", category="short row")
+                continue
             try:
-                stamp, context, generated = row[:3]
                 yield LogRequest(
                     where=where,
-                    timestamp=log_timestamp(stamp.strip()),
-                    prompt_tokens=integer(int(context), "ContextTokens", minimum=1),
-                    output_tokens=integer(int(generated), "GeneratedTokens"),
+                    timestamp=log_timestamp(row[stamp_at].strip()),
+                    prompt_tokens=_whole(row[context_at], "ContextTokens", minimum=1),
+                    output_tokens=_whole(row[generated_at], "GeneratedTokens"),
                 )
-            except ValueError as exc:  # includes BadLine, short rows and non-integer fields
-                yield Issue(where, f"bad row: {exc}")
+            except BadLine as exc:
+                yield Issue(where, str(exc), category="bad value")
+
+
+def _whole(text: str, column: str, *, minimum: int = 0) -> int:
+    """A token count: a whole number, at least `minimum`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadLine(f"{column} {text!r} is not a whole number") from None
+    return integer(value, column, minimum=minimum)
 
 
 def _sniff(head: Head) -> bool:
-    """The trace's header as the first line."""
-    return head.first_line.split(",")[:3] == list(_AZURE_COLUMNS)
+    """A CSV header naming one of the trace's columns (a missing one is the parser's to name)."""
+    return bool(set(_AZURE_COLUMNS) & {name.strip() for name in head.first_line.split(",")})
 
 
-FORMAT = LogFormat(name="azure-trace", sniff=_sniff, parse=parse_azure_trace)
+FORMAT = LogFormat(name="azure-trace", title="an Azure trace", sniff=_sniff, parse=parse_azure_trace)

@@ -11,8 +11,8 @@ from typing import Any, get_args
 
 import orjson
 
+from llmload.errors import InputError
 from llmload.models import Message
-from llmload.workload.files import WorkloadError
 
 _ROLES = frozenset(get_args(Message.model_fields["role"].annotation))
 DETECT_BYTES = 1 << 16
@@ -50,11 +50,13 @@ class Issue:
     where: str
     reason: str
     fatal: bool = True
+    category: str | None = None
+    """What the skipped-lines count calls it, where the reason does not start with that."""
 
     @property
     def kind(self) -> str:
         """The reason without its details, for counting skipped lines by reason."""
-        return self.reason.split(":", 1)[0]
+        return self.category or self.reason.split(":", 1)[0]
 
 
 Parsed = LogRequest | Issue
@@ -65,7 +67,7 @@ class BadLine(ValueError):
     """Raised inside a parser for one unusable line; becomes an `Issue`."""
 
 
-class FormatError(WorkloadError):
+class FormatError(InputError):
     """A source whose format cannot be told (or is not the one given)."""
 
 
@@ -86,6 +88,8 @@ class LogFormat:
     """One request-log format: its `--format` name, how its head looks, and its parser."""
 
     name: str
+    title: str
+    """The format in a sentence: "an OpenAI JSONL log"."""
     sniff: Callable[[Head], bool]
     """True when a log's head is of this format."""
     parse: Parser

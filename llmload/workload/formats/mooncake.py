@@ -55,4 +55,4 @@ def _sniff(head: Head) -> bool:
     return head.record is not None and ("hash_ids" in head.record or "input_length" in head.record)
 
 
-FORMAT = LogFormat(name="mooncake", sniff=_sniff, parse=parse_mooncake)
+FORMAT = LogFormat(name="mooncake", title="a Mooncake trace", sniff=_sniff, parse=parse_mooncake)

@@ -75,4 +75,6 @@ def _sniff(head: Head) -> bool:
     return head.record is not None and ("messages" in head.record or "request" in head.record)
 
 
-FORMAT = LogFormat(name="openai-jsonl", sniff=_sniff, parse=parse_openai_jsonl, fallback=True)
+FORMAT = LogFormat(
+    name="openai-jsonl", title="an OpenAI JSONL log", sniff=_sniff, parse=parse_openai_jsonl, fallback=True
+)

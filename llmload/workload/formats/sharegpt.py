@@ -132,4 +132,4 @@ def _sniff(head: Head) -> bool:
     return head.first_line.startswith("[") or (head.record is not None and "conversations" in head.record)
 
 
-FORMAT = LogFormat(name="sharegpt", sniff=_sniff, parse=parse_sharegpt)
+FORMAT = LogFormat(name="sharegpt", title="a ShareGPT log", sniff=_sniff, parse=parse_sharegpt)

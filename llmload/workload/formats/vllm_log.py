@@ -172,4 +172,4 @@ def _sniff(head: Head) -> bool:
     return head.record is None and ("Received request" in head.text or _VLLM_LINE.search(head.text) is not None)
 
 
-FORMAT = LogFormat(name="vllm-log", sniff=_sniff, parse=parse_vllm_log, fallback=True)
+FORMAT = LogFormat(name="vllm-log", title="a vLLM log", sniff=_sniff, parse=parse_vllm_log, fallback=True)

@@ -205,8 +205,9 @@ def test_real_runs_record_chart_and_judge_gpu_memory(tmp_path: Path) -> None:
         )  # fmt: skip
         run, (cool_code, cool_output, cool_dir) = hot.result(), cool.result()
 
-    # server.jsonl: both GPUs in every sample, beside the target's own metrics
-    assert run.returncode == 0, run.output[-3000:]
+    # server.jsonl: both GPUs in every sample, beside the target's own metrics; a 10 s hold cannot tell
+    # whether the target keeps up, so the verdict is INCONCLUSIVE (exit 3), the GPU alert aside
+    assert run.returncode == 3, run.output[-3000:]
     samples = [orjson.loads(line) for line in (run.run_dir / "server.jsonl").read_bytes().splitlines()]
     assert len(samples) >= 10
     assert all([g["gpu"] for g in s["gpus"]] == ["0", "1"] and s["health"] == 200 for s in samples)
@@ -229,9 +230,11 @@ def test_real_runs_record_chart_and_judge_gpu_memory(tmp_path: Path) -> None:
     assert re.search(r'<h2>Server: GPU memory and utilisation</h2>\s*<figure><img src="data:image/svg', html)
     assert html.index("Server: KV cache and queue") < html.index("Server: GPU memory and utilisation")
 
-    # the soak verdict: warn by default (the run passes), fail when the criteria ask
+    # the soak verdict: warn by default (no check fails), fail when the criteria ask
     reasons = run.summary["verdict"]["reasons"]
-    assert run.summary["verdict"]["passed"] is True
+    assert run.summary["verdict"]["outcome"] == "inconclusive" and run.summary["verdict"]["inconclusive_kinds"] == [
+        "keeping_up"
+    ]
     alert = next(r for r in reasons if "GPU memory alert" in r)
     assert alert.startswith("WARN GPU memory alert: worst 10 s window 0.97") and "> level 0.9 (warn)" in alert
     strict = SoakCriteria.model_validate({"alerts": {"actions": {"gpu_memory_used": "fail"}}})
@@ -240,7 +243,7 @@ def test_real_runs_record_chart_and_judge_gpu_memory(tmp_path: Path) -> None:
     assert any(r.startswith("FAIL GPU memory alert") for r in failed.reasons)
 
     # under 90%, through `llmload soak`: the flag reaches Locust, and the check passes even set to fail
-    assert cool_code == 0, cool_output[-3000:]
+    assert cool_code == 3, cool_output[-3000:]  # too short to tell, and not failed
     cool_summary = orjson.loads((cool_dir / "summary.json").read_bytes())
     assert cool_summary["server"]["gpu_memory_usage_max"] == pytest.approx(64608 / TOTAL_MIB, abs=1e-4)
     assert any(

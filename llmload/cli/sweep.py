@@ -94,7 +94,9 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         passes.append((args.serve, directory))
     for _, where in passes:
         where.mkdir(parents=True, exist_ok=True)
-        write_criteria(where, criteria, args.probe_duration, args.confirm_duration)
+        # the soak mode's hold is judged by the confirm's criteria: windows sized to its own hold
+        held = args.soak_duration if args.mode == "soak" else args.confirm_duration
+        write_criteria(where, criteria, args.probe_duration, held)
         for config in configs:
             config.write(where / config.name)  # every file checked before any server starts
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)

@@ -91,7 +91,7 @@ def records(
             "ttft_ms": ttft,
             "ttfo_ms": np.nan,
             "e2e_ms": e2e,
-            "tpot_ms": np.where(tokens > 1, (e2e - ttft) / (tokens - 1), np.nan),
+            "tpot_ms": np.divide(e2e - ttft, tokens - 1, out=np.full(len(tokens), np.nan), where=tokens > 1),
             "prompt_tokens": 100.0,
             "output_tokens": tokens,
             "cached_tokens": np.nan,

@@ -171,15 +171,16 @@ class Searcher:
         return sum(math.ceil(p.qps * s) for p, s in zip(self.result.probes, held, strict=True))
 
     def hold_and_drain(self, qps: float, *, confirm: bool) -> tuple[float, float]:
-        """The next probe's hold and drain at `qps`: the hold that last decided a rate (at least
-        --probe-duration), or longer after a probe at this rate that could not tell (INCONCLUSIVE): the
+        """The next probe's hold and drain at `qps`: the hold of the last probe that passed (at least
+        --probe-duration: a shorter one could not tell there), or longer after a probe at this rate that
+        could not tell (INCONCLUSIVE): the
         hold its verdict says would tell, with a fifth more, or twice its hold, or enough for its E2E p99,
         whichever is longest, at most LONGEST_HOLD times --probe-duration; a drain of twice that p99."""
         flags = self.flags
         if confirm:
             return flags.confirm_s, flags.drain_s
-        decided = [p for p in self.result.probes if not p.confirm and p.passed is not None and not p.too_short]
-        base = max(flags.hold_s, decided[-1].hold_s or flags.hold_s) if decided else flags.hold_s
+        passed = [p for p in self.result.probes if not p.confirm and p.passed]
+        base = max(flags.hold_s, passed[-1].hold_s or flags.hold_s) if passed else flags.hold_s
         short = [p for p in self.result.probes if p.qps == qps and not p.confirm]
         if not short or not short[-1].too_short:
             return min(base, LONGEST_HOLD * flags.hold_s), flags.drain_s

@@ -43,9 +43,10 @@ def test_a_server_of_known_capacity_serves_what_it_is_sent_below_it_and_its_capa
 
 def test_the_verdicts_table_of_a_walks_calm_is_what_simulation_gives() -> None:
     """Keeping up rules out a saturated server by how calm its in-flight series is; the table it reads
-    is the 0.5% quantile of a simulated walk's calm (a fresh, smaller simulation agrees within 15%)."""
-    fresh = calm_quantiles(WALK_CALM_WINDOWS, 0.005, paths=6_000, seed=7)
-    assert fresh == pytest.approx(list(WALK_CALM_QUANTILE), rel=0.15)
+    is the 0.5% quantile of a simulated walk's calm (a fresh, smaller simulation agrees within 25%: its
+    tail holds 50 paths)."""
+    fresh = calm_quantiles(WALK_CALM_WINDOWS, 0.005, paths=10_000, seed=7)
+    assert fresh == pytest.approx(list(WALK_CALM_QUANTILE), rel=0.25)
 
 
 def test_lengths_have_the_mean_they_are_given() -> None:

@@ -379,11 +379,14 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
         )  # fmt: skip
     trend = Trend.fit(series, drift.confidence, lag=lag, adaptive=True)
     walk = Walk.of(hold, rate, completed / hold.duration_s)
-    walk_error = 0.0 if walk.ruled_out(series, trend, window_s) else walk.slope_error(judged_s)
+    calm = walk.ruled_out(series, trend, window_s)
+    walk_error = 0.0 if calm else walk.slope_error(judged_s)
     error = max(trend.error, walk_error)
     growth = trend.slope / rate  # of the requests sent, the share that stayed in flight
     low = (trend.slope - t_quantile(criteria.fail_confidence, trend.dof) * error) / rate
-    high = (trend.slope + t_quantile(criteria.pass_confidence, trend.dof) * error) / rate
+    # the slope, and what the hold left in flight (sent − completed), must each rule the overload out
+    deficit_high = _deficit_bound(sent, completed, series, 0.0 if calm else walk.completions * hold.duration_s)
+    high = max((trend.slope + t_quantile(criteria.pass_confidence, trend.dof) * error) / rate, deficit_high)
     tell = 1 - 1 / (1 + criteria.overload)  # the growth an overload of `overload` gives
     rise = trend.slope * judged_s
     floor = drift.min_rise.in_flight
@@ -414,12 +417,12 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
     )
 
 
-# The 0.5% quantile of a random walk's calm: the variance of its per-window means about their least-squares
-# line over that of an unbounded walk (L/15 × its variance per second), by the windows judged; simulated
-# (llmload.errorrates.walk.calm_quantiles, checked by tests/test_errorrates.py). A series calmer than this
-# is no walk, at 99.5%.
+# The 0.5% quantile of a saturated queue's calm: the variance of its per-window means about their
+# least-squares line over a free walk's (L/15 × its variance per second), by the windows judged, for the
+# calmest such queue, a walk held at zero; simulated (llmload.errorrates.walk.calm_quantiles, checked by
+# tests/test_errorrates.py). A series calmer than this is no saturated queue, at 99.5%.
 WALK_CALM_WINDOWS = (6, 10, 20, 50, 100, 300)
-WALK_CALM_QUANTILE = (0.035, 0.092, 0.159, 0.195, 0.221, 0.230)
+WALK_CALM_QUANTILE = (0.0146, 0.0382, 0.0725, 0.1037, 0.1216, 0.1347)
 
 
 @dataclass(frozen=True)
@@ -465,6 +468,19 @@ class Walk:
             return True
         calm = float(residuals @ residuals) / (n - 2) / expected
         return calm < float(np.interp(np.log(n), np.log(WALK_CALM_WINDOWS), WALK_CALM_QUANTILE))
+
+
+def _deficit_bound(sent: int, completed: int, series: pd.Series, walk_variance: float, z: float = 2.326) -> float:
+    """The upper 99% bound of (sent − completed) / sent over the hold: the share of its requests the hold
+    left in flight, a test on cumulative arrivals minus completions. Its noise: the walk the completions
+    take were the server saturated (`walk_variance`, requests²), and the requests in flight at either end
+    (twice their variance over the hold). A queue that starts empty hugs zero for a while, and the
+    slope through its wander can read level where the count it left behind does not: a one-slot server
+    at 1.1× its capacity passed 11% of 30-minute soaks on the slope alone."""
+    if sent <= 0:
+        return math.inf
+    noise = math.sqrt(walk_variance + 2 * float(series.var(ddof=0)))
+    return (sent - completed + z * noise) / sent
 
 
 def _detectable(

@@ -3,7 +3,8 @@
 error is an InputError, and becomes exit code 2 here and nowhere else.
 
 Commands: `workload` (build, stats, synth), `capacity`, `sim` and `sim_calibrate` (the embedded
-target and its calibration), `demo`, `report`, `compare`, `soak`, `search`, `sweep`; `aliases`
+target and its calibration), `demo`, `report`, `compare`, `soak`, `search`, `sweep`, `run` (the
+plain Locust run) and `locustfile` (the packaged locustfile's path); `aliases`
 keeps a retired flag spelling working, with a warning."""
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from collections.abc import Sequence
 
 from llmload.errors import InputError
 
-COMMANDS = ("workload", "sim", "capacity", "compare", "report", "soak", "search", "sweep", "demo")
+COMMANDS = (
+    "workload", "sim", "capacity", "compare", "report", "soak", "search", "sweep", "demo", "run", "locustfile",
+)  # fmt: skip
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -25,7 +28,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS if only is None else (only,):
         module = importlib.import_module(f"llmload.cli.{name}")
-        command = commands.add_parser(name, help=module.HELP, description=module.__doc__)
+        command = commands.add_parser(
+            name, help=module.HELP, description=module.__doc__, add_help=not getattr(module, "OWN_HELP", False)
+        )
         module.add_arguments(command)
         command.set_defaults(run=module.run, passthrough=getattr(module, "PASSTHROUGH", False))
     return parser

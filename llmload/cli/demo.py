@@ -8,13 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from llmload.errors import InputError
+from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD
 from llmload.rundir import REPORT_FILE, read_summary
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
-
-LOCUSTFILE = Path("loadtests/chat.py")
-WORKLOAD = Path("workloads/chat-multiturn.yaml")
-
 
 HELP = "a short real load test against the embedded target"
 
@@ -29,8 +25,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
-    if not LOCUSTFILE.is_file() or not WORKLOAD.is_file():
-        raise InputError(f"run it from the repository root (needs {LOCUSTFILE} and {WORKLOAD})")
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
     with SimProcess(*EMBEDDED_TARGET_ARGS) as sim:
         print(
@@ -39,7 +33,7 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
         )
         command = [
             sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-            "--host", sim.url, "--workload", str(WORKLOAD), "--target-qps", "4",
+            "--host", sim.url, "--workload", str(SAMPLE_WORKLOAD), "--target-qps", "4",
             "--stage-duration", str(duration_s / 4), "--drain-timeout", "15",
             "--run-id", run_id, "--reports-dir", reports_dir,
         ]  # fmt: skip

@@ -59,7 +59,7 @@ def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
     """Locust's exit code (0 PASS, 1 FAIL, 2 bad input), after printing the verdict and the report's path."""
     refuse_overrides(SOAK_FLAGS, passthrough, "the soak")
     if not Path(soak.locustfile).is_file():
-        raise InputError(f"no locustfile at {soak.locustfile} (run from the repository root)")
+        raise InputError(f"no locustfile at {soak.locustfile} (`llmload locustfile` prints the packaged one)")
     run_dir = Path(soak.reports_dir) / soak.run_id
     rundir.claim(run_dir)  # before Locust: a used directory's old verdict must not be read as this run's
     code = subprocess.run([*soak.command(), *passthrough], check=False).returncode

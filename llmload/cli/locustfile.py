@@ -6,7 +6,7 @@ import argparse
 
 from llmload.packaged import LOCUSTFILE
 
-HELP = "print the path of the packaged locustfile (locust -f \"$(llmload locustfile)\")"
+HELP = 'print the path of the packaged locustfile (locust -f "$(llmload locustfile)")'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
-    import llmload.locust.flags  # noqa: F401  (registers llmload's flags before Locust builds --help)
     from locust.main import main as locust_main
+
+    import llmload.locust.flags  # noqa: F401  (registers llmload's flags before Locust builds --help)
 
     sys.argv = ["llmload run", "-f", str(LOCUSTFILE), *passthrough]
     try:

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD
+from llmload.process_group import Stopped, run_to_end
 from llmload.rundir import REPORT_FILE, read_summary
+from llmload.schedule import parse_duration
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 HELP = "a short real load test against the embedded target"
+STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of ramp (4 stages)")
+    parser.add_argument(
+        "--warmup", type=lambda t: parse_duration(t, allow_zero=True), default=None,
+        help="unjudged lead-in (default: a mean session of the sample workload, 19 s)",
+    )  # fmt: skip
     parser.add_argument("--reports-dir", default="reports")
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_demo(duration_s=args.duration, reports_dir=args.reports_dir)
+    return run_demo(duration_s=args.duration, warmup_s=args.warmup, reports_dir=args.reports_dir)
 
 
-def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
+def run_demo(*, duration_s: float = 40.0, warmup_s: float | None = None, reports_dir: str = "reports") -> int:
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
     with SimProcess(*EMBEDDED_TARGET_ARGS) as sim:
         print(
@@ -36,8 +42,12 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
             "--host", sim.url, "--workload", str(SAMPLE_WORKLOAD), "--target-qps", "4",
             "--stage-duration", str(duration_s / 4), "--drain-timeout", "15",
             "--run-id", run_id, "--reports-dir", reports_dir,
+            *(["--warmup", f"{warmup_s:g}"] if warmup_s is not None else []),
         ]  # fmt: skip
-        code = subprocess.run(command, check=False).returncode
+        try:
+            code, stopped = run_to_end(command), None
+        except Stopped as stop:  # the embedded target is stopped on the way out, then the report read
+            code, stopped = 128 + stop.signum, stop
     run_dir = Path(reports_dir) / run_id
     summary = read_summary(run_dir)
     if summary is None:
@@ -55,4 +65,6 @@ def run_demo(*, duration_s: float = 40.0, reports_dir: str = "reports") -> int:
             f" achieved {stage.achieved_qps:.2f}, first turns {stage.turn_mix.get('1', 0):.0%} ({judged})"
         )
     print(f"report: {run_dir / REPORT_FILE}")
+    if stopped is not None:
+        print(f"llmload demo: interrupted ({stopped}): what was measured until then")
     return code

@@ -31,6 +31,7 @@ from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 HELP = "the highest request rate whose hold passes the soak verdict: bracket, then bisect; unknown flags go to Locust"
 PASSTHROUGH = True
+STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from llmload.schedule import parse_duration
 
 HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
 PASSTHROUGH = True
+STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

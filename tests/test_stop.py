@@ -66,6 +66,7 @@ def test_a_signal_at_a_random_moment_stops_everything_and_keeps_what_was_measure
             output, _ = proc.communicate(timeout=GONE_WITHIN_S + 5)
             wait_until(lambda s=started: not _alive(s), GONE_WITHIN_S, f"{name}: left behind {_alive(started)}")
             took = time.monotonic() - signalled
+            print(f"{name} {sig.name}: its processes gone {took:.1f} s after the signal")
         assert took < GONE_WITHIN_S, (name, sig.name, took, output[-3000:])
         assert proc.returncode == 128 + sig, (name, sig.name, proc.returncode, output[-3000:])
         assert "interrupted" in output, output[-3000:]

@@ -1,14 +1,10 @@
-"""`llmload run`: the plain Locust run of the packaged locustfile, every flag Locust's or llmload's
-(`llmload run --help` lists both: Locust prints its help before it loads a locustfile, so
-llmload's flags are registered first, here)."""
+"""`llmload run`: the plain Locust run of the packaged locustfile, every flag Locust's or llmload's;
+`llmload run --help` lists both (llmload.locust.main)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
-
-from llmload.packaged import LOCUSTFILE
 
 HELP = "the plain Locust run of the packaged locustfile: llmload's flags and Locust's (--help lists both)"
 PASSTHROUGH = True
@@ -20,13 +16,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
-    from locust.main import main as locust_main
+    from llmload.locust.main import run_locust  # Locust patches the process with gevent: only for this command
 
-    import llmload.locust.flags  # noqa: F401  (registers llmload's flags before Locust builds --help)
-
-    sys.argv = ["llmload run", "-f", str(LOCUSTFILE), *passthrough]
-    try:
-        locust_main()
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 1
-    return 0
+    return run_locust(passthrough)

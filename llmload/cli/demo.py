@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD
+from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, say_if_sample
 from llmload.process_group import Stopped, run_to_end
 from llmload.rundir import REPORT_FILE, read_summary
 from llmload.schedule import parse_duration
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_demo(*, duration_s: float = 40.0, warmup_s: float | None = None, reports_dir: str = "reports") -> int:
+    say_if_sample("demo", SAMPLE_WORKLOAD)
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
     with SimProcess(*EMBEDDED_TARGET_ARGS) as sim:
         print(

@@ -23,7 +23,7 @@ from llmload.gates.search import (
 )
 from llmload.gates.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.models import SearchResult
-from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP
+from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import parse_duration
@@ -82,6 +82,7 @@ def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
     goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
     if criteria.min_goodput_ratio is not None and goodput_slo is None:
         raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
+    say_if_sample(args.command, args.workload)
     flags = ProbeFlags(
         locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
         warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from llmload.gates.soak import SoakRun, run_soak
-from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP
+from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
 from llmload.schedule import parse_duration
 
 HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
@@ -39,4 +39,5 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         ramp_stage_s=args.ramp_stage_duration, hold_s=args.duration, host=args.host,
         run_id=args.run_id or time.strftime("soak-%Y%m%d-%H%M%S"), reports_dir=args.reports_dir,
     )  # fmt: skip
+    say_if_sample("soak", args.workload)
     return run_soak(soak, passthrough)

@@ -32,6 +32,11 @@ def conclude(run_dir: Path, criteria: SoakCriteria | None = None) -> Summary:
 
 
 def _verdict(run: rundir.Run, summary: Summary, criteria: SoakCriteria) -> Verdict:
+    if run.manifest.interrupted:  # a hold cut short says nothing of the server either way
+        return Verdict(
+            outcome="inconclusive",
+            reasons=["INCONCLUSIVE run: stopped before its plan ended (Ctrl-C, SIGTERM or -t); run it again"],
+        )
     try:
         return evaluate(run, summary, criteria).verdict
     except InputError as exc:  # stopped before any request: nothing to judge, and the report still written

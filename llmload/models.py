@@ -279,6 +279,9 @@ class RunManifest(Strict):
     workers: int
     limits: dict[str, float]
     finished_at: float | None = None
+    interrupted: bool = Field(
+        default=False, description="stopped before the plan's end (Ctrl-C, SIGTERM, -t): what was measured until then"
+    )
     load_generator_cpu_max_percent: float | None = None
     cpu_steal_percent: float | None = Field(
         default=None, description="hypervisor steal on the load generator's machine (the master's) during the run"

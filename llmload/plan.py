@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,7 +160,7 @@ class RunPlan:
             run_id=run_id,
             host=host,
             model=model,
-            workload=self.flags.workload,
+            workload=str(Path(self.flags.workload).absolute()),  # `llmload report` from elsewhere finds it
             arrival=self.flags.arrival,
             burstiness=self.flags.burstiness,
             seed=self.flags.seed,

@@ -5,6 +5,10 @@ is a scheduler autogroup, and a CPU-bound vLLM server in an autogroup of its own
 generator off the CPU for 2-4 s at a time (docs/ARCHITECTURE.md, Timing). A group stays in our
 session: a Ctrl-C at the terminal still reaches only the foreground group, and whoever started the
 child decides how it ends.
+
+The long commands (demo, soak, search, sweep) turn SIGINT and SIGTERM into `Stopped` (`stop_signals`):
+the Locust run they wait on is told to stop and given STOP_GRACE_S to write what it measured
+(`run_to_end`), their servers are stopped on the way out, and the command exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -14,10 +18,42 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import IO, Any
 
 KILL_WAIT_S = 10.0
+STOP_GRACE_S = 7.0  # a Locust run told to stop writes its report in this long, else its group is stopped
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached a long command: a KeyboardInterrupt, so every way out Ctrl-C already
+    takes (a probe stopped, a sweep's server stopped, what was measured saved) is the same for both."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM raise Stopped while inside, even where SIGINT was inherited ignored (a command
+    started with `&` in a script); a second signal is noted, not raised, so the stopping itself is not cut
+    short (it is bounded). Yields the signals received."""
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def start_in_group(command: Sequence[str], *, stdout: IO[Any] | int | None, **popen: Any) -> subprocess.Popen[bytes]:
@@ -57,3 +93,18 @@ def stop_group(proc: subprocess.Popen[Any], timeout_s: float) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(0.2)
     proc.wait()
+
+
+def run_to_end(command: Sequence[str], *, stdout: IO[Any] | int | None = None) -> int:
+    """The child's exit code, run in a group of its own. Stopped or a Ctrl-C while it runs: SIGINT to it
+    (Locust then writes its report, its requests in flight cancelled), STOP_GRACE_S to end, then its
+    whole group stopped, and the interrupt raised on."""
+    proc = start_in_group(command, stdout=stdout, stderr=None if stdout is None else subprocess.STDOUT)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # the leader only: the helpers it started stop with it
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(STOP_GRACE_S)
+        stop_group(proc, timeout_s=1.0)
+        raise

@@ -65,6 +65,7 @@ class RunRecorder:
         steal_percent: float,
         criteria: SoakCriteria | None,
         fleet: list[FleetWorker] | None = None,
+        interrupted: bool = False,
     ) -> Summary:
         """Stop observing, close the log, complete run.json (with a distributed run's workers), and
         write the report (and the verdict)."""
@@ -76,6 +77,7 @@ class RunRecorder:
                 "load_generator_cpu_max_percent": cpu_max_percent,
                 "cpu_steal_percent": round(steal_percent, 2),
                 "fleet": fleet or [],
+                "interrupted": interrupted,
             }
         )
         rundir.write_model(self.run_dir / rundir.MANIFEST_FILE, self.manifest)

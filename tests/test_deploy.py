@@ -79,18 +79,9 @@ def _run_help(args: list[str]) -> str:
 
 @functools.cache
 def locust_help() -> str:
-    """`locust -f loadtests/chat.py --help`, plus the parser with llmload's arguments.
-
-    Locust 2.4x prints --help before it imports the locustfile, so its help lacks the arguments the
-    locustfile adds (--workload, --target-qps, ...). The second run builds Locust's own parser after
-    importing loadtests/chat.py, which is how `locust -f loadtests/chat.py` gets them.
-    """
-    plain = _run_help([str(BIN / "locust"), "-f", "loadtests/chat.py", "--help"])
-    code = (
-        "import locust, runpy; runpy.run_path('loadtests/chat.py'); "
-        "from locust.argument_parser import get_parser; print(get_parser().format_help())"
-    )
-    return plain + _run_help([sys.executable, "-c", code])
+    """`llmload run --help`: Locust's flags and llmload's in one list, as `locust -f loadtests/chat.py`
+    parses them (the same locustfile)."""
+    return _run_help([str(BIN / "llmload"), "run", "--help"])
 
 
 @functools.cache

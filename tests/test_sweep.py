@@ -305,7 +305,7 @@ def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) ->
         assert len(servers) == 1  # the first configuration's server was stopped when its search ended
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 1 and "interrupted" in output, output[-3000:]
+    assert proc.returncode == 130 and "interrupted" in output, output[-3000:]
     assert not any(s.is_running() and s.status() != psutil.STATUS_ZOMBIE for s in servers)
     assert not _servers_of(tmp_path)
     result = orjson.loads((sweep / "sweep.json").read_bytes())

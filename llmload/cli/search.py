@@ -24,6 +24,7 @@ from llmload.gates.search import (
 )
 from llmload.gates.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.models import SearchResult
+from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import parse_duration
@@ -31,6 +32,7 @@ from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
 HELP = "the highest request rate whose hold passes the soak verdict: bracket, then bisect; unknown flags go to Locust"
 PASSTHROUGH = True
+STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: bool) -> None:
     """The workload, the search's range and the gate: shared with `llmload sweep`."""
-    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml")
+    parser.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
     parser.add_argument(
         "--max-qps", type=float, required=max_qps_required, default=None, help="the highest rate to probe, req/s"
     )
@@ -72,17 +74,18 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
     parser.add_argument("--require-qps", type=float, default=None, help="exit 1 unless the answer is at least this")
     parser.add_argument("--goodput-slo", action="append", default=[], metavar="SPEC", help=GOODPUT_SYNTAX)
     add_criteria_arguments(parser)
-    parser.add_argument("--locustfile", default="loadtests/chat.py")
+    parser.add_argument("--locustfile", default=str(LOCUSTFILE), help="(default: the packaged one)")
 
 
 def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
     """The gate and how each probe runs, from the flags; InputError for nonsense."""
     if not Path(args.locustfile).is_file():
-        raise InputError(f"no locustfile at {args.locustfile} (run from the repository root)")
+        raise InputError(f"no locustfile at {args.locustfile} (`llmload locustfile` prints the packaged one)")
     criteria = criteria_from_args(args)
     goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
     if criteria.min_goodput_ratio is not None and goodput_slo is None:
         raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
+    say_if_sample(args.command, args.workload)
     flags = ProbeFlags(
         locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
         warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,

@@ -15,19 +15,21 @@ import time
 from collections.abc import Sequence
 
 from llmload.gates.soak import SoakRun, run_soak
+from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
 from llmload.schedule import parse_duration
 
 HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
 PASSTHROUGH = True
+STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="target base URL (default: the embedded target)")
-    parser.add_argument("--workload", default="workloads/chat-multiturn.yaml", help="workload file (%(default)s)")
+    parser.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
     parser.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
     parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")
     parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="each of 25/50/100%%")
-    parser.add_argument("--locustfile", default="loadtests/chat.py", help="(%(default)s)")
+    parser.add_argument("--locustfile", default=str(LOCUSTFILE), help="(default: the packaged one)")
     parser.add_argument("--run-id", default=None, help="the run directory's name (default: soak-TIME)")
     parser.add_argument("--reports-dir", default="reports", help="where run directories go (%(default)s)")
 
@@ -38,4 +40,5 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         ramp_stage_s=args.ramp_stage_duration, hold_s=args.duration, host=args.host,
         run_id=args.run_id or time.strftime("soak-%Y%m%d-%H%M%S"), reports_dir=args.reports_dir,
     )  # fmt: skip
+    say_if_sample("soak", args.workload)
     return run_soak(soak, passthrough)

@@ -9,11 +9,9 @@ and none could be told (every verdict INCONCLUSIVE: holds too short)."""
 from __future__ import annotations
 
 import argparse
-import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli.search import add_search_arguments, holds_latency, probe_flags, search_bounds
@@ -29,6 +27,7 @@ from llmload.sweep.run import PREDICTED_DIR, RESULT_FILE, Sweep, load_rows, simu
 
 HELP = "launch, gate and compare server configurations: the one that holds the most; unknown flags go to Locust"
 PASSTHROUGH = True
+STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,10 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="go on with a sweep: skip the configurations done")
     parser.add_argument("--sweep-id", default=None, help="directory under --reports-dir (default: sweep-TIME)")
     parser.add_argument("--reports-dir", default="reports")
-
-
-def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # the same way out as Ctrl-C: the running server is stopped, the table kept
 
 
 def _predictor_serve(args: argparse.Namespace, memory: float | None) -> str:
@@ -99,31 +94,27 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         write_criteria(where, criteria, args.probe_duration, held)
         for config in configs:
             config.write(where / config.name)  # every file checked before any server starts
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     predicted: dict[str, SweepRow] = {}
-    try:
-        for serve, where in passes:
-            result = SweepResult(
-                sweep_id=sweep_id, mode=args.mode, serve=serve, predicted=where != directory, workload=args.workload,
-                target_qps=args.target_qps, required_qps=args.require_qps, latency_slo=holds_latency(criteria),
-                started_at=time.time(),
-                rows=load_rows(where, configs) if args.resume else [],
-            )  # fmt: skip
-            sweep = Sweep(
-                directory=where, configs=configs, result=result, startup_timeout_s=args.startup_timeout,
-                passthrough=passthrough, probe=probe, bounds=bounds, soak=soak if args.mode == "soak" else None,
-                gpu_memory_gib=memory, predicted=predicted,
-            )  # fmt: skip
-            label = "prediction (embedded target)" if result.predicted else "sweep"
-            print(f"llmload sweep: {label}: {len(configs)} configuration(s) into {where}")
-            sweep.run(resume=args.resume)
-            _print(result, where)
-            if result.interrupted:
-                return 1
-            if result.predicted:
-                predicted.update({row.name: row for row in result.rows})
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    for serve, where in passes:
+        result = SweepResult(
+            sweep_id=sweep_id, mode=args.mode, serve=serve, predicted=where != directory, workload=args.workload,
+            target_qps=args.target_qps, required_qps=args.require_qps, latency_slo=holds_latency(criteria),
+            started_at=time.time(),
+            rows=load_rows(where, configs) if args.resume else [],
+        )  # fmt: skip
+        sweep = Sweep(
+            directory=where, configs=configs, result=result, startup_timeout_s=args.startup_timeout,
+            passthrough=passthrough, probe=probe, bounds=bounds, soak=soak if args.mode == "soak" else None,
+            gpu_memory_gib=memory, predicted=predicted,
+        )  # fmt: skip
+        label = "prediction (embedded target)" if result.predicted else "sweep"
+        print(f"llmload sweep: {label}: {len(configs)} configuration(s) into {where}")
+        sweep.run(resume=args.resume)
+        _print(result, where)
+        if result.interrupted:
+            return 1
+        if result.predicted:
+            predicted.update({row.name: row for row in result.rows})
     if result.best is not None:
         return 0
     judged = [row for row in result.rows if row.passed is not None]

@@ -19,8 +19,6 @@ reported as an interval with the checks that failed above it.
 from __future__ import annotations
 
 import math
-import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +30,7 @@ import yaml
 from llmload.errors import InputError
 from llmload.gates.verdict import DriftCriteria, SoakCriteria
 from llmload.models import Probe, SearchOutcome, SearchResult, StageSummary, Verdict
-from llmload.process_group import start_in_group
+from llmload.process_group import run_to_end
 from llmload.report.search_page import render_page
 from llmload.rundir import read_summary
 from llmload.workload import load_workload
@@ -41,7 +39,6 @@ RESULT_FILE = "search.json"
 PAGE_FILE = "search.html"
 DRIFT_WINDOWS = 6  # drift windows per probe hold: the fewest a slope is judged on, so each holds the most requests
 DRIFT_CONFIDENCE = 0.99  # a search judges many holds: at 95% one in four searches would meet a false drift
-STOP_GRACE_S = 60.0  # a probe told to stop gets this long (plus its drain) to write its report
 E2E_SHARE_OF_HOLD = 1 / 3  # a probe whose E2E p99 is over this share of its hold is too short to judge
 PROBE_DRAIN_S = 120.0  # --probe-drain's default: a cap, the drain ends with the last answer (llmload.drain)
 LONGEST_HOLD = 8  # a probe too short for its latencies is lengthened, up to this many times --probe-duration
@@ -216,17 +213,10 @@ class Searcher:
         print(f"llmload search: probe {number} at {qps:g} req/s ({hold:g} s hold) ...", end="", flush=True)
         log = self.directory / f"{run_id}.log"
         with log.open("wb") as output:
-            # a Ctrl-C at the terminal reaches only the search, which stops the probe once
-            proc = start_in_group(command, stdout=output)
+            # a Ctrl-C at the terminal reaches only the search, which stops the probe (its group too)
             try:
-                code = proc.wait()
+                code = run_to_end(command, stdout=output)
             except KeyboardInterrupt:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(self.flags.drain_s + STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
                 self._add(Probe(run_id=run_id, qps=qps, hold_s=hold, passed=None, confirm=confirm))
                 print(" interrupted")
                 raise Interrupted from None

@@ -7,7 +7,6 @@ criteria, timeouts, Locust's own) are passed to Locust unchanged.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 from llmload import rundir
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
+from llmload.process_group import run_to_end
 
 SOAK_STAGES = "25,50,100,150"
 
@@ -57,18 +57,30 @@ class SoakRun:
 
 def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
     """Locust's exit code (0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE), after printing the verdict and the
-    report's path."""
+    report's path; interrupted (Ctrl-C, SIGTERM), what was measured is printed, marked so, and the interrupt
+    raised on."""
     refuse_overrides(SOAK_FLAGS, passthrough, "the soak")
     if not Path(soak.locustfile).is_file():
-        raise InputError(f"no locustfile at {soak.locustfile} (run from the repository root)")
+        raise InputError(f"no locustfile at {soak.locustfile} (`llmload locustfile` prints the packaged one)")
     run_dir = Path(soak.reports_dir) / soak.run_id
     rundir.claim(run_dir)  # before Locust: a used directory's old verdict must not be read as this run's
-    code = subprocess.run([*soak.command(), *passthrough], check=False).returncode
+    try:
+        code = run_to_end([*soak.command(), *passthrough])
+    except KeyboardInterrupt:
+        _print_outcome(run_dir, interrupted=True)
+        raise
+    _print_outcome(run_dir, interrupted=False)
+    return code
+
+
+def _print_outcome(run_dir: Path, *, interrupted: bool) -> None:
     summary = rundir.read_summary(run_dir)
     if summary is not None:
         verdict = summary.verdict
-        print(f"\nllmload soak: {verdict.label if verdict is not None else 'FAIL'}")
+        outcome = verdict.label if verdict is not None else "FAIL"
+        print(f"\nllmload soak: {'interrupted: not judged' if interrupted else outcome}")
         for reason in verdict.reasons if verdict is not None else []:
             print(f"  - {reason}")
         print(f"report: {run_dir / rundir.REPORT_FILE}")
-    return code
+    elif interrupted:
+        print("\nllmload soak: interrupted before the run wrote a report")

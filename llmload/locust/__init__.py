@@ -7,6 +7,7 @@ event listeners are live; the engine it drives (plan, replay, recorder) runs wit
 - `messaging`: a distributed run's workers ship their records and state to the master
 - `views`: where a run is watched live: the LLM tab, the console lines, the Prometheus endpoint
 - `process`: this process's part of a run, wired to Locust's events
+- `main`: `llmload run`, Locust's main on the packaged locustfile with llmload's flags in its `--help`
 """
 
 from llmload.locust.shape import StagedRamp

@@ -12,18 +12,17 @@ from llmload.client import Limits
 from llmload.drain import AGE_FACTOR, DEFAULT_CAP_S
 from llmload.fleet import ON_WORKER_LOSS
 from llmload.gates.verdict import add_criteria_arguments
+from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.plan import PlanFlags
 from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.schedule import ARRIVAL_PROCESSES, parse_duration
 from llmload.server.kinds import kinds
 
-DEFAULT_WORKLOAD = "workloads/chat-multiturn.yaml"
-
 
 @events.init_command_line_parser.add_listener
 def add_arguments(parser: Any) -> None:
     group = parser.add_argument_group("llmload", "open-loop replay of an LLM workload")
-    group.add_argument("--workload", default=DEFAULT_WORKLOAD, help="workload YAML file (v1)")
+    group.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
     group.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
     group.add_argument("--stages", default="25,50,100,150", help="stage rates as %% of --target-qps")
     group.add_argument("--stage-duration", type=float, default=60.0, help="seconds per stage")

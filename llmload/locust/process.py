@@ -78,6 +78,7 @@ class ProcessRun:
     steal: StealMeter = field(default_factory=StealMeter)
     greenlets: list[gevent.Greenlet] = field(default_factory=list)
     finished: bool = False
+    plan_done: bool = False  # the shape ended the run: the plan and its drain over; else it was stopped
     fleet_ledger: Fleet | None = None  # the master's: who owns which arrivals, who was lost
     address: str = ""  # a worker's address as its master sees it
 
@@ -527,8 +528,9 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])
     fleet = run.fleet_ledger.report() if run.fleet_ledger is not None else []
     summary = run.recorder.finish(
-        cpu_max_percent=cpu, steal_percent=run.steal.percent, criteria=STATE.criteria, fleet=fleet
-    )
+        cpu_max_percent=cpu, steal_percent=run.steal.percent, criteria=STATE.criteria, fleet=fleet,
+        interrupted=not run.plan_done,
+    )  # fmt: skip
     if STATE.criteria is not None and summary.verdict is not None:
         run.recorder.live.verdict = summary.verdict  # the LLM tab shows it after the run
         if environment.process_exit_code != 2:  # 2: a worker lost (--on-worker-loss stop), or the target unreachable

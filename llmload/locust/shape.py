@@ -46,9 +46,11 @@ class StagedRamp(LoadTestShape):
         plan_end = run.plan_end
         fleet = run.fleet(self.runner.user_count) if self.runner else WorkerState()
         if now >= plan_end and fleet.done:
+            run.plan_done = True
             return None
         if now >= plan_end + plan.flags.drain_s + 10:
             log.warning("llmload: workers did not report done within the drain time; stopping")
+            run.plan_done = True
             return None
         spawning = self.runner is not None and self.runner.state == STATE_SPAWNING
         idle = fleet.users - fleet.busy

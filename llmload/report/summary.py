@@ -231,6 +231,8 @@ def summarize(
     categories = failed.error_category.value_counts().to_dict()
     examples = failed.drop_duplicates("error_category").set_index("error_category").error_message.to_dict()
     warnings = [f"{shortfall_reason(s)}: the target was not offered the load asked for" for s in stages if s.shortfall]
+    if manifest.interrupted:
+        warnings.insert(0, "interrupted before the plan's end (Ctrl-C, SIGTERM, -t): what was measured until then")
     cpu = manifest.load_generator_cpu_max_percent
     if cpu is not None and cpu > CPU_WARNING_PERCENT:
         warnings.append(

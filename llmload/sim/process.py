@@ -70,7 +70,11 @@ class SimProcess:
     def start(self) -> None:
         # A file, not a pipe, for stderr: a chatty child never blocks on it. Closed in stop().
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        self._proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr)
+        # a group of its own (llmload/process_group.py): a Ctrl-C at the terminal reaches only its starter,
+        # which stops the load first, then this target
+        self._proc = subprocess.Popen(
+            self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, process_group=0
+        )
         try:
             self.url = self._read_url()
         except BaseException:

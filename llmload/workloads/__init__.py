@@ -1,0 +1,1 @@
+"""The sample workload's files, package data (llmload.packaged names them)."""

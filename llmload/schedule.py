@@ -97,9 +97,10 @@ def stage_at(stages: Sequence[Stage], t_s: float) -> Stage:
 
 
 def stage_counts(stages: Sequence[Stage]) -> list[int]:
-    """Requests each stage holds: rate × length, rounded on the running total so that no
-    rounding is lost across stages."""
-    totals = np.round(np.cumsum([s.qps * s.duration_s for s in stages])).astype(int)
+    """Requests each stage holds: rate × length, rounded half up on the running total, so no rounding
+    is lost across stages and none drifts (numpy's round-half-to-even made planned 2.5/5/10/15 hold
+    2/6/10/14)."""
+    totals = np.floor(np.cumsum([s.qps * s.duration_s for s in stages]) + 0.5 + 1e-9).astype(int)
     return np.diff(totals, prepend=0).tolist()
 
 

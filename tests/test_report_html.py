@@ -170,3 +170,5 @@ def test_real_run_report_opens_in_chromium_without_errors(tmp_path: Path) -> Non
     assert "PASS" in page.text and "no OOM-family failures" in page.text
     assert f"{summary['requests']['failed']}" in page.text and "http_5xx" in page.text
     assert page.screenshot is not None and page.screenshot.stat().st_size > 10_000
+    # at 1,280 px nothing scrolls the page sideways: a wide table scrolls in its own box
+    assert page.page_width <= page.viewport_width, (page.page_width, page.viewport_width)

@@ -12,6 +12,7 @@ from llmload.schedule import (
     build_stages,
     parse_stage_percents,
     stage_at,
+    stage_counts,
     trace_stages,
 )
 
@@ -130,3 +131,11 @@ def test_bad_plans_are_refused_with_a_reason() -> None:
         ArrivalSchedule(build_stages(1, (100,)), "uniform")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="worker index"):
         next(ArrivalSchedule(build_stages(1, (100,))).share(2, 2))
+
+
+def test_short_stages_hold_their_planned_counts_rounded_half_up_once_over_the_plan() -> None:
+    """Planned 2.5/5/10/15 requests held 2/6/10/14 under numpy's round-half-to-even; rounded half up on
+    the running total they hold 3/5/10/15, and the plan's total is its rounded sum."""
+    stages = build_stages(10, (25, 50, 100, 150), 1.0)
+    assert stage_counts(stages) == [3, 5, 10, 15]
+    assert sum(stage_counts(build_stages(0.3, (25, 50, 100, 150), 7.0))) == round(0.3 * 7 * 3.25 + 1e-9)

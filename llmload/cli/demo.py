@@ -56,8 +56,9 @@ def run_demo(*, duration_s: float = 40.0, warmup_s: float | None = None, reports
         return code or 1
     r, ttft = summary.requests, summary.latency_ms.ttft
     print(
-        f"\nllmload demo: {r.scheduled} requests scheduled, {r.ok} ok, {r.failed} failed, "
-        f"{r.cancelled} cancelled, {r.not_sent} not sent; TTFT p50 {ttft.p50 or 0:.1f} ms, p99 {ttft.p99 or 0:.1f} ms"
+        f"\nllmload demo: {r.scheduled} requests scheduled, {r.ok} ok, {r.failed} failed, {r.unfinished} unfinished, "
+        f"{r.cancelled} cancelled, {r.not_sent} not sent, {r.lost} lost; TTFT p50 {ttft.p50 or 0:.1f} ms,"
+        f" p99 {ttft.p99 or 0:.1f} ms"
     )
     for stage in summary.stages:
         judged = "not judged" if stage.warmup else "shortfall" if stage.shortfall else "held"

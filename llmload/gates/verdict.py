@@ -21,6 +21,7 @@ import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from llmload.errors import InputError, validation_message
+from llmload.format import figure
 from llmload.models import (
     ANSWERED_STATUSES,
     OOM_FAMILY,
@@ -314,11 +315,12 @@ def _drift(
         kind=kind,
         status="fail" if drifting else "pass",
         marginal=marginal,
-        detail=f"{rise:+.3g}{u} over the {hold.duration_s:g} s hold from {trend.start:.3g}{u}{relative}, slope "
-        f"{trend.slope:+.3g}{u}/s ({criteria.confidence:.1%} CI {trend.low:+.3g} to {trend.high:+.3g}, "
-        f"{len(series)} windows of {window}); limit: CI above 0 and rise > {limit:.3g}{u} "
+        detail=f"{figure(rise, sign=True)}{u} over the {hold.duration_s:g} s hold from {figure(trend.start)}{u}"
+        f"{relative}, slope {figure(trend.slope, sign=True)}{u}/s ({criteria.confidence:.1%} CI"
+        f" {figure(trend.low, sign=True)} to {figure(trend.high, sign=True)}, "
+        f"{len(series)} windows of {window}); limit: CI above 0 and rise > {figure(limit)}{u} "
         f"({criteria.relative_rise:.0%} of the start, at least {floor:g}){note}"
-        + (f"; marginal: {low_rise:+.3g}{u} at the CI's low end" if marginal else ""),
+        + (f"; marginal: {figure(low_rise, sign=True)}{u} at the CI's low end" if marginal else ""),
     )
 
 
@@ -363,7 +365,8 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
     rate = max(sent, 1) / hold.duration_s
     first, last = float(series.iloc[0]), float(series.iloc[-1])
     story = (
-        f"in flight went from {first:.3g} to {last:.3g} during the hold (mean of its first and last {window_s:g} s"
+        f"in flight went from {figure(first)} to {figure(last)} during the hold (mean of its first and last"
+        f" {window_s:g} s"
         f" windows{skipped}); {completed} requests completed in it against {sent} sent"
         f" ({completed / hold.duration_s:.2f} vs {sent / hold.duration_s:.2f} req/s)"
     )
@@ -392,7 +395,7 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
     floor = drift.min_rise.in_flight
     source = "a queue’s random walk" if walk_error > trend.error else "the windows’ own"
     numbers = (
-        f"growth {growth:+.1%} of the rate ({trend.slope * 60:+.3g} requests in flight a minute, bounds"
+        f"growth {growth:+.1%} of the rate ({figure(trend.slope * 60, sign=True)} requests in flight a minute, bounds"
         f" {low:+.1%} to {high:+.1%}, {len(series)} windows of {window_s:g} s; its error {error / rate:.1%} of the"
         f" rate, {source})"
     )
@@ -401,7 +404,7 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
             name=name, kind=kind, status="fail",
             detail=f"{story.replace('went from', 'grew from', 1)}; {numbers}: requests pile up (above 0 at"
             f" {criteria.fail_confidence:.1%}), the server"
-            f" does not keep up at {rate:.3g} req/s",
+            f" does not keep up at {figure(rate)} req/s",
         )  # fmt: skip
     if high < tell:
         return Check(
@@ -495,7 +498,7 @@ def _detectable(
     needed = hold_s - judged_s + judged_s * (share / tell) ** (2 if walk else 2 / 3)
     can = f"an overload of {overload:.0%} or more" if math.isfinite(overload) else "no overload"
     words = (
-        f"this {hold_s:g} s hold at {rate:.3g} req/s can tell {can}; about {_minutes(needed)} would tell"
+        f"this {hold_s:g} s hold at {figure(rate)} req/s can tell {can}; about {_minutes(needed)} would tell"
         f" {criteria.overload:.0%} (a longer hold, or answers that vary less)"
     )
     return words, needed
@@ -689,7 +692,7 @@ def _alert(
         name=name,
         kind="alert",
         status=action if fired else "pass",
-        detail=f"worst {window_s:g} s window {worst:.3g} (+{worst_at:g} s into the hold) "
+        detail=f"worst {window_s:g} s window {figure(worst)} (+{worst_at:g} s into the hold) "
         f"{fired_side if fired else passed_side} level {level:g}{f' ({action})' if fired else ''}",
     )
 

@@ -388,7 +388,9 @@ h1 { font-size: 1.5em; margin-bottom: .2em; } h2 { font-size: 1.15em; margin: 1.
 .verdict.inconclusive { background: #fff6e0; border-color: #e6a700; }
 .verdict strong { font-size: 1.4em; } .verdict ul { margin: .3em 0 0; }
 .warn { background: #fff6e0; border-left: 4px solid #e6a700; padding: .4em 1em; margin: 1em 0; }
-table { border-collapse: collapse; margin: .4em 0 1em; font-variant-numeric: tabular-nums; }
+table { border-collapse: collapse; margin: .4em 0 1em; font-variant-numeric: tabular-nums;
+  display: block; max-width: 100%; overflow-x: auto; }  /* a wide table scrolls in its box, not the page */
+.verdict li, .warn { overflow-wrap: anywhere; }
 th, td { padding: .25em .7em; border-bottom: 1px solid #ddd; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; } td.msg { text-align: left; max-width: 34em;
   overflow-wrap: anywhere; font-family: ui-monospace, monospace; font-size: .85em; }

@@ -131,6 +131,20 @@ def _workers_markdown(summary: Summary) -> list[str]:
     return lines
 
 
+def _rounded_stages(summary: Summary) -> list[str]:
+    """Stages whose rate × length is not a whole number of requests: the plan rounds once over its running
+    total, so a stage may hold one more or one less than its share, and the report says which."""
+    moved = [
+        f"{s.name} holds {s.scheduled} ({s.target_qps:g} req/s × {s.duration_s:g} s is {s.target_qps * s.duration_s:g})"
+        for s in summary.stages
+        if abs(s.target_qps * s.duration_s - round(s.target_qps * s.duration_s)) > 1e-6
+        and s.scheduled != s.target_qps * s.duration_s
+    ]
+    if not moved:
+        return []
+    return ["", "Rounded to whole requests over the plan's running total: " + "; ".join(moved) + "."]
+
+
 def _goodput_markdown(summary: Summary) -> list[str]:
     """The goodput section: the SLO rule, the run's figure and each stage's (none without an SLO)."""
     slo, overall = summary.run.goodput_slo, summary.throughput.goodput
@@ -256,6 +270,7 @@ def render_markdown(summary: Summary) -> str:
         )
     if any(s.warmup for s in summary.stages):
         lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
+    lines += _rounded_stages(summary)
     lines += _workers_markdown(summary)
     lines += _goodput_markdown(summary)
     lines += [

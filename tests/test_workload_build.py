@@ -168,8 +168,21 @@ def test_sharegpt_conversations_become_sessions(tmp_path: Path) -> None:
     ]
     assert joke[1].prompt_tokens == count("Hi") + count("Hello! How can I help you today?") + count("Tell me a joke.")
     assert workload.sessions[3].turns[0].output_tokens == DRAWN  # unanswered: drawn
+    assert [session.id for session in workload.sessions] == ["a", "b", "c", "d"]  # the log's own ids, kept
     assert workload.spec.source is not None and workload.spec.source.generator is not None
     assert workload.spec.source.generator["output_tokens_drawn"] == 1
+
+
+def test_a_repeated_sharegpt_id_is_kept_and_told_apart(tmp_path: Path) -> None:
+    """ShareGPT ids are not always unique: the second `x` becomes `x#2`, and a conversation without one is
+    named after the workload."""
+    log = tmp_path / "ids.json"
+    chat = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    log.write_text(json.dumps([{"id": "x", "conversations": chat}, {"id": "x", "conversations": chat},
+                               {"conversations": chat}]))  # fmt: skip
+    out = tmp_path / "ids.yaml"
+    assert run_cli("build", str(log), "-o", str(out)) == 0
+    assert [session.id for session in load_workload(out).sessions] == ["x", "x#2", "ids-000002"]
 
 
 def test_a_log_without_replies_is_refused_unless_output_lengths_are_drawn(
@@ -192,6 +205,7 @@ def test_a_log_without_replies_is_refused_unless_output_lengths_are_drawn(
     )
     turns = [t for s in load_workload(out).sessions for t in s.turns]
     assert all(t.output_tokens is not None and 10 <= t.output_tokens <= 20 for t in turns)
+    assert [session.id for session in load_workload(out).sessions] == ["q0", "q1", "q2", "q3"]
     assert run_cli("stats", str(log)) == 0
     printed = capsys.readouterr().out
     assert "Recommended max_model_len: none: no request says how long its reply may be" in printed

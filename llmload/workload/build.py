@@ -135,6 +135,7 @@ class _Open:
     keys: tuple[Key, ...] = ()
     last_seen: float | None = None
     closed: bool = False
+    label: str | None = None  # the log's own name for it (a ShareGPT id)
 
 
 class _Sessions:
@@ -227,7 +228,7 @@ class _Sessions:
         session.keys = ()
 
     def _start(self, request: LogRequest) -> _Open:
-        session = _Open(self.count, [request], last_seen=request.timestamp)
+        session = _Open(self.count, [request], last_seen=request.timestamp, label=request.label)
         self.count += 1
         self._active[session.index] = session
         self._started.append(session)
@@ -269,11 +270,11 @@ class _Table:
     output: array[float] = field(default_factory=lambda: array("d"))
     max_tokens: array[float] = field(default_factory=lambda: array("d"))
 
-    def frame(self, name: str, sessions: int) -> pd.DataFrame:
+    def frame(self, ids: Sequence[str]) -> pd.DataFrame:
         def column(values: array[int] | array[float]) -> np.ndarray:
             return np.frombuffer(values, dtype=np.int64 if values.typecode == "q" else np.float64)
 
-        names = np.array([_session_id(name, index) for index in range(sessions)], dtype=object)
+        names = np.array(ids, dtype=object)
         return table_frame(
             {
                 "session_id": names[column(self.session)],  # one string per session, shared by its requests
@@ -319,6 +320,8 @@ class _Finisher:
         self.redact = redact
         self.seed = seed
         self.table = _Table()
+        self.ids: list[str] = []  # each session's id, in session order: the log's own name where it has one
+        self._taken: set[str] = set()
         self.t0: float | None = None
         self.think_basis: Counter[str] = Counter()  # follow-up turns by how their think time was found
         self.fill = fill
@@ -380,7 +383,19 @@ class _Finisher:
         texts = [text for t in turns for text in (*(m["content"] for m in t.messages or ()), t.reply or "")]
         return iter(self.tokenizer.count_batch(texts))
 
+    def _id(self, session: _Open) -> str:
+        """The log's own name for the session (ShareGPT's `id`), else `NAME-000042`; made unique with `#n`
+        when the log repeats one."""
+        base = session.label if session.label is not None else _session_id(self.name, session.index)
+        unique, n = base, 1
+        while unique in self._taken:
+            n += 1
+            unique = f"{base}#{n}"
+        self._taken.add(unique)
+        return unique
+
     def _session(self, session: _Open, counts: Iterator[int]) -> Record | None:
+        self.ids.append(self._id(session))
         turns: list[Record] = []
         history: list[dict[str, str]] = []  # for templated counting only
         templated = self.tokenizer.templated
@@ -440,7 +455,7 @@ class _Finisher:
                 turns.append(turn)
         if not self.write:
             return None
-        record: Record = {"id": _session_id(self.name, session.index)}
+        record: Record = {"id": self.ids[-1]}
         if offset is not None:
             record["offset_s"] = offset
         record["turns"] = turns
@@ -591,7 +606,7 @@ def _run(
         raise BuildError(issues, skipped)
     if not seen:
         raise WorkloadError(f"no requests in {', '.join(map(str, sources))}")
-    table = finisher.table.frame(name, sessions.count)
+    table = finisher.table.frame(finisher.ids)
     reuse = prefix.result() if prefix.requests else NO_TEXT
     return LogTable(
         table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis), reuse,

@@ -37,6 +37,8 @@ class LogRequest:
     """When the response ended, on the same clock as `timestamp`, when the log says."""
     session: str | None = None
     """An explicit conversation id (ShareGPT); other formats are grouped by message prefix."""
+    label: str | None = None
+    """The log's own name for the conversation (a ShareGPT `id`): the built session keeps it as its id."""
     last: bool = False
     """The conversation's last request: its session can be closed now."""
     hash_ids: list[int] | None = None

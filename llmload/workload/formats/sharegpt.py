@@ -51,6 +51,7 @@ def _sharegpt_conversation(where: str, record: dict[str, Any]) -> Iterator[LogRe
     messages: list[dict[str, str]] = []
     requests: list[LogRequest] = []
     session = where  # ShareGPT ids are not always unique; the record's place is
+    label = str(record["id"]) if record.get("id") not in (None, "") else None
     for index, turn in enumerate(turns):
         if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
             raise BadLine(f"bad conversation: conversations[{index}] is not a {{from, value}} object with text")
@@ -59,10 +60,12 @@ def _sharegpt_conversation(where: str, record: dict[str, Any]) -> Iterator[LogRe
             raise BadLine(f"unsupported speaker: conversations[{index}] is from {turn.get('from')!r}")
         asks = role == "assistant" and any(m["role"] == "user" for m in messages)
         if asks and messages[-1]["role"] != "assistant":
-            requests.append(LogRequest(where, messages=list(messages), reply=turn["value"], session=session))
+            requests.append(
+                LogRequest(where, messages=list(messages), reply=turn["value"], session=session, label=label)
+            )
         messages.append({"role": role, "content": turn["value"]})
     if messages[-1]["role"] != "assistant" and any(m["role"] == "user" for m in messages):
-        requests.append(LogRequest(where, messages=messages, session=session))  # unanswered last message
+        requests.append(LogRequest(where, messages=messages, session=session, label=label))  # unanswered last
     if not requests:
         raise BadLine("no human message: nothing to replay")
     requests[-1].last = True

@@ -32,15 +32,17 @@ def conclude(run_dir: Path, criteria: SoakCriteria | None = None) -> Summary:
 
 
 def _verdict(run: rundir.Run, summary: Summary, criteria: SoakCriteria) -> Verdict:
-    if run.manifest.interrupted:  # a hold cut short says nothing of the server either way
-        return Verdict(
-            outcome="inconclusive",
-            reasons=["INCONCLUSIVE run: stopped before its plan ended (Ctrl-C, SIGTERM or -t); run it again"],
-        )
+    """The verdict of the run; one stopped before its plan ended keeps a FAIL (what failed before the stop
+    failed: an engine that died, a worker lost with its requests) and is INCONCLUSIVE otherwise (a pass on a
+    hold cut short proves nothing)."""
     try:
-        return evaluate(run, summary, criteria).verdict
+        verdict = evaluate(run, summary, criteria).verdict
     except InputError as exc:  # stopped before any request: nothing to judge, and the report still written
         return Verdict(outcome="fail", reasons=[f"FAIL run: {exc}"])
+    if not run.manifest.interrupted or verdict.outcome == "fail":
+        return verdict
+    stopped = "INCONCLUSIVE run: stopped before its plan ended (Ctrl-C, SIGTERM, -t): a hold cut short passes nothing"
+    return verdict.model_copy(update={"outcome": "inconclusive", "reasons": [stopped, *verdict.reasons]})
 
 
 def judge(run_dir: Path, criteria: SoakCriteria) -> SoakResult:

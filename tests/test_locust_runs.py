@@ -310,7 +310,7 @@ def test_without_host_the_embedded_target_serves_and_says_so(tmp_path: Path) -> 
     ("flags", "message"),
     [
         (("--target-qps", "2", "--stages", "25,fifty"), "--stages wants comma-separated percents"),
-        (("--target-qps", "0"), "target QPS must be > 0"),
+        (("--target-qps", "0"), "--target-qps: Input should be greater than 0"),
         ((), "no target rate"),
     ],
 )

@@ -67,11 +67,11 @@ def row(t: Tally) -> str:
     )
 
 
-def table(tallies: list[Tally], seeds: int, seconds: float) -> str:
+def table(tallies: list[Tally], seeds: int, seconds: float, processes: int) -> str:
     head = [
         f"Measured by `python -m benchmarks.gate_error_rates` ({seeds} seeds a cell, {len(tallies)} cells,"
-        f" {seconds / 60:.0f} min on {os.cpu_count()} cores). Wrong: a healthy cell (load ≤ 0.85) that did not"
-        " PASS, an overloaded one (≥ 1.1) that PASSed; the target is ≤ 1% each way.",
+        f" {seconds / 60:.0f} min in {processes} process(es) on a {os.cpu_count()}-core machine). Wrong: a healthy"
+        " cell (load ≤ 0.85) that did not PASS, an overloaded one (≥ 1.1) that PASSed; the target is ≤ 1% each way.",
         "",
         "| server | hold | arrivals | load | req/s | requests held (needed) | runs | PASS | FAIL | INCONCLUSIVE | side"
         " | target | checks that failed or could not tell (runs) |",
@@ -158,7 +158,7 @@ def main(argv: list[str]) -> None:
         searches = list(pool.map(_search, search_jobs)) if args.searches else []
         compare_jobs = [(name, factor, args.pairs) for name in COMPARE_SERVERS for factor in (1.0, 1.15)]
         compares = list(pool.map(_compare, compare_jobs)) if args.pairs else []
-    text = table(tallies, args.seeds, time.monotonic() - started)
+    text = table(tallies, args.seeds, time.monotonic() - started, args.processes)
     if searches:
         text += "\n\n" + search_table(searches, args.searches)
     if compares:

@@ -135,6 +135,10 @@ def test_a_probe_too_short_for_its_answers_is_held_longer_until_it_judges_or_its
     assert searcher.hold_and_drain(4, confirm=False) == (10, 10)
     assert "grew with the hold (6.0 s in 10 s, then 16.0 s in 27 s)" in (searcher._grows_with_hold(8, 27, 16_000) or "")
     assert searcher._grows_with_hold(8, 27, 7_000) is None  # a long answer: the share fell
+    # a later rate's first probe holds as many requests as the last that passed: 80 s at 2 req/s
+    result.probes.append(Probe(run_id="2", qps=2, hold_s=80, passed=True))
+    assert searcher.hold_and_drain(4, confirm=False) == (40, 10)
+    assert searcher.hold_and_drain(32, confirm=False) == (10, 10)  # never under --probe-duration
 
 
 @pytest.mark.parametrize(("confirm_s", "confirm_window_s"), [(40.0, 40 / 6), (300.0, 10.0)])

@@ -157,7 +157,7 @@ def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Pat
         "--workload", str(fixed_output_workload(tmp_path, 16, sessions=200)), "--max-qps", "16",
         "--start-qps", "2", "--resolution", "0.5", "--probe-duration", "5s", "--probe-warmup", "1s",
         "--reports-dir", str(reports), "--search-id", "vllm", "--arrival", "constant", "--confirm",
-        "--confirm-duration", "40s", timeout=600,
+        "--confirm-duration", "40s", timeout=1200,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

@@ -168,8 +168,8 @@ class Searcher:
         return sum(math.ceil(p.qps * s) for p, s in zip(self.result.probes, held, strict=True))
 
     def hold_and_drain(self, qps: float, *, confirm: bool) -> tuple[float, float]:
-        """The next probe's hold and drain at `qps`: the hold of the last probe that passed (at least
-        --probe-duration: a shorter one could not tell there), or longer after a probe at this rate that
+        """The next probe's hold and drain at `qps`: as many requests as the last probe that passed held (at
+        least --probe-duration: fewer could not tell there), or longer after a probe at this rate that
         could not tell (INCONCLUSIVE): the
         hold its verdict says would tell, with a fifth more, or twice its hold, or enough for its E2E p99,
         whichever is longest, at most LONGEST_HOLD times --probe-duration; a drain of twice that p99."""
@@ -177,7 +177,9 @@ class Searcher:
         if confirm:
             return flags.confirm_s, flags.drain_s
         passed = [p for p in self.result.probes if not p.confirm and p.passed]
-        base = max(flags.hold_s, passed[-1].hold_s or flags.hold_s) if passed else flags.hold_s
+        # the requests that probe held, at this rate: a queue's noise needs requests, not seconds
+        base = max(flags.hold_s, (passed[-1].hold_s or flags.hold_s) * passed[-1].qps / qps) if passed else flags.hold_s
+        base = math.ceil(base)
         short = [p for p in self.result.probes if p.qps == qps and not p.confirm]
         if not short or not short[-1].too_short:
             return min(base, LONGEST_HOLD * flags.hold_s), flags.drain_s

@@ -249,7 +249,10 @@ class Searcher:
         """What the search learns from a probe's verdict and its hold's figures."""
         failed_checks = [r for r in verdict.reasons if r.startswith(("FAIL", "INCONCLUSIVE"))]
         unsure = verdict.outcome == "inconclusive"  # too short to tell: held longer, never passed
-        queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if unsure else None
+        # a queue shows as answers that grow with the hold: asked only when the hold was short for its answers
+        # (hold length), not when the count of requests was too small to tell (a noisy p99 would decide)
+        short = unsure and "hold_length" in verdict.inconclusive_kinds
+        queue = self._grows_with_hold(qps, hold_s, hold.e2e_p99_ms) if short else None
         if queue is not None:  # the reason that decided, first
             failed_checks.insert(0, f"FAIL hold length: {queue}")
         return Probe(

@@ -63,7 +63,7 @@ class Cell:
     @functools.cached_property
     def requests_needed(self) -> float:
         """The fewest requests with which keeping up can PASS this server at all, were its queue perfectly
-        level: the random-walk error (llmload.gates.verdict._random_walk_error) must leave room under the
+        level: the random-walk error (llmload.gates.verdict.Walk.slope_error) must leave room under the
         growth of a 10% overload, (z_pass / growth)² × (c_a² / 5 + 6/5 × c_s²), with c_s² of the server's
         service times and c_a² of the arrival process. A hold with fewer can only be INCONCLUSIVE."""
         criteria = KeepingUpCriteria()

@@ -334,7 +334,7 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
     rises for about one E2E before it settles, so the windows of the hold's first E2E p50 are left out
     while enough remain. The noise is the larger of two: the windows' own, with Newey–West errors over
     as many windows as an E2E p90 spans (neighbouring windows share requests), and the random walk an
-    overloaded queue takes (`_random_walk_error`): a one-slot server at 1.13× its capacity held 43
+    overloaded queue takes (`Walk`): a one-slot server at 1.13× its capacity held 43
     requests in a 5-minute hold, and finished 42 of them by the luck of short answers."""
     name = "keeping up"
     kind: CheckKind = "keeping_up"

@@ -105,12 +105,18 @@ def run_locust(
 class KeepsUp:
     """Ground truth for a search's answer: a longer constant-rate run at it, judged by what finished
     (not by llmload's verdict): the share of its requests that finished ok, and its E2E p50 in the
-    first and the last quarter of its hold."""
+    first and the last quarter of its hold.
+
+    The gate's promise is that an overload of 10% or more never passes (docs/gates.md); at a rate
+    right at capacity the queue wanders and its E2E may well double in a minute. A server offered
+    10% more than it serves queues 0.1 s more wait each second, so the answer holds when the E2E
+    p50 rose less than that between the quarters' middles (¾ of the hold apart)."""
 
     sent: int
     finished_ok: int
     e2e_p50_first_ms: float
     e2e_p50_last_ms: float
+    hold_s: float
 
     @classmethod
     def of(cls, run_dir: Path) -> KeepsUp:
@@ -122,19 +128,24 @@ class KeepsUp:
         ok = hold[hold.status == "ok"]
         first = ok.e2e_ms[offset[ok.index] < seconds / 4]
         last = ok.e2e_ms[offset[ok.index] >= seconds * 3 / 4]
-        return cls(len(hold), len(ok), float(first.median()), float(last.median()))
+        return cls(len(hold), len(ok), float(first.median()), float(last.median()), seconds)
 
     @property
     def finished_share(self) -> float:
         return self.finished_ok / self.sent if self.sent else 0.0
 
     @property
-    def e2e_growth(self) -> float:
-        return self.e2e_p50_last_ms / self.e2e_p50_first_ms
+    def wait_added_ms(self) -> float:
+        return self.e2e_p50_last_ms - self.e2e_p50_first_ms
+
+    @property
+    def overload_wait_ms(self) -> float:
+        """The E2E p50 rise a 10% overload gives between the first and the last quarter."""
+        return 0.10 * 0.75 * self.hold_s * 1000
 
     def holds(self) -> bool:
-        """≥ 97% of the requests finished ok, and E2E p50 did not double from the first quarter to the last."""
-        return self.finished_share >= 0.97 and self.e2e_growth <= 2.0
+        """≥ 97% of the requests finished ok, and E2E p50 rose less than a 10% overload makes it."""
+        return self.finished_share >= 0.97 and self.wait_added_ms < self.overload_wait_ms
 
 
 def llmload_command(*args: str) -> list[str]:

@@ -273,8 +273,9 @@ def _row(
         tail = 50 * (1 - confidence)
         lo, hi = (cur - base, cur - base) if diffs is None else np.nanpercentile(diffs, [tail, 100 - tail]).tolist()
         ci = (lo, hi)
+        # a bootstrap interval can miss its own estimate (a median of near-equal values): reach is never below 0
         reach = (cur - base) - lo if worse == 1 else hi - (cur - base)
-        detectable = limit + reach if math.isfinite(reach) else None
+        detectable = limit + max(0.0, reach) if math.isfinite(reach) else None
     return Row(
         metric=metric, unit=unit, worse=worse, baseline=base, current=cur, ci=ci, limit=limit,
         regressed=None if ci is None else bool(min(worse * ci[0], worse * ci[1]) > limit), detectable=detectable,

@@ -173,7 +173,7 @@ class ChatClient:
             result.error_category = "unfinished"
             result.error_message = (
                 f"still running when the drain after the plan ended, after {ran:.1f} s: older than"
-                f" {AGE_FACTOR:g}× the longest answer seen, so not waited for"
+                f" {AGE_FACTOR:g}× the longest answer seen, with no answer for as long, so not waited for"
             )
         except gevent.GreenletExit:
             # recorded by the caller, which then lets the stop go on

@@ -3,9 +3,14 @@
 A fixed drain judged healthy servers by the length of their answers: with 35 s answers and a 30 s
 drain, half the soaks of a server at half its capacity ended with requests still running, and failed.
 So the run waits while a request in flight is younger than `AGE_FACTOR` × the longest answer seen so
-far (it may well finish), and gives up on the rest (older than any answer by far: stuck), never past
-`--drain-timeout` after the plan's end. A healthy server's drain ends with its last answer; an
-overloaded one's queue drains up to that cap, and is judged on what it did meanwhile.
+far (it may well finish), or while the server still answers (the last answer came back less than
+that long ago: a request queued behind others ages while it waits its turn, and a one-slot server
+at 70% of its capacity once had a probe's third request given up that way), and gives up on the
+rest (stuck), never past `--drain-timeout` after the plan's end. Until `MIN_ANSWERS` answers came
+back, every request is waited for: the longest of two or three answers says little about the tail
+(a one-slot server's probe once gave up on an 18 s answer after seeing 5.4 s and 3.5 s ones). A healthy server's drain ends with
+its last answer; an overloaded one's queue drains up to that cap, and is judged on what it did
+meanwhile.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 AGE_FACTOR = 3.0
+MIN_ANSWERS = 10
 DEFAULT_CAP_S = 600.0  # --drain-timeout's default, the request's own --timeout-total: only a stuck or overloaded
 # server's drain lasts that long (answers of 60 s mean, lognormal σ 0.9, outlived a 300 s cap in 8% of soaks)
 
@@ -21,12 +27,14 @@ class DrainOver(Exception):
     """Raised in a request still on the wire when the drain gives up on it: it becomes `unfinished`."""
 
 
-def waiting_on(ages: np.ndarray, longest_answer_s: float) -> bool:
+def waiting_on(ages: np.ndarray, answers: int, longest_answer_s: float, since_answer_s: float) -> bool:
     """Whether a request in flight, of these ages (s), may still finish: one younger than AGE_FACTOR ×
-    the longest answer seen (before any answer came back, every request is waited for)."""
+    the longest of the `answers` seen, or any while the last answer came back (`since_answer_s` ago)
+    less than that long ago, or any before MIN_ANSWERS answers came back."""
     if not len(ages):
         return False
-    return longest_answer_s <= 0 or bool((np.asarray(ages) < AGE_FACTOR * longest_answer_s).any())
+    patience = AGE_FACTOR * longest_answer_s
+    return answers < MIN_ANSWERS or since_answer_s < patience or bool((np.asarray(ages) < patience).any())
 
 
 def drain_end(sent: np.ndarray, finished: np.ndarray, plan_end: float, cap_s: float) -> float:
@@ -44,8 +52,8 @@ def drain_end(sent: np.ndarray, finished: np.ndarray, plan_end: float, cap_s: fl
     now = plan_end
     while done < len(ends):
         seen = float(longest[done - 1]) if done else 0.0
-        if seen > 0:  # until the next answer nothing changes but the ages of those in flight
-            gives_up = max(now, float(youngest[done]) + AGE_FACTOR * seen)
+        if done >= MIN_ANSWERS:  # until the next answer nothing changes but the ages of those in flight
+            gives_up = max(now, max(float(youngest[done]), float(ends[done - 1])) + AGE_FACTOR * seen)
             if gives_up < ends[done]:
                 return min(gives_up, deadline)
         now = float(ends[done])

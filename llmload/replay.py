@@ -130,7 +130,9 @@ class Dispatcher:
         self.sent_total = 0  # requests sent, counted here: a distributed run's master checks its records by it
         self.in_flight: dict[int, InFlight] = {}
         self.on_the_wire: dict[int, gevent.Greenlet] = {}  # flights whose stream is open, by their user
-        self.longest_answer_s = 0.0  # the drain waits on requests younger than a multiple of it
+        self.longest_answer_s = 0.0  # the drain waits on requests younger than a multiple of it,
+        self.last_answer_at = 0.0  # and while the last answer came back less than that long ago
+        self.answers = 0  # (every request waited for until llmload.drain.MIN_ANSWERS came back)
         self._flight_ids = itertools.count()
 
     def adopt(self, positions: Sequence[int]) -> None:
@@ -155,14 +157,17 @@ class Dispatcher:
         self.in_flight.pop(flight, None)
         if answer_s is not None:
             self.longest_answer_s = max(self.longest_answer_s, answer_s)
+            self.last_answer_at = time.perf_counter()
+            self.answers += 1
 
     def end_drain(self, now: float) -> int:
         """After the plan's end, give up on the requests on the wire once none may still finish
-        (llmload.drain: all older than a multiple of the longest answer seen); how many were cut."""
+        (llmload.drain: all older than a multiple of the longest answer seen, and no answer for as long);
+        how many were cut."""
         if now < self.plan_end or not self.on_the_wire:
             return 0
         ages = [now - self.in_flight[f].sent for f in self.on_the_wire if f in self.in_flight]
-        if drain.waiting_on(np.asarray(ages), self.longest_answer_s):
+        if drain.waiting_on(np.asarray(ages), self.answers, self.longest_answer_s, now - self.last_answer_at):
             return 0
         users = list(self.on_the_wire.values())
         for user in users:

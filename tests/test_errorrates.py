@@ -57,14 +57,23 @@ def test_lengths_have_the_mean_they_are_given() -> None:
 
 
 def test_the_drain_waits_for_long_answers_and_gives_up_on_stuck_ones() -> None:
-    """Answers of 35-38 s sent just before the plan's end are waited for; a stuck request is given up
-    once it is 3x older than the longest answer seen (38 s: at 20 + 114 s); the cap holds."""
-    sent = np.array([0.0, 10.0, 90.0, 95.0, 20.0])
-    finished = np.array([35.0, 48.0, 128.0, 131.0, 2000.0])  # the last one is stuck
-    assert drain_end(sent, finished, plan_end=100.0, cap_s=300.0) == pytest.approx(134.0)
-    assert drain_end(sent[:4], finished[:4], plan_end=100.0, cap_s=20.0) == 120.0
-    alone = drain_end(sent[[0, 4]], finished[[0, 4]], plan_end=100.0, cap_s=300.0)
-    assert alone == pytest.approx(125.0)  # the one 35 s answer: the stuck one is waited for until it is 105 s old
+    """Ten 30 s answers, then answers of 36-38 s sent just before the plan's end are waited for; a
+    stuck request is given up once it is 3x older than the longest answer seen (38 s) and no answer
+    came for as long (the last at 131 s: given up at 131 + 114 s); the cap holds. A queue the server
+    works through is waited for however old its requests grow, and before ten answers came back
+    every request is."""
+    early = np.arange(10.0)
+    sent = np.concatenate([early, [90.0, 95.0, 20.0]])
+    finished = np.concatenate([early + 30, [128.0, 131.0, 2000.0]])  # the last one is stuck
+    assert drain_end(sent, finished, plan_end=100.0, cap_s=300.0) == pytest.approx(245.0)
+    assert drain_end(sent[:12], finished[:12], plan_end=100.0, cap_s=20.0) == 120.0
+    alone = drain_end(sent[[*range(10), 12]], finished[[*range(10), 12]], plan_end=100.0, cap_s=300.0)
+    assert alone == pytest.approx(129.0)  # the last 30 s answer at 39 s: waited for until 39 + 90 s
+    few = drain_end(np.array([0.0, 20.0]), np.array([35.0, 2000.0]), plan_end=100.0, cap_s=300.0)
+    assert few == 400.0  # one 35 s answer says little about the next: the cap
+    # one slot, 8 s answers, all sent at 0: the last starts at 152 s, 6x its age limit, and still finishes
+    queued = np.arange(1, 21) * 8.0
+    assert drain_end(np.zeros(20), queued, plan_end=1.0, cap_s=300.0) == pytest.approx(160.0)
 
 
 def test_a_generated_run_judged_from_its_directory_gets_the_same_verdict(tmp_path: Path) -> None:

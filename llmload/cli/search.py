@@ -67,7 +67,7 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
     parser.add_argument(
         "--probe-drain", type=float, default=PROBE_DRAIN_S,
         help="the longest (s) a probe's requests may run on after its hold; the drain ends sooner, once every request"
-        " still running is older than 3x the longest answer seen (%(default)g)",
+        " still running is older than 3x the longest answer seen and no answer came for as long (%(default)g)",
     )  # fmt: skip
     parser.add_argument("--confirm", action="store_true", help="then soak at the rate found (--confirm-duration)")
     parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")

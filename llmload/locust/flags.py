@@ -64,7 +64,8 @@ def add_arguments(parser: Any) -> None:
     group.add_argument(
         "--drain-timeout", type=float, default=DEFAULT_CAP_S,
         help="the longest (s) in-flight requests may run on after the plan; the drain ends sooner, once every"
-        f" request still running is older than {AGE_FACTOR:g}× the longest answer seen (%(default)g)",
+        f" request still running is older than {AGE_FACTOR:g}× the longest answer seen and no answer came for as long"
+        " (%(default)g)",
     )  # fmt: skip
     group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
     group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)

@@ -8,9 +8,9 @@ that long ago: a request queued behind others ages while it waits its turn, and 
 at 70% of its capacity once had a probe's third request given up that way), and gives up on the
 rest (stuck), never past `--drain-timeout` after the plan's end. Until `MIN_ANSWERS` answers came
 back, every request is waited for: the longest of two or three answers says little about the tail
-(a one-slot server's probe once gave up on an 18 s answer after seeing 5.4 s and 3.5 s ones). A healthy server's drain ends with
-its last answer; an overloaded one's queue drains up to that cap, and is judged on what it did
-meanwhile.
+(a one-slot server's probe once gave up on an 18 s answer after seeing 5.4 s and 3.5 s ones). A
+healthy server's drain ends with its last answer; an overloaded one's queue drains up to that cap,
+and is judged on what it did meanwhile.
 """
 
 from __future__ import annotations

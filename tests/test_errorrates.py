@@ -97,14 +97,15 @@ def test_compare_calls_no_regression_between_runs_of_one_server_and_catches_one_
     tmp_path: Path,
 ) -> None:
     """Default soaks of a 32-slot server at 0.7 of capacity, written as run directories and compared by
-    `compare`'s own code: same server, no regression; every latency 1.15×, a regression in E2E p50."""
+    `compare`'s own code: same server, no regression; every latency 1.15×, a latency regression (which
+    percentile shows it first varies: E2E p50 in 93 of 100 pairs, TPOT p50 in all)."""
     server = SERVERS["fifo-32x3s"]
     for seed in range(2):
         same = compare_pair(tmp_path, server, 0.7, Arrivals("poisson"), seed)
         limits = {"E2E p50": 0.10, "E2E p95": 0.10, "E2E p99": 0.15}  # the default thresholds
         assert not same.regressed and all(limits[m] <= d < 0.5 for m, d in same.detectable.items()), same
         worse = compare_pair(tmp_path, server, 0.7, Arrivals("poisson"), seed, factor=1.15)
-        assert "E2E p50" in worse.regressed, worse
+        assert "TPOT p50" in worse.regressed and any(m.startswith("E2E") for m in worse.regressed), worse
 
 
 def test_the_default_soak_passes_a_healthy_server_and_fails_an_overloaded_one() -> None:

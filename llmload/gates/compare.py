@@ -2,8 +2,10 @@
 
 Two runs of the same plan never measure the same numbers, so a metric is called a regression
 only when the whole bootstrap confidence interval of its degradation lies beyond its limit.
-The interval comes from resampling blocks of each run's consecutive requests (an ITL resample
-pools the gaps of the requests drawn), so it is as wide as the run's own noise, slow drifts
+The interval comes from resampling blocks of consecutive requests (an ITL resample pools the gaps
+of the requests drawn): each run's own for the rates; for a latency percentile, blocks a few
+answers long drawn from one pool of both runs' (the current's scaled to the baseline's median), so
+it is as wide as two runs of one server land apart, their queueing episodes and slow drifts
 included. Limits and method: docs/gates.md.
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from llmload import rundir
@@ -23,7 +26,7 @@ from llmload.errors import InputError
 from llmload.models import ANSWERED_STATUSES, GoodputSLO, Percentiles, RequestCounts, RunManifest, Strict, Summary
 from llmload.report.goodput import good_requests
 from llmload.report.summary import summarize
-from llmload.stats.sketch import Histograms, buckets, quantiles
+from llmload.stats.sketch import MIDDLES, Histograms, buckets, quantiles
 
 LATENCY_METRICS = ("ttft", "ttfo", "itl", "tpot", "e2e")
 PER_REQUEST_LATENCIES = ("ttft", "ttfo", "tpot", "e2e")  # one value per request (ITL: its gaps)
@@ -38,6 +41,11 @@ RATE_ROWS = (
 )
 LATENCY_PERCENTILES = (50, 95, 99)
 BOOTSTRAP_BLOCKS = 500  # resampled units: runs of consecutive requests (single requests in shorter runs)
+# a latency's blocks each last about LATENCY_BLOCK_SPANS E2E p90s, so that a queue that forms and clears
+# falls in one (at least MIN_LATENCY_BLOCKS of them): with 500 blocks of 0.7 s, same-server soak pairs were
+# called a TTFT p99 regression in 12% of 200 (docs/gates.md)
+LATENCY_BLOCK_SPANS = 5.0
+MIN_LATENCY_BLOCKS = 10
 
 # --------------------------------------------------------------------------- thresholds
 
@@ -156,7 +164,9 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
     blocks = int(block[-1]) + 1
     judged = frame.stage.isin([s.name for s in manifest.judged_stages]).to_numpy(dtype=bool)
     ok = judged & (frame.status == "ok").to_numpy(dtype=bool)
-    itl = records.itl(ok, block, blocks)
+    spans = _latency_block_count(frame)
+    span = np.arange(n) * spans // n
+    itl = records.itl(ok, span, spans)
     good = good_requests(records, goodput_slo)
     # summarize_run's, but one ITL pass for both: the gaps are counted by block, not by stage
     summary = summarize(frame, manifest, itl=itl.percentiles(), stage_itl_p50=None, server=run.server, good=good)
@@ -171,7 +181,7 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
         met = judged & good.to_numpy(dtype=bool)
         per_record += [met, np.where(met, tokens, 0.0)]
     latency = {
-        m: Blocked.of_values(np.where(ok, frame[f"{m}_ms"].to_numpy(dtype=float), np.nan), block, blocks)
+        m: Blocked.of_values(np.where(ok, frame[f"{m}_ms"].to_numpy(dtype=float), np.nan), span, spans)
         for m in PER_REQUEST_LATENCIES
     }
     latency["itl"] = Blocked.of(itl)
@@ -187,26 +197,73 @@ def load_run(run_dir: Path, goodput_slo: GoodputSLO | None = None) -> RunSample:
     )
 
 
+def _latency_block_count(frame: pd.DataFrame) -> int:
+    """How many blocks a run's latencies are cut into: each about LATENCY_BLOCK_SPANS E2E p90s long."""
+    sent = frame.sent_at.dropna()
+    e2e = frame.e2e_ms[frame.status == "ok"].dropna()
+    if sent.empty or e2e.empty:
+        return min(len(frame), BOOTSTRAP_BLOCKS)
+    wanted = float(sent.max() - sent.min()) / (LATENCY_BLOCK_SPANS * float(np.percentile(e2e, 90)) / 1000)
+    return min(len(frame), int(np.clip(round(wanted), MIN_LATENCY_BLOCKS, BOOTSTRAP_BLOCKS)))
+
+
 def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return np.divide(numerator, denominator, out=np.full(len(numerator), np.nan), where=denominator > 0)
 
 
 def bootstrap(run: RunSample, settings: Bootstrap, stream: int) -> dict[str, np.ndarray]:
-    """Every compared figure in each of `settings.resamples` seeded resamples of the run's blocks.
-
-    A resample draws as many blocks as the run has, with replacement; its histogram of a metric is
-    the count-weighted sum of the blocks' (one matrix product), and its percentiles are read off
-    that, so the cost does not grow with the run's length.
-    """
+    """The run's rates and error rate in each of `settings.resamples` seeded resamples of its blocks
+    (as many blocks as the run has, drawn with replacement)."""
     rng = np.random.default_rng([settings.seed, stream])
     blocks = len(run.blocks)
     counts = rng.multinomial(blocks, np.full(blocks, 1 / blocks), size=settings.resamples).astype(float)
     sums = (counts @ run.blocks).T
     out = {key: sums[column] / run.plan_s for key, column in RATE_COLUMNS.items() if column < len(sums)}
     out["error_rate"] = _ratio(sums[2], sums[3])
-    for metric, blocked in run.latency.items():
-        resampled = quantiles(counts @ blocked.counts, np.array(LATENCY_PERCENTILES), blocked.first)
-        out.update({f"{metric}.p{q}": resampled[:, i] for i, q in enumerate(LATENCY_PERCENTILES)})
+    return out
+
+
+def _scaled(blocked: Blocked, factor: float) -> Blocked:
+    """The same histograms with every value multiplied by `factor` (each bucket moved whole)."""
+    width = blocked.counts.shape[1]
+    moved = buckets(MIDDLES[blocked.first : blocked.first + width] * factor)  # in order, as the buckets are
+    targets, starts = np.unique(moved, return_index=True)
+    counts = np.zeros((len(blocked.counts), int(targets[-1] - targets[0]) + 1))
+    counts[:, targets - targets[0]] = np.add.reduceat(blocked.counts, starts, axis=1)
+    return Blocked(int(targets[0]), counts)
+
+
+def latency_noise(baseline: RunSample, current: RunSample, settings: Bootstrap) -> dict[str, np.ndarray]:
+    """How far apart two runs land by chance, per latency percentile: resampled current − baseline,
+    both drawing their blocks from one pool of the two runs' blocks, the current's scaled by the
+    ratio of the medians (a run that is slower throughout adds no noise by being slower), minus the
+    pool's own difference of scale.
+
+    A run's own resamples cannot show it where a tail is made of rare episodes (a queue that forms
+    for a few seconds): a baseline that happened to have none gives the same p99 in every resample,
+    and its interval against a run that had some was too narrow. The pool shares the episodes out,
+    as another run of the same server would."""
+    rng = np.random.default_rng([settings.seed, 2])
+    sizes = (len(baseline.latency["e2e"].counts), len(current.latency["e2e"].counts))
+    pool = sum(sizes)
+    base_draws, cur_draws = (
+        rng.multinomial(size, np.full(pool, 1 / pool), size=settings.resamples).astype(float) for size in sizes
+    )
+    qs = np.array(LATENCY_PERCENTILES)
+    out = {}
+    for metric, base in baseline.latency.items():
+        b50, c50 = (_latency(run.summary, metric).p50 for run in (baseline, current))
+        scale = c50 / b50 if b50 and c50 and math.isfinite(c50 / b50) else 1.0
+        cur = _scaled(current.latency[metric], 1 / scale)
+        first = min(base.first, cur.first)
+        width = max(base.first + base.counts.shape[1], cur.first + cur.counts.shape[1]) - first
+        stacked = np.zeros((pool, width))
+        for rows, blocked in ((slice(0, sizes[0]), base), (slice(sizes[0], pool), cur)):
+            stacked[rows, blocked.first - first : blocked.first - first + blocked.counts.shape[1]] = blocked.counts
+        pooled = quantiles(stacked.sum(axis=0), qs, first)[0]
+        noise = scale * (quantiles(cur_draws @ stacked, qs, first) - pooled)
+        noise -= quantiles(base_draws @ stacked, qs, first) - pooled
+        out.update({f"{metric}.p{q}": noise[:, i] for i, q in enumerate(LATENCY_PERCENTILES)})
     return out
 
 
@@ -303,6 +360,7 @@ def _latency(summary: Summary, metric: str) -> Percentiles:
 def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds) -> Comparison:
     settings = thresholds.bootstrap
     base_boot, cur_boot = bootstrap(baseline, settings, 0), bootstrap(current, settings, 1)
+    noise = latency_noise(baseline, current, settings)
     base, cur = baseline.summary, current.summary
     judge = functools.partial(_row, confidence=settings.confidence)
     rows = []
@@ -315,7 +373,7 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
             b, c = (getattr(_latency(s, metric), key) for s in (base, cur))
             floor = getattr(thresholds.latency_floor_ms, metric)
             limit = max(getattr(thresholds.latency_rise, key) * (b or 0.0), floor)
-            diffs = cur_boot[f"{metric}.{key}"] - base_boot[f"{metric}.{key}"]
+            diffs = None if b is None or c is None else (c - b) + noise[f"{metric}.{key}"]
             rows.append(judge(f"{metric.upper()} {key}", "ms", 1, values=(b, c), diffs=diffs, limit=limit))
     for key, name, unit in RATE_ROWS:
         if key not in baseline.throughput or key not in current.throughput:

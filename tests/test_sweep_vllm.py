@@ -62,7 +62,7 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS, sessions=300)), "--start-qps", "2",
         "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.15", "--probe-duration", "10s",
         "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "60s",
-        "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=1500, env=child_env(),
+        "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=2400, env=child_env(),
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]

@@ -16,12 +16,12 @@ from typing import Any
 
 import gevent
 import orjson
-from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed
 from geventhttpclient.url import URL
 from pydantic import PositiveFloat
 from pydantic.dataclasses import dataclass as checked_dataclass
 
+from llmload.access import Access
 from llmload.drain import AGE_FACTOR, DrainOver
 from llmload.failures import (
     classify_exception,
@@ -100,24 +100,22 @@ def _delta_output(delta: dict[str, Any]) -> tuple[int, str]:
 class ChatClient:
     """A connection to one target; not shared between concurrent sessions (one per Locust user)."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, limits: Limits | None = None) -> None:
+    def __init__(self, base_url: str, *, access: Access | None = None, limits: Limits | None = None) -> None:
         url = URL(base_url)
         self.limits = limits or Limits()
         prefix = url.path.rstrip("/")
         self.path = (prefix[: -len("/v1")] if prefix.endswith("/v1") else prefix) + CHAT_PATH
-        self._api_key = api_key
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._http = HTTPClient.from_url(
+        access = access or Access()
+        self._secrets = access.secrets
+        self._http = access.http_client(
             url,
             concurrency=1,
             connection_timeout=self.limits.connect_s,
             network_timeout=self.limits.first_token_s,
-            headers=headers,
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
         )
         self._health_path = self.path[: -len(CHAT_PATH)] + HEALTH_PATH
-        self._health = HTTPClient.from_url(url, concurrency=1, connection_timeout=2.0, network_timeout=2.0)
+        self._health = access.http_client(url, concurrency=1, connection_timeout=2.0, network_timeout=2.0)
 
     def close(self) -> None:
         self._http.close()
@@ -151,12 +149,12 @@ class ChatClient:
                 if result.http_status != 200:
                     message, param = parse_error_body(response.read())
                     result.error_category = classify_http_status(result.http_status, message, param)
-                    result.error_message = clip(message, self._api_key)
+                    result.error_message = clip(message, self._secrets)
                 elif not_a_stream(response.get("content-type")):
                     result.error_category = "malformed"
                     snippet = response.read(200).decode("utf-8", "replace")
                     result.error_message = clip(
-                        f"HTTP 200 {response.get('content-type')}, not an event stream: {snippet}", self._api_key
+                        f"HTTP 200 {response.get('content-type')}, not an event stream: {snippet}", self._secrets
                     )
                 else:
                     self._read_stream(response, result)
@@ -187,7 +185,7 @@ class ChatClient:
                 phase = "next token" if result.token_times else "first token"
                 message = f"no {phase} within {limit:g} s"
             result.error_category = category
-            result.error_message = clip(message, self._api_key)
+            result.error_message = clip(message, self._secrets)
         finally:
             result.finished_at = time.perf_counter()
             if response is not None:
@@ -234,7 +232,7 @@ class ChatClient:
                 except orjson.JSONDecodeError:
                     result.error_category = "malformed"
                     message = f"an event after {len(token_times)} tokens is not JSON: {payload[:200]!r}"
-                    result.error_message = clip(message, self._api_key)
+                    result.error_message = clip(message, self._secrets)
                     break
                 choices = chunk.get("choices")
                 if choices:
@@ -254,7 +252,7 @@ class ChatClient:
                 elif "error" in chunk:
                     category, code, message = classify_stream_error(chunk["error"])
                     result.error_category = category
-                    result.error_message = clip(message, self._api_key)
+                    result.error_message = clip(message, self._secrets)
                     if code is not None:
                         result.http_status = code
                 usage = chunk.get("usage")

@@ -9,12 +9,14 @@ message says where it was seen.
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import Any
 
 import gevent
 import orjson
 from geventhttpclient.response import HTTPConnectionClosed
 
+from llmload.access import tls_reason
 from llmload.models import FailureCategory
 
 MESSAGE_LIMIT = 500
@@ -111,6 +113,10 @@ def classify_exception(exc: BaseException, *, got_response: bool) -> tuple[Failu
     detail = f"{name}: {exc}" if str(exc) else name
     if isinstance(exc, (gevent.Timeout, socket.timeout, TimeoutError)):
         return "timeout", detail
+    # a refused handshake (untrusted certificate, a client certificate required, plain HTTP on the port), never
+    # the connection closing, which OpenSSL reports as an EOF or a close notify
+    if not isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) and (reason := tls_reason(exc)):
+        return "tls", f"TLS: {reason}"
     if got_response:
         return "stream_error", f"stream cut short: {detail}"
     if isinstance(exc, (OSError, HTTPConnectionClosed)):
@@ -118,8 +124,8 @@ def classify_exception(exc: BaseException, *, got_response: bool) -> tuple[Failu
     return "http_5xx", f"unreadable response: {detail}"
 
 
-def clip(message: str, secret: str | None = None) -> str:
-    """Messages go into records and reports: bounded, and never carrying the API key."""
-    if secret:
+def clip(message: str, secrets: tuple[str, ...] = ()) -> str:
+    """Messages go into records and reports: bounded, and never carrying the API key or a header's value."""
+    for secret in secrets:
         message = message.replace(secret, "***")
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 1] + "…"

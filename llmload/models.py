@@ -260,6 +260,22 @@ class FleetWorker(Strict):
     refused: str | None = Field(default=None, description="why it sent nothing: the target unreachable from it, ...")
 
 
+TLSVerify = Literal["plain_http", "system", "ca_cert", "insecure"]
+
+
+class AccessNote(Strict):
+    """How a run reached its target (llmload/access.py), as run.json and the report say it: which trust,
+    which headers by name, whether a key was sent; never a key or a header's value."""
+
+    tls_verify: TLSVerify = Field(
+        description="plain_http: no TLS; system: the system's CAs; ca_cert: those and --ca-cert; insecure: none"
+    )
+    ca_cert: str | None = None
+    client_cert: str | None = Field(default=None, description="the certificate shown to the server (mutual TLS)")
+    headers: list[str] = Field(default_factory=list, description="the names of the --header headers sent")
+    api_key: bool = Field(default=False, description="whether a bearer token was sent")
+
+
 class RunManifest(Strict):
     """run.json: the plan of a run, written at its start, so reports can be rebuilt from records."""
 
@@ -288,6 +304,7 @@ class RunManifest(Strict):
     )
     goodput_slo: GoodputSLO | None = Field(default=None, description="per-request SLOs goodput counts against")
     server: ServerIdentity | None = Field(default=None, description="the kind of server the run met")
+    access: AccessNote | None = Field(default=None, description="how the run reached the target (TLS, headers)")
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
 
     @property
@@ -317,6 +334,7 @@ FailureCategory = Literal[
     "oom",
     "engine_dead",
     "server_down",
+    "tls",
     "stream_error",
     "incomplete",
     "malformed",
@@ -648,6 +666,7 @@ class RunInfo(BaseModel):
     )
     goodput_slo: GoodputSLO | None = None
     server: ServerIdentity | None = Field(default=None, description="the kind of server the run met, and its version")
+    access: AccessNote | None = Field(default=None, description="how the run reached the target (TLS, headers)")
     warnings: list[str] = Field(default_factory=list)
 
 

@@ -25,7 +25,7 @@ from pydantic import (
 from llmload.client import Limits
 from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError, validation_message
-from llmload.models import GoodputSLO, RunManifest, ServerIdentity, Stage
+from llmload.models import AccessNote, GoodputSLO, RunManifest, ServerIdentity, Stage
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
     ArrivalProcess,
@@ -154,6 +154,7 @@ class RunPlan:
         started_at: float,
         workers: int,
         server: ServerIdentity | None = None,
+        access: AccessNote | None = None,
     ) -> RunManifest:
         """run.json of a run of this plan started at `started_at` (unix seconds)."""
         return RunManifest(
@@ -174,6 +175,7 @@ class RunPlan:
             limits={k: float(v) for k, v in vars(self.flags.limits).items()},
             goodput_slo=self.goodput_slo,
             server=server,
+            access=access,
         )
 
     def planned(self) -> int:

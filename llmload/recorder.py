@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from llmload import rundir
+from llmload.access import Access
 from llmload.conclude import conclude
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
@@ -33,7 +34,7 @@ class RunRecorder:
         manifest: RunManifest,
         *,
         metrics_interval_s: float,
-        api_key: str | None,
+        access: Access,
         gpu: GpuReader | None,
     ) -> None:
         self.run_dir = run_dir
@@ -43,7 +44,7 @@ class RunRecorder:
         self.writer = RecordWriter(run_dir / rundir.RECORDS_FILE)
         server = kind(manifest.server.kind) if manifest.server is not None else VLLM
         self.observer = Observer(
-            manifest.host, run_dir / rundir.SERVER_FILE, metrics_interval_s, api_key, gpu, server=server
+            manifest.host, run_dir / rundir.SERVER_FILE, metrics_interval_s, access, gpu, server=server
         ).start()
         self.live = LiveStats(plan.stages, plan.offsets(), manifest.started_at, manifest.server)
 

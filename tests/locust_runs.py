@@ -5,6 +5,7 @@ configs of the tiny model."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -88,11 +89,19 @@ def locust_command(host: str | None, workload: Path, reports: Path, run_id: str,
 
 
 def run_locust(
-    host: str | None, workload: Path, reports: Path, run_id: str, *extra: str, timeout: float = 90
+    host: str | None,
+    workload: Path,
+    reports: Path,
+    run_id: str,
+    *extra: str,
+    timeout: float = 90,
+    env: dict[str, str] | None = None,
 ) -> LocustRun:
+    """`env` is added to this process's environment (a secret given as a variable)."""
     proc = subprocess.run(
         locust_command(host, workload, reports, run_id, *extra),
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

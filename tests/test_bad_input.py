@@ -77,6 +77,14 @@ CASES = [
     Case("warmup", locust("--warmup", "-5"), "argument --warmup: not a duration: '-5'"),
     Case("goodput-slo", locust("--goodput-slo", "fast"), "--goodput-slo 'fast': expected METRIC=MS"),
     Case("extra-body", locust("--extra-body", "[1]"), "--extra-body must be a JSON object of fields, got list"),
+    # how the target is reached (llmload.access)
+    Case(
+        "ca-cert-missing", locust("--ca-cert", "{dir}/no-such-ca.pem"), "--ca-cert {dir}/no-such-ca.pem: no such file"
+    ),
+    Case("ca-cert-not-pem", locust("--ca-cert", "{dir}/notes.txt"), "--ca-cert {dir}/notes.txt: not a PEM"),
+    Case("client-key-alone", locust("--client-key", "{dir}/key.pem"), "--client-key needs --client-cert"),
+    Case("header-without-colon", locust("--header", "X-Tenant"), "--header 'X-Tenant': give 'Name: value'"),
+    Case("insecure-and-ca", locust("--insecure", "--ca-cert", "{dir}/notes.txt"), "--insecure verifies nothing"),
     # the target and the workload
     Case(  # with --model, as the issue found it: the host is still checked before any request
         "unreachable-host", locust("--model", "m"), "nothing answers at http://127.0.0.1:{closed}: connection refused"

@@ -128,6 +128,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME,...",
         help="answer a request carrying one of these fields with OpenAI's HTTP 400 'Unrecognized request argument'",
     )
+    access = parser.add_argument_group("who may connect: as vLLM's flags of the same names")
+    access.add_argument("--api-key", default=None, help=SimConfig.model_fields["api_key"].description)
+    for field in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+        flag = "--" + field.replace("_", "-")
+        access.add_argument(
+            flag, type=Path, default=None, metavar="FILE", help=SimConfig.model_fields[field].description
+        )
     subcommands = parser.add_subparsers(dest="sim_command", title="subcommands", metavar="calibrate")
     calibrate = subcommands.add_parser("calibrate", help=sim_calibrate.HELP, description=sim_calibrate.__doc__)
     sim_calibrate.add_arguments(calibrate)

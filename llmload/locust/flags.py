@@ -55,8 +55,32 @@ def add_arguments(parser: Any) -> None:
         help='fields of your own added to every request, e.g. \'{"top_k": 20}\' (never dropped)',
     )  # fmt: skip
     parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
-        "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True, help="bearer token (never recorded)"
+        "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True,
+        help="bearer token, also from $LLMLOAD_API_KEY (never recorded)",
+    )  # fmt: skip
+    access = parser.add_argument_group("llmload: access", "how every connection to the target is made (llmload.access)")
+    access.add_argument(
+        "--header", action="append", default=[], metavar="'NAME: VALUE'",
+        help="a header sent with every request to the target, e.g. a gateway's tenant header; repeatable; its value"
+        " is never recorded",
+    )  # fmt: skip
+    access.add_argument(
+        "--ca-cert",
+        default=None,
+        metavar="FILE",
+        help="PEM CA certificate(s) an https target is verified against, beside the system's",
     )
+    access.add_argument(
+        "--client-cert",
+        default=None,
+        metavar="FILE",
+        help="PEM client certificate (mutual TLS); its key inside or in --client-key",
+    )
+    access.add_argument("--client-key", default=None, metavar="FILE", help="PEM private key of --client-cert")
+    access.add_argument(
+        "--insecure", action="store_true",
+        help="do not verify the target's certificate (said on the console and in the report)",
+    )  # fmt: skip
     group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
     group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
     group.add_argument("--reports-dir", default="reports", help="where run directories are written")

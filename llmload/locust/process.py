@@ -28,6 +28,7 @@ from locust.env import Environment
 from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING, LocalRunner, MasterRunner, WorkerRunner
 
 from llmload import rundir
+from llmload.access import INSECURE_WARNING, Access, tls_reason
 from llmload.errors import InputError
 from llmload.fleet import Fleet
 from llmload.gates.verdict import SoakCriteria, criteria_from_args
@@ -68,7 +69,7 @@ class ProcessRun:
     run_id: str
     model: str
     worker: int
-    api_key: str | None
+    access: Access  # the key, headers and TLS trust of every connection to the target
     shape: RequestShape  # what this server kind is sent
     dispatcher: Dispatcher | None = None  # processes that run users
     recorder: RunRecorder | None = None  # the process that writes the run directory
@@ -120,6 +121,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         return
     try:
         STATE.plan = RunPlan.build(plan_flags(options))
+        access = Access.from_options(options)  # a certificate that does not load is refused before the run
         parse_extra_body(options.extra_body)  # refused here, before Locust starts, rather than at each start
         STATE.criteria = criteria_from_args(options) if options.verdict else None
         criteria = STATE.criteria
@@ -127,9 +129,11 @@ def _on_init(environment: Environment, **_: Any) -> None:
             raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
         # a local run checks before Locust starts (the web UI at each start); a master's workers check themselves
         if options.headless and environment.host and not isinstance(environment.runner, MasterRunner):
-            _require_reachable(environment.host)
+            _require_reachable(environment.host, access)
     except InputError as exc:
         _fail_config(str(exc))
+    if access.insecure:
+        log.warning("llmload: %s", INSECURE_WARNING)
     if not environment.host:
         environment.host = _start_embedded_target()
     if isinstance(environment.runner, MasterRunner):
@@ -190,11 +194,14 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _resolve_model(host: str, options: argparse.Namespace, workload: Workload) -> str:
+def _resolve_model(host: str, options: argparse.Namespace, workload: Workload, access: Access) -> str:
     """The served model: --model, else the workload's, else the first one /v1/models lists."""
     if options.model or workload.spec.model:
         return str(options.model or workload.spec.model)
-    client = openai.OpenAI(base_url=host.rstrip("/") + "/v1", api_key=options.api_key or "EMPTY", max_retries=0)
+    client = openai.OpenAI(
+        base_url=host.rstrip("/") + "/v1", api_key=access.api_key or "EMPTY", max_retries=0,
+        default_headers=dict(access.headers), http_client=openai.DefaultHttpxClient(verify=access.ssl_context()),
+    )  # fmt: skip
     try:
         models = client.models.list().data
     except openai.OpenAIError as exc:
@@ -237,16 +244,17 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     try:
         plan = STATE.plan if not worker else None
         plan = plan or RunPlan.build(plan_flags(options))
+        access = Access.from_options(options)
         server: ServerIdentity | None = None
         if worker:  # the master's choices, sent with the spawn message
             model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
         else:
             if not isinstance(runner, MasterRunner):
-                _require_reachable(environment.host)
-            server = identify(environment.host, options.api_key or None, options.server_kind)
+                _require_reachable(environment.host, access)
+            server = identify(environment.host, access, options.server_kind)
             server_kind = kind(server.kind)
-            model = _resolve_model(environment.host, options, plan.workload)
+            model = _resolve_model(environment.host, options, plan.workload, access)
             start_wall = time.time() + START_LEAD_S
             # --run-id itself stays as given: a second start from the web UI names its own run
             run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
@@ -258,7 +266,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         _refuse_start(environment, str(exc))
         return
     clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
-    run = ProcessRun(plan, clock, run_id, model, 0, options.api_key or None, shape)
+    run = ProcessRun(plan, clock, run_id, model, 0, access, shape)
     if isinstance(runner, MasterRunner):
         indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
         options.llmload_worker_indexes = indexes
@@ -284,14 +292,14 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     if not worker:
         manifest = plan.manifest(
             run_id=run_id, host=environment.host, model=model, started_at=start_wall, workers=max(1, len(run.workers)),
-            server=server,
+            server=server, access=access.note(environment.host),
         )  # fmt: skip
         gpu = gpu_reader(options.gpu_metrics, environment.host)
         if gpu is not None:
             log.info("llmload: GPU memory and utilisation from %s", gpu.url)
         run_dir = Path(options.reports_dir) / run_id
         run.recorder = RunRecorder(
-            run_dir, plan, manifest, metrics_interval_s=options.metrics_interval, api_key=run.api_key, gpu=gpu
+            run_dir, plan, manifest, metrics_interval_s=options.metrics_interval, access=access, gpu=gpu
         )
         run.greenlets.append(gevent.spawn(_live_loop, environment, run))
         what = "request arrivals" if isinstance(plan.arrivals, ArrivalSchedule) else "trace sessions"
@@ -316,7 +324,7 @@ def _worker_may_run(
         return False
     run.address = _address_towards(options.master_host, options.master_port)
     host = environment.host or ""
-    error = _unreachable(host)
+    error = _unreachable(host, run.access)
     if error is None:
         return True
     log.error("llmload: this worker (%s) cannot reach the target %s: %s", run.address, host, error)
@@ -343,27 +351,50 @@ def _address_towards(host: str, port: int) -> str:
         return socket.gethostname()
 
 
-def _require_reachable(host: str) -> None:
-    """An InputError when no TCP connection to the target opens: no request is sent to a host where
-    nothing listens (they would all be charged to it as connection errors)."""
+def _require_reachable(host: str, access: Access) -> None:
+    """An InputError when no connection to the target opens, or its TLS handshake fails: no request is
+    sent to a host where nothing listens or that cannot be trusted (each would be charged to it as a failure)."""
     parsed = urllib.parse.urlsplit(host)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise InputError(f"--host {host} is not a URL: give http://HOST:PORT (or https://)")
-    if (error := _unreachable(host)) is not None:
-        raise InputError(f"nothing answers at {host}: {error}")
+    if (error := _unreachable(host, access)) is not None:
+        raise InputError(error if error.startswith("TLS") else f"nothing answers at {host}: {error}")
 
 
-def _unreachable(url: str) -> str | None:
-    """Why a TCP connection to the target's host and port fails, or None when it opens."""
+def _unreachable(url: str, access: Access) -> str | None:
+    """Why a TCP connection to the target's host and port fails, or an https target's TLS handshake
+    (a sentence of its own, starting "TLS"), or None when the connection opens."""
     parsed = urllib.parse.urlsplit(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
-        socket.create_connection((parsed.hostname or "", port), timeout=TARGET_PROBE_TIMEOUT_S).close()
+        connection = socket.create_connection((parsed.hostname or "", port), timeout=TARGET_PROBE_TIMEOUT_S)
     except OSError as exc:
         if isinstance(exc, TimeoutError):
             return f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
         reason = str(exc.strerror or exc)
         return reason[:1].lower() + reason[1:]  # "connection refused", as part of a sentence
+    with connection:
+        return _tls_refusal(connection, parsed, access) if parsed.scheme == "https" else None
+
+
+def _tls_refusal(connection: socket.socket, url: urllib.parse.SplitResult, access: Access) -> str | None:
+    """Why the target's TLS refuses this client, or None. A HEAD request follows the handshake: with TLS
+    1.3 a missing client certificate is refused only then, by an alert or (asyncio's servers: vLLM's)
+    a connection closed without a word."""
+    try:
+        with access.ssl_context().wrap_socket(connection, server_hostname=url.hostname) as tls:
+            tls.sendall(f"HEAD / HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
+            if not tls.recv(1):
+                return (
+                    f"TLS: {url.geturl()} closed the connection after the handshake without answering: it may require"
+                    " a client certificate (--client-cert FILE, --client-key FILE)"
+                )
+    except TimeoutError:
+        return None  # the handshake went through; a slow answer is not this check's business
+    except OSError as exc:
+        reason = tls_reason(exc) or str(exc)
+        hint = " (--ca-cert FILE trusts the CA that signed it; --insecure verifies nothing)"
+        return f"TLS handshake with {url.geturl()} failed: {reason}{hint if 'verify' in reason else ''}"
     return None
 
 

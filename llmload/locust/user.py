@@ -23,7 +23,7 @@ class ChatUser(User):
             return
         plan = run.plan
         host = self.host or self.environment.host
-        self._client = ChatClient(host, api_key=run.api_key, limits=plan.flags.limits)
+        self._client = ChatClient(host, access=run.access, limits=plan.flags.limits)
         self._sender = TurnSender(
             self._client,
             run.dispatcher,

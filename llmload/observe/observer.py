@@ -21,10 +21,10 @@ from typing import IO
 
 import gevent
 import orjson
-from geventhttpclient import HTTPClient
 from geventhttpclient.url import URL
 from pydantic import BaseModel, Field
 
+from llmload.access import Access
 from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
 from llmload.observe.host import HostMeter
 from llmload.observe.metrics import VLLM, fetch, parse_metrics
@@ -69,7 +69,7 @@ class Observer:
     """Scrape `base_url`'s /health and /metrics, and `gpu`'s GPUs, every `interval_s` into `out_path`
     (JSON lines, flushed).
 
-    `api_key` goes out as a bearer token (gateways may guard /metrics) and is never written. `server`:
+    `access` carries the key, headers and TLS trust of the run (gateways may guard /metrics). `server`:
     the kind of server watched (kinds.yaml): where its health and metrics are and what they are named.
     """
 
@@ -78,7 +78,7 @@ class Observer:
         base_url: str,
         out_path: Path,
         interval_s: float = 1.0,
-        api_key: str | None = None,
+        access: Access | None = None,
         gpu: GpuReader | None = None,
         *,
         server: ServerKind = VLLM,
@@ -89,9 +89,8 @@ class Observer:
         self.out_path = out_path
         self.interval_s = interval_s
         self.timeout_s = max(2.0, 2 * interval_s)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = HTTPClient.from_url(
-            url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s, headers=headers
+        self._http = (access or Access()).http_client(
+            url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
         )
         self.gpu = gpu
         self.server = server

@@ -51,6 +51,7 @@ CATEGORY_COLORS = dict(
             "#7f0000",
             "#d62728",
             "#ff7f0e",
+            "#e7ba52",
             "#8c564b",
             "#bcbd22",
             "#17becf",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
-from llmload.models import ReusablePrefix, ServerSummary, Summary
+from llmload.models import AccessNote, ReusablePrefix, ServerSummary, Summary
 from llmload.server.kinds import kind
 from llmload.stats.sketch import METHOD as ITL_METHOD
 
@@ -190,6 +190,24 @@ def _reasoning_lines(summary: Summary) -> list[str]:
     ]
 
 
+def _access_line(access: AccessNote | None) -> list[str]:
+    """How the target was reached, when there is more to say than plain HTTP (values never shown)."""
+    if access is None or (access.tls_verify == "plain_http" and not access.headers):
+        return []
+    trust = {
+        "plain_http": "plain HTTP",
+        "system": "TLS, verified against the system's CAs",
+        "ca_cert": f"TLS, verified against `{access.ca_cert}`",
+        "insecure": "**TLS, certificates not verified (--insecure)**",
+    }[access.tls_verify]
+    parts = [trust]
+    if access.client_cert:
+        parts.append(f"client certificate `{access.client_cert}`")
+    if access.headers:
+        parts.append(f"headers {', '.join(access.headers)} (values not recorded)")
+    return [f"Connection: {'; '.join(parts)}.", ""]
+
+
 def render_markdown(summary: Summary) -> str:
     run, req, lat = summary.run, summary.requests, summary.latency_ms
     lines = [
@@ -200,6 +218,7 @@ def render_markdown(summary: Summary) -> str:
         f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
         f"{run.finished_at - run.started_at:.0f} s.",
         "",
+        *_access_line(run.access),
     ]
     if summary.verdict is not None:
         verdict = summary.verdict.label

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from llmload.access import INSECURE_WARNING
 from llmload.models import (
     ANSWERED_STATUSES,
     OOM_FAMILY,
@@ -231,6 +232,8 @@ def summarize(
     categories = failed.error_category.value_counts().to_dict()
     examples = failed.drop_duplicates("error_category").set_index("error_category").error_message.to_dict()
     warnings = [f"{shortfall_reason(s)}: the target was not offered the load asked for" for s in stages if s.shortfall]
+    if manifest.access is not None and manifest.access.tls_verify == "insecure":
+        warnings.insert(0, INSECURE_WARNING)
     if manifest.interrupted:
         warnings.insert(0, "interrupted before the plan's end (Ctrl-C, SIGTERM, -t): what was measured until then")
     cpu = manifest.load_generator_cpu_max_percent
@@ -279,6 +282,7 @@ def summarize(
             load_generator_lag_max_ms=lag_max_ms,
             goodput_slo=manifest.goodput_slo,
             server=manifest.server,
+            access=manifest.access,
             warnings=warnings,
         ),
         requests=RequestCounts(

@@ -8,13 +8,13 @@ found once at the start and written into run.json. `--server-kind` overrides it.
 from __future__ import annotations
 
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
+from llmload.access import Access
 from llmload.errors import InputError
 from llmload.models import ServerIdentity
 from llmload.server.kinds import GENERIC, ServerKind, kind, kinds
@@ -32,10 +32,9 @@ class Answer:
     body: Any
 
 
-def _get(base: str, path: str, api_key: str | None) -> Answer:
-    request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+def _get(base: str, path: str, access: Access) -> Answer:
     try:
-        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+        with access.open(base + path, timeout=PROBE_TIMEOUT_S) as response:
             status, server, raw = response.status, response.headers.get("server", ""), response.read()
     except urllib.error.HTTPError as exc:
         status, server, raw = exc.code, exc.headers.get("server", "") if exc.headers else "", b""
@@ -77,40 +76,40 @@ def base_url(url: str) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
-def identify(url: str, api_key: str | None = None, override: str | None = None) -> ServerIdentity:
+def identify(url: str, access: Access | None = None, override: str | None = None) -> ServerIdentity:
     """The kind of server at `url`: by host (hosted APIs), /v1/models' owner, the Server header, each
     kind's own probe, then /openapi.json's paths; else a generic OpenAI server. `override` (a kind's
     name, from --server-kind) is taken as it is, its version still asked for."""
-    base = base_url(url)
+    base, access = base_url(url), access or Access()
     table = kinds()
     if override is not None:
         try:
             chosen = kind(override)
         except KeyError as exc:
             raise InputError(f"--server-kind: {exc.args[0]}") from None
-        probe = _get(base, chosen.detect.probe, api_key) if chosen.detect.probe else None
+        probe = _get(base, chosen.detect.probe, access) if chosen.detect.probe else None
         return _identity(chosen, "--server-kind", probe)
     host = urlsplit(base).hostname or ""
     for candidate in table.values():
         if any(host == suffix or host.endswith(suffix) for suffix in candidate.detect.hosts):
             return _identity(candidate, f"host {host}")
-    models = _get(base, "/v1/models", api_key)
+    models = _get(base, "/v1/models", access)
     owner = _owned_by(models.body)
     for candidate in table.values():
         if owner is not None and owner == candidate.detect.owned_by:
-            probe = _get(base, candidate.detect.probe, api_key) if candidate.detect.probe else None
+            probe = _get(base, candidate.detect.probe, access) if candidate.detect.probe else None
             return _identity(candidate, f"/v1/models owned_by {owner!r}", probe)
     for candidate in table.values():
         header = candidate.detect.server_header
         if header and models.server.lower().startswith(header.lower()):
-            probe = _get(base, candidate.detect.probe, api_key) if candidate.detect.probe else None
+            probe = _get(base, candidate.detect.probe, access) if candidate.detect.probe else None
             return _identity(candidate, f"Server: {models.server}", probe)
     for candidate in table.values():
         if candidate.detect.probe and candidate.detect.marker:
-            probe = _get(base, candidate.detect.probe, api_key)
+            probe = _get(base, candidate.detect.probe, access)
             if _marked(probe.body, candidate.detect.marker):
                 return _identity(candidate, f"GET {candidate.detect.probe}", probe)
-    spec = _get(base, "/openapi.json", api_key).body
+    spec = _get(base, "/openapi.json", access).body
     paths = spec.get("paths") if isinstance(spec, dict) else None
     if isinstance(paths, dict):
         for candidate in table.values():
@@ -120,10 +119,10 @@ def identify(url: str, api_key: str | None = None, override: str | None = None) 
     return _identity(table[GENERIC], "no probe matched" if models.status is not None else NO_ANSWER)
 
 
-def require_calibrating_server(url: str, api_key: str | None = None) -> ServerIdentity:
+def require_calibrating_server(url: str) -> ServerIdentity:
     """The server at `url` when it has what calibration reads (vLLM's /metrics and /tokenize, as the
     embedded target does); InputError (exit 2) naming what it is otherwise."""
-    found = identify(url, api_key)
+    found = identify(url)
     if found.evidence == NO_ANSWER:
         raise InputError(f"{base_url(url)}/v1/models did not answer: no server to calibrate")
     if not kind(found.kind).calibrates:

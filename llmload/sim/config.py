@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, get_args
 
 from pydantic import (
@@ -165,6 +166,20 @@ class SimConfig(Strict):
     refuse_fields: tuple[str, ...] = Field(
         default=(), description="request fields answered with OpenAI's HTTP 400 'Unrecognized request argument'"
     )
+    api_key: str | None = Field(
+        default=None, description="as vLLM's --api-key: a /v1 request without `Authorization: Bearer KEY` gets 401"
+    )
+    ssl_certfile: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate")
+    ssl_keyfile: Path | None = Field(default=None, description="the certificate's PEM private key")
+    ssl_ca_certs: Path | None = Field(
+        default=None, description="require a client certificate signed by this PEM CA (mutual TLS)"
+    )
+
+    @model_validator(mode="after")
+    def _tls_needs_a_certificate(self) -> SimConfig:
+        if (self.ssl_keyfile or self.ssl_ca_certs) and self.ssl_certfile is None:
+            raise ValueError("--ssl-keyfile and --ssl-ca-certs serve HTTPS: give --ssl-certfile")
+        return self
 
     @model_validator(mode="after")
     def _engine_options_need_a_profile(self) -> SimConfig:

@@ -22,7 +22,7 @@ import orjson
 
 from llmload.errors import InputError
 
-_LISTENING = re.compile(rb"^llmload sim listening on (http://\S+)$")
+_LISTENING = re.compile(rb"^llmload sim listening on (https?://\S+)$")
 # the embedded target (no --host): answers like a small model on a fast GPU, prefill 20k tok/s, 8 ms per token
 EMBEDDED_TARGET_ARGS = ("--ttft-ms", "25", "--itl-ms", "8", "--prefill-tokens-per-s", "20000")
 

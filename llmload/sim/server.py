@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import signal
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -608,7 +609,7 @@ def _parse(body: bytes, model: type[Parsed]) -> Parsed | wire.VllmError:
 
 def build_app(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None = None) -> web.Application:
     sim = SimServer(config, engine_plan)
-    app = web.Application()
+    app = web.Application(middlewares=[_bearer_required(config.api_key)] if config.api_key else [])
     app[SIM] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
@@ -623,6 +624,35 @@ def build_app(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRepor
     app.on_startup.append(sim.start)
     app.on_cleanup.append(sim.close)
     return app
+
+
+def _bearer_required(key: str) -> Any:
+    """vLLM's --api-key: every /v1 route answers 401 `{"error": "Unauthorized"}` without the key."""
+    expected = f"Bearer {key}"
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/v1") and request.headers.get("Authorization") != expected:
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return check
+
+
+def _tls_context(config: SimConfig) -> ssl.SSLContext | None:
+    """HTTPS with --ssl-certfile; with --ssl-ca-certs a client certificate that CA signed is required."""
+    if config.ssl_certfile is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        if config.ssl_ca_certs is not None:
+            context.load_verify_locations(cafile=config.ssl_ca_certs)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (ssl.SSLError, OSError) as exc:
+        raise InputError(f"--ssl-certfile / --ssl-keyfile / --ssl-ca-certs: {exc}") from None
+    return context
 
 
 def serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityReport] | None = None) -> int:
@@ -649,7 +679,8 @@ async def _serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRe
     gc.freeze()
     gc.set_threshold(700, 1, 1000)
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        tls = _tls_context(config)
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:  # the port is taken, or the address is not this machine's
@@ -660,7 +691,7 @@ async def _serve(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRe
         sim.sites.append(site)
         host, port = runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"llmload sim listening on http://{shown}:{port}", flush=True)
+        print(f"llmload sim listening on {'https' if tls else 'http'}://{shown}:{port}", flush=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):  # Windows

@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from llmload.access import INSECURE_WARNING, Access
-from llmload.client import ChatClient
+from llmload.client import ChatClient, StreamResult
 from llmload.sim.process import SimProcess
 from tests.locust_runs import run_locust, small_workload
 
@@ -32,6 +32,7 @@ class Certificates:
     server: Path  # its key and certificate chain
     client_ca: Path  # the CA a mutual-TLS server trusts for clients
     client: Path  # a client's key and certificate, signed by client_ca
+    self_signed: Path  # a key and a certificate signed by itself
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +40,12 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     directory = tmp_path_factory.mktemp("tls")
     server_ca, client_ca = trustme.CA(), trustme.CA()
     paths = Certificates(directory / "ca.pem", directory / "server.pem", directory / "client-ca.pem",
-                         directory / "client.pem")  # fmt: skip
+                         directory / "client.pem", directory / "self-signed.pem")  # fmt: skip
     server_ca.cert_pem.write_to_path(str(paths.ca))
     server_ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(str(paths.server))
     client_ca.cert_pem.write_to_path(str(paths.client_ca))
     client_ca.issue_cert("load-generator@example.test").private_key_and_cert_chain_pem.write_to_path(str(paths.client))
+    paths.self_signed.write_bytes(server_ca.private_key_pem.bytes() + server_ca.cert_pem.bytes())
     return paths
 
 
@@ -107,12 +109,26 @@ def test_insecure_reaches_the_target_and_says_so_on_the_console_and_in_the_repor
     assert KEY not in _files_text(run.run_dir) and KEY not in run.output
 
 
-def test_a_stream_to_an_untrusted_certificate_fails_as_tls_with_the_reason(https_target: SimProcess) -> None:
-    client = ChatClient(https_target.url)
-    result = client.stream_chat(BODY)
-    client.close()
+def _stream(url: str, access: Access | None = None) -> StreamResult:
+    client = ChatClient(url, access=access)
+    try:
+        return client.stream_chat(BODY)
+    finally:
+        client.close()
+
+
+def test_a_stream_to_an_untrusted_certificate_fails_as_tls_with_the_reason(
+    https_target: SimProcess, certificates: Certificates
+) -> None:
+    result = _stream(https_target.url)
     assert result.error_category == "tls", result
     assert result.error_message == "TLS: certificate verify failed: unable to get local issuer certificate"
+    with SimProcess("--ssl-certfile", str(certificates.self_signed)) as self_signed:
+        result = _stream(self_signed.url)
+    assert (result.error_category, result.error_message) == (
+        "tls",
+        "TLS: certificate verify failed: self-signed certificate",
+    )
 
 
 def test_a_server_that_requires_a_client_certificate(tmp_path: Path, certificates: Certificates) -> None:
@@ -122,10 +138,7 @@ def test_a_server_that_requires_a_client_certificate(tmp_path: Path, certificate
     with SimProcess(*mutual) as sim:
         refused = run_locust(sim.url, small_workload(tmp_path), tmp_path / "reports", "no-client-cert", *SHORT_RUN,
                              "--ca-cert", str(certificates.ca))  # fmt: skip
-        access = Access(ca_cert=certificates.ca, client_cert=certificates.client)
-        client = ChatClient(sim.url, access=access)
-        result = client.stream_chat(BODY)
-        client.close()
+        result = _stream(sim.url, Access(ca_cert=certificates.ca, client_cert=certificates.client))
     assert refused.returncode == 2, refused.output[-3000:]
     assert "it may require a client certificate (--client-cert FILE" in refused.output
     assert result.ok and len(result.token_times) == 4, result

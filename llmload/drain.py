@@ -21,6 +21,11 @@ AGE_FACTOR = 3.0
 MIN_ANSWERS = 10
 DEFAULT_CAP_S = 600.0  # --drain-timeout's default, the request's own --timeout-total: only a stuck or overloaded
 # server's drain lasts that long (answers of 60 s mean, lognormal σ 0.9, outlived a 300 s cap in 8% of soaks)
+RULE = (
+    f"the drain ends sooner, once {MIN_ANSWERS} answers came back, every request still running is older than"
+    f" {AGE_FACTOR:g}x the longest answer seen and no answer came for as long"
+)
+"""When the drain ends before its cap, as the flags that set the cap say it (--drain-timeout, --probe-drain)."""
 
 
 class DrainOver(Exception):

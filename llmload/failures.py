@@ -31,6 +31,8 @@ _CONTEXT_MARKERS = (
     "too many input tokens",
 )
 _CONTEXT_PARAMS = frozenset({"input_tokens", "input_text", "prompt"})
+# a model or LoRA adapter the server does not serve: vLLM's 404 "The model `x` does not exist." (param "model")
+_MODEL_MARKERS = ("does not exist", "model not found", "no such model")
 _OOM_MARKERS = (
     "out of memory",
     "outofmemoryerror",
@@ -66,6 +68,8 @@ def classify_error(status: int | None, message: str, param: str | None = None) -
     text = message.lower()
     if (status in (None, 400, 413, 422)) and (param in _CONTEXT_PARAMS or any(m in text for m in _CONTEXT_MARKERS)):
         return "context_length"
+    if status == 404 and (param == "model" or any(m in text for m in _MODEL_MARKERS)):
+        return "model_not_found"
     if any(m in text for m in _OOM_MARKERS):
         return "oom"
     if any(m in text for m in _ENGINE_DEAD_MARKERS):

@@ -276,6 +276,13 @@ class AccessNote(Strict):
     api_key: bool = Field(default=False, description="whether a bearer token was sent")
 
 
+class PrefixCacheReset(Strict):
+    """Whether the server's prefix cache was emptied before a run (`--reset-prefix-cache`), and how or why not."""
+
+    reset: bool
+    how: str = Field(description="the request that did it, or why it was not done")
+
+
 class RunManifest(Strict):
     """run.json: the plan of a run, written at its start, so reports can be rebuilt from records."""
 
@@ -305,6 +312,7 @@ class RunManifest(Strict):
     goodput_slo: GoodputSLO | None = Field(default=None, description="per-request SLOs goodput counts against")
     server: ServerIdentity | None = Field(default=None, description="the kind of server the run met")
     access: AccessNote | None = Field(default=None, description="how the run reached the target (TLS, headers)")
+    prefix_cache_reset: PrefixCacheReset | None = Field(default=None, description="None: not asked for")
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
 
     @property
@@ -331,6 +339,7 @@ ANSWERED_STATUSES: tuple[str, ...] = ("ok", "failed", "unfinished")
 
 FailureCategory = Literal[
     "context_length",
+    "model_not_found",
     "oom",
     "engine_dead",
     "server_down",
@@ -749,6 +758,7 @@ class Probe(BaseModel):
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None = None
     confirm: bool = Field(default=False, description="the --confirm soak at the rate found")
+    cache_reset: PrefixCacheReset | None = Field(default=None, description="the prefix cache emptied before it")
 
     def figures(self) -> str:
         """The latency it measured, as a sentence's end: `TTFT p50 40 / p99 120 ms, E2E p50 ...`."""
@@ -790,6 +800,22 @@ class SearchResult(BaseModel):
 
     def judged(self) -> list[Probe]:
         return [p for p in self.probes if p.passed is not None and not p.confirm]
+
+    @property
+    def cache_note(self) -> str | None:
+        """Whether each probe began with an empty prefix cache, in a sentence; None before any probe said."""
+        told = [p.cache_reset for p in self.probes if p.cache_reset is not None]
+        if not told:
+            return None
+        emptied = sum(reset.reset for reset in told)
+        if emptied == len(told):
+            return f"The prefix cache was emptied before each probe ({told[0].how})."
+        why = next(reset.how for reset in told if not reset.reset)
+        before = "any probe" if not emptied else f"{len(told) - emptied} of {len(told)} probes"
+        return (
+            f"The prefix cache was not emptied before {before}: {why}. A probe may have been served prefixes the"
+            " one before it left cached."
+        )
 
     @property
     def answer_probe(self) -> Probe | None:
@@ -853,6 +879,9 @@ class SweepRow(BaseModel):
     max_concurrency: float | None = Field(default=None, description="vLLM's 'Maximum concurrency for N tokens'")
     concurrency_tokens: int | None = None
     kv_cache_gib: float | None = Field(default=None, description="the memory vLLM gave the KV cache, when logged")
+    cache_note: str | None = Field(
+        default=None, description="search: whether each probe began with an empty prefix cache"
+    )
     outcome: SearchOutcome | None = Field(default=None, description="search mode: how its search ended")
     passing_qps: float | None = Field(default=None, description="search: the highest passing rate; soak: the target")
     failing_qps: float | None = None

@@ -25,7 +25,7 @@ from pydantic import (
 from llmload.client import Limits
 from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError, validation_message
-from llmload.models import AccessNote, GoodputSLO, RunManifest, ServerIdentity, Stage
+from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, RunManifest, ServerIdentity, Stage
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
     ArrivalProcess,
@@ -155,6 +155,7 @@ class RunPlan:
         workers: int,
         server: ServerIdentity | None = None,
         access: AccessNote | None = None,
+        prefix_cache_reset: PrefixCacheReset | None = None,
     ) -> RunManifest:
         """run.json of a run of this plan started at `started_at` (unix seconds)."""
         return RunManifest(
@@ -176,6 +177,7 @@ class RunPlan:
             goodput_slo=self.goodput_slo,
             server=server,
             access=access,
+            prefix_cache_reset=prefix_cache_reset,
         )
 
     def planned(self) -> int:

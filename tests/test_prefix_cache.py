@@ -9,12 +9,15 @@ is in tests/test_vllm_e2e.py.
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 from llmload.cli import main
+from llmload.client import ChatClient
 from llmload.conclude import conclude
 from llmload.gates.compare import Thresholds, compare_runs, load_run
 from llmload.gates.verdict import SoakCriteria
@@ -163,3 +166,28 @@ def test_the_live_hit_rate_counts_from_the_runs_start() -> None:
     assert "30% since the run started" in json.dumps(tab_rows(live))
     live.see_server(sample(50, 100))  # the server restarted: its counters begin again
     assert live.prefix_cache_hit_rate() == pytest.approx(0.5)
+
+
+def test_a_run_asked_to_reset_the_prefix_cache_starts_from_an_empty_one(tmp_path: Path) -> None:
+    """vLLM's POST /reset_prefix_cache on the engine: a prompt served twice hits the cache the second time,
+    not after a reset; a run with --reset-prefix-cache empties it before its first request (a prompt cached
+    before the run misses after it) and run.json says how."""
+    prompt = get_tokenizer("cl100k_base").decode(list(range(1000, 1300)))
+    body = orjson.dumps({"model": "llmload-sim", "messages": [{"role": "user", "content": prompt}],
+                         "stream": True, "max_tokens": 2, "stream_options": {"include_usage": True}})  # fmt: skip
+    with SimProcess(*ENGINE) as sim:
+        client = ChatClient(sim.url)
+        cached = [client.stream_chat(body).cached_tokens for _ in range(2)]
+        with urllib.request.urlopen(urllib.request.Request(sim.url + "/reset_prefix_cache", method="POST")) as answer:
+            assert orjson.loads(answer.read()) == {"success": True}
+        cached.append(client.stream_chat(body).cached_tokens)
+        cached.append(client.stream_chat(body).cached_tokens)
+        run = run_locust(
+            sim.url, small_workload(tmp_path), tmp_path / "reports", "reset", "--target-qps", "4", "--stages", "100",
+            "--stage-duration", "3", "--warmup", "0", "--arrival", "constant", "--reset-prefix-cache",
+        )  # fmt: skip
+        cached.append(client.stream_chat(body).cached_tokens)
+        client.close()
+    assert cached[0] == cached[2] == cached[4] == 0 and cached[1] == cached[3] >= 256, cached
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.manifest["prefix_cache_reset"] == {"reset": True, "how": "POST /reset_prefix_cache"}

@@ -230,6 +230,9 @@ def test_the_rate_found_is_the_simulators_saturation_rate_and_a_longer_run_there
         assert (reports / "s" / probe["run_id"] / "report.html").is_file()
         assert f'href="{probe["run_id"]}/report.html"' in page
     assert "data:image/svg+xml;base64," in page and "give --slo-ttft-p99-ms" in page
+    # each probe began with an empty prefix cache, not with what the one before it left
+    assert all(p["cache_reset"] == {"reset": True, "how": "POST /reset_prefix_cache"} for p in result["probes"])
+    assert "The prefix cache was emptied before each probe (POST /reset_prefix_cache)." in page + output
 
 
 # --------------------------------------------------------------------------- Ctrl-C and exit codes

@@ -62,7 +62,8 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS, sessions=300)), "--start-qps", "2",
         "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.15", "--probe-duration", "10s",
         "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "60s",
-        "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=2400, env=child_env(),
+        "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=2400,
+        env={**child_env(), "VLLM_SERVER_DEV_MODE": "1"},  # vLLM offers /reset_prefix_cache in this mode only
     )  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -77,6 +78,9 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         search = orjson.loads((where / row["name"] / "search" / "search.json").read_bytes())
         assert search["passing_qps"] == row["passing_qps"]  # the row is its search's answer
         assert all((where / link).is_file() for link in row["reports"])
+        # each probe began with an empty prefix cache, and the row says so
+        assert all(p["cache_reset"] == {"reset": True, "how": "POST /reset_prefix_cache"} for p in search["probes"])
+        assert row["cache_note"] == "The prefix cache was emptied before each probe (POST /reset_prefix_cache)."
         confirm = search["probes"][-1]
         assert confirm["confirm"] and confirm["qps"] == row["passing_qps"], search["probes"]
         ground = KeepsUp.of(where / row["name"] / "search" / confirm["run_id"])
@@ -94,6 +98,7 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
     with pytest.raises(InputError, match="estimated maximum model length is 3968"):
         SimProcess("--vllm-config", str(where / "too-long" / "config.yaml")).start()
     assert "did not start" in (where / "sweep.md").read_text()
+    assert "The prefix cache was emptied before each probe" in (where / "sweep.md").read_text()
     # no server outlived the sweep
     leftovers = [
         p for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in part for part in p.info["cmdline"] or [])

@@ -182,3 +182,7 @@ def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Pat
     for probe in result["probes"]:
         assert (reports / "vllm" / probe["run_id"] / "report.html").is_file()
     assert (reports / "vllm" / "search.html").is_file()
+    # vLLM offers its prefix-cache reset only in development mode, which this server is not in: said, not hidden
+    not_offered = "POST /reset_prefix_cache answered HTTP 404 (only with VLLM_SERVER_DEV_MODE=1"
+    assert all(not p["cache_reset"]["reset"] and not_offered in p["cache_reset"]["how"] for p in result["probes"])
+    assert "The prefix cache was not emptied before any probe: " + not_offered in output

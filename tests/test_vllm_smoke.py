@@ -8,6 +8,8 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from llmload.client import ChatClient
+from llmload.server.request import chat_body
 from tests.vllm_harness import SERVED_MODEL_NAME, VllmServer
 
 pytestmark = pytest.mark.vllm
@@ -86,3 +88,16 @@ def test_prompt_over_max_model_len_is_400(client: openai.OpenAI, repeats: int, p
     assert err.status_code == 400
     assert err.param == param, err.body
     assert "maximum context length is 2048 tokens" in err.message, err.body
+
+
+def test_a_model_it_does_not_serve_is_model_not_found_with_its_message(vllm_server: VllmServer) -> None:
+    """A LoRA adapter or model name the server lacks: vLLM's 404, its own category, the message kept."""
+    client = ChatClient(vllm_server.url)
+    try:
+        result = client.stream_chat(
+            chat_body("no-such-adapter", [{"role": "user", "content": "hi"}], max_tokens=4, output_tokens=None)
+        )
+    finally:
+        client.close()
+    assert (result.error_category, result.http_status) == ("model_not_found", 404), result
+    assert "The model `no-such-adapter` does not exist" in (result.error_message or "")

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from llmload import drain
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import (
@@ -66,8 +67,7 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
     )  # fmt: skip
     parser.add_argument(
         "--probe-drain", type=float, default=PROBE_DRAIN_S,
-        help="the longest (s) a probe's requests may run on after its hold; the drain ends sooner, once every request"
-        " still running is older than 3x the longest answer seen and no answer came for as long (%(default)g)",
+        help=f"the longest (s) a probe's requests may run on after its hold; {drain.RULE} (%(default)g)",
     )  # fmt: skip
     parser.add_argument("--confirm", action="store_true", help="then soak at the rate found (--confirm-duration)")
     parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")
@@ -148,6 +148,8 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         print(f"  {result.latency_note}")
     if result.confirmed is not None:
         print(f"  confirming soak at {result.passing_qps:g} req/s: {'PASS' if result.confirmed else 'FAIL'}")
+    if result.cache_note:
+        print(f"  {result.cache_note}")
     print(f"page: {directory / PAGE_FILE}")
     answer = result.passing_qps if result.outcome in ("found", "capped", "interrupted") else None
     judged = [p for p in result.probes if p.passed is not None]

@@ -32,7 +32,7 @@ from llmload.gates.verdict import DriftCriteria, SoakCriteria
 from llmload.models import Probe, SearchOutcome, SearchResult, StageSummary, Verdict
 from llmload.process_group import run_to_end
 from llmload.report.search_page import render_page
-from llmload.rundir import read_summary
+from llmload.rundir import MANIFEST_FILE, read_manifest, read_summary
 from llmload.workload import load_workload
 
 RESULT_FILE = "search.json"
@@ -145,7 +145,7 @@ class ProbeFlags:
 PROBE_FLAGS = (
     "--headless", "--only-summary", "--host", "--workload", "--target-qps", "--stages", "--stage-duration", "--warmup",
     "--drain-timeout", "--seed", "--first-session", "--run-id", "--reports-dir", "--verdict", "--criteria",
-    "--goodput-slo",
+    "--goodput-slo", "--reset-prefix-cache",
 )  # fmt: skip
 
 
@@ -203,7 +203,7 @@ class Searcher:
             "--stages", "100", "--stage-duration", f"{hold:g}",
             "--warmup", f"{flags.warmup_s:g}", "--drain-timeout", f"{drain:g}", "--seed", str(seed),
             "--first-session", str(self._first_session()), "--run-id", run_id,
-            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
+            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria), "--reset-prefix-cache",
             *(f"--goodput-slo={spec}" for spec in flags.goodput_slo),
         ]  # fmt: skip
 
@@ -238,10 +238,15 @@ class Searcher:
         return probe
 
     def _read(self, run_id: str, qps: float, hold_s: float, confirm: bool) -> Probe:
-        summary = read_summary(self.directory / run_id)
+        run_dir = self.directory / run_id
+        summary = read_summary(run_dir)
         if summary is None or summary.verdict is None:
-            return Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
-        return self.judged_probe(run_id, qps, hold_s, summary.verdict, summary.stages[-1], confirm=confirm)
+            probe = Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
+        else:
+            probe = self.judged_probe(run_id, qps, hold_s, summary.verdict, summary.stages[-1], confirm=confirm)
+        if (run_dir / MANIFEST_FILE).is_file():
+            probe.cache_reset = read_manifest(run_dir).prefix_cache_reset
+        return probe
 
     def judged_probe(
         self, run_id: str, qps: float, hold_s: float, verdict: Verdict, hold: StageSummary, *, confirm: bool

@@ -8,8 +8,8 @@ from typing import Any
 
 from locust import events
 
+from llmload import drain
 from llmload.client import Limits
-from llmload.drain import AGE_FACTOR, DEFAULT_CAP_S
 from llmload.fleet import ON_WORKER_LOSS
 from llmload.gates.verdict import add_criteria_arguments
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
@@ -81,15 +81,18 @@ def add_arguments(parser: Any) -> None:
         "--insecure", action="store_true",
         help="do not verify the target's certificate (said on the console and in the report)",
     )  # fmt: skip
+    group.add_argument(
+        "--reset-prefix-cache", action="store_true",
+        help="empty the server's prefix cache before the run, where its kind offers that (vLLM: POST"
+        " /reset_prefix_cache, with VLLM_SERVER_DEV_MODE=1); run.json says whether it was done",
+    )  # fmt: skip
     group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
     group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
     group.add_argument("--reports-dir", default="reports", help="where run directories are written")
     group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
     group.add_argument(
-        "--drain-timeout", type=float, default=DEFAULT_CAP_S,
-        help="the longest (s) in-flight requests may run on after the plan; the drain ends sooner, once every"
-        f" request still running is older than {AGE_FACTOR:g}× the longest answer seen and no answer came for as long"
-        " (%(default)g)",
+        "--drain-timeout", type=float, default=drain.DEFAULT_CAP_S,
+        help=f"the longest (s) in-flight requests may run on after the plan; {drain.RULE} (%(default)g)",
     )  # fmt: skip
     group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
     group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)

@@ -36,12 +36,13 @@ from llmload.live import LiveStats
 from llmload.locust import messaging, views
 from llmload.locust.flags import plan_flags
 from llmload.locust.messaging import WorkerState
-from llmload.models import EXIT_CODES, RequestRecord, ServerIdentity
+from llmload.models import EXIT_CODES, PrefixCacheReset, RequestRecord, ServerIdentity
 from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock
+from llmload.server.cache_reset import reset_prefix_cache
 from llmload.server.detect import identify
 from llmload.server.kinds import kind
 from llmload.server.request import RequestShape, parse_extra_body, server_line
@@ -246,6 +247,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         plan = plan or RunPlan.build(plan_flags(options))
         access = Access.from_options(options)
         server: ServerIdentity | None = None
+        cache_reset: PrefixCacheReset | None = None
         if worker:  # the master's choices, sent with the spawn message
             model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
@@ -254,6 +256,10 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
                 _require_reachable(environment.host, access)
             server = identify(environment.host, access, options.server_kind)
             server_kind = kind(server.kind)
+            if options.reset_prefix_cache:
+                cache_reset = reset_prefix_cache(environment.host, access, server_kind)
+                log.info("llmload: prefix cache %s", "emptied: " + cache_reset.how if cache_reset.reset else
+                         "not emptied: " + cache_reset.how)  # fmt: skip
             model = _resolve_model(environment.host, options, plan.workload, access)
             start_wall = time.time() + START_LEAD_S
             # --run-id itself stays as given: a second start from the web UI names its own run
@@ -292,7 +298,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     if not worker:
         manifest = plan.manifest(
             run_id=run_id, host=environment.host, model=model, started_at=start_wall, workers=max(1, len(run.workers)),
-            server=server, access=access.note(environment.host),
+            server=server, access=access.note(environment.host), prefix_cache_reset=cache_reset,
         )  # fmt: skip
         gpu = gpu_reader(options.gpu_metrics, environment.host)
         if gpu is not None:

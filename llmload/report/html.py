@@ -48,6 +48,7 @@ CATEGORY_COLORS = dict(
         FAILURE_CATEGORIES,
         (
             "#9467bd",
+            "#c49c94",
             "#7f0000",
             "#d62728",
             "#ff7f0e",

@@ -58,7 +58,8 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <h1>llmload search <code>{{ r.search_id }}</code></h1>
 <p class="meta">Target {{ r.host }}, workload {{ r.workload }}, rates up to {{ r.max_qps | fmt(2) }} req/s,
 {{ r.probe_s | fmt(0) }} s holds, the answer passed {{ r.repeats }} probe(s){% if r.goodput_slo %}, goodput SLO
-{{ r.goodput_slo.describe() }}{% endif %}; {{ r.probes | length }} probe(s).</p>
+{{ r.goodput_slo.describe() }}{% endif %}; {{ r.probes | length }} probe(s).{% if r.cache_note %}
+{{ r.cache_note }}{% endif %}</p>
 <div class="verdict {{ 'pass' if ok else 'fail' }}"><strong>{{ r.answer }}</strong><ul><li>{{ r.conclusion }}</li>
 {% if r.latency_note %}<li>{{ r.latency_note }}</li>{% endif %}
 {% if r.confirmed is not none %}<li>Confirming soak at the rate found: {{ 'PASS' if r.confirmed else 'FAIL' }}</li>

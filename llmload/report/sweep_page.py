@@ -90,7 +90,7 @@ def why(row: SweepRow) -> str:
         parts.append(f"the simulator refused it: {row.predicted_reason}")
     parts += [f"the prediction warns: {warning}" for warning in row.prediction_warnings]
     text = "; ".join(parts) + "."
-    return text[0].upper() + text[1:] + _capacity(row)
+    return text[0].upper() + text[1:] + (f" {row.cache_note}" if row.cache_note else "") + _capacity(row)
 
 
 def _capacity(row: SweepRow) -> str:

@@ -13,4 +13,5 @@ knows about a server is in this room:
   llama-server, ...) as typed rows: what each accepts, streams and exports.
 - ``detect``: which kind is behind a URL, from a few requests that cannot change it.
 - ``request``: the chat request a server of a given kind is sent.
+- ``cache_reset``: its prefix cache emptied before a run, where its kind offers a reset.
 """

@@ -64,6 +64,8 @@ class ServerKind(Strict):
     metrics_of_every_kind: bool = Field(default=False, description="read any name of any kind (a generic server)")
     tokenize: str | None = None
     calibrates: bool = False
+    cache_reset: str | None = Field(default=None, description="the path a POST to which empties its prefix cache")
+    cache_reset_note: str | None = Field(default=None, description="when the server offers it")
 
     @property
     def forces_length(self) -> bool:
@@ -113,8 +115,8 @@ def compatibility_table() -> str:
     """kinds.yaml as the Markdown table docs/servers.md prints (a test keeps the two equal)."""
     rows = [
         "| server | exact output length | unknown fields | ends with `[DONE]` | usage | metrics llmload reads"
-        " | tokenize | facts from |",
-        "|---|---|---|---|---|---|---|---|",
+        " | tokenize | prefix-cache reset | facts from |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in kinds().values():
         forced = "not forced" if not row.forces_length else f"`{row.force_length}`"
@@ -125,8 +127,11 @@ def compatibility_table() -> str:
             metrics = f"`{row.metrics_path}`: {figures}" + (f" ({row.metrics_note})" if row.metrics_note else "")
         else:
             metrics = "none"
+        reset = "–" if row.cache_reset is None else f"POST {row.cache_reset}"
+        if row.cache_reset_note:
+            reset += f" ({row.cache_reset_note})"
         rows.append(
             f"| {row.label} (`{row.name}`) | {forced} | {row.unknown_fields} | {'yes' if row.sends_done else '**no**'}"
-            f" | {row.usage} | {metrics} | {row.tokenize or '–'} | {row.read_from} |"
+            f" | {row.usage} | {metrics} | {row.tokenize or '–'} | {reset} | {row.read_from} |"
         )
     return "\n".join(rows) + "\n"

@@ -114,6 +114,15 @@ class BlockPool:
             if block.ref == 0:
                 self._free[block.id] = block
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset: every cached prefix forgotten, refused (False) while a request holds blocks."""
+        if self.num_free < self.usable:
+            return False
+        for block in self._cached.values():
+            block.block_hash = None
+        self._cached.clear()
+        return True
+
     def cache(self, block: Block, block_hash: int) -> None:
         if block.block_hash is None:
             block.block_hash = block_hash

@@ -229,6 +229,12 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.dead else 200, headers=wire.BASE_HEADERS)
 
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's POST /reset_prefix_cache (a development endpoint there, always offered here): `{"success": bool}`,
+        false while requests hold blocks; fixed pacing caches nothing, so it always succeeds."""
+        success = self.engine.pool.reset_prefix_cache() if self.engine is not None else True
+        return web.Response(body=orjson.dumps({"success": success}), headers=wire.JSON_HEADERS)
+
     async def version(self, request: web.Request) -> web.Response:
         """vLLM's GET /version: the release whose wire the simulator speaks, marked as the simulator."""
         return web.Response(
@@ -619,6 +625,7 @@ def build_app(config: SimConfig, engine_plan: tuple[EngineProfile, CapacityRepor
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/tokenize", sim.tokenize)
     app.router.add_post("/detokenize", sim.detokenize)
+    app.router.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
     app.router.add_get("/sim/stats", sim.stats)
     app.router.add_delete("/sim/stats", sim.reset_stats)
     app.on_startup.append(sim.start)

@@ -156,6 +156,7 @@ class Sweep:
         judged = [p for p in found.probes if p.passed is not None]
         row.inconclusive = lo is None and bool(judged) and all(p.inconclusive for p in judged if not p.passed)
         row.reports = [f"{row.name}/{SEARCH_DIR}/{p.run_id}/{rundir.HTML_FILE}" for p in found.probes]
+        row.cache_note = found.cache_note
         answer = found.answer_probe
         if answer is not None:
             _figures(row, where / answer.run_id, stage=None)

@@ -67,16 +67,6 @@ def test_prompt_over_max_model_len_is_context_length(paced: SimProcess) -> None:
     client.close()
 
 
-def test_a_model_not_served_is_model_not_found_with_the_servers_message(paced: SimProcess) -> None:
-    client = ChatClient(paced.url)
-    result = client.stream_chat(
-        chat_body("lora-not-loaded", [{"role": "user", "content": "hi"}], max_tokens=4, output_tokens=None)
-    )
-    client.close()
-    assert (result.error_category, result.http_status) == ("model_not_found", 404)
-    assert (result.error_message or "").startswith("The model `lora-not-loaded` does not exist.")
-
-
 @pytest.mark.parametrize(
     ("fault", "category", "status"),
     [

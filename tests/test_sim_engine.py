@@ -296,11 +296,13 @@ def test_queue_full_is_503_rate_limited(sims: dict[str, SimProcess]) -> None:
     assert running.value.ok and waiting.value.ok
 
 
-def test_unknown_model_is_http_4xx(sims: dict[str, SimProcess]) -> None:
+def test_unknown_model_is_model_not_found_with_the_servers_message(sims: dict[str, SimProcess]) -> None:
+    """A model or LoRA adapter not served: vLLM's 404, its own category (llmload/failures.py), the message kept."""
     client = ChatClient(sims["engine"].url)
     result = client.stream_chat(chat_body("no-such-model", messages("hi"), max_tokens=2, output_tokens=None))
     client.close()
-    assert (result.error_category, result.http_status) == ("http_4xx", 404)
+    assert (result.error_category, result.http_status) == ("model_not_found", 404)
+    assert (result.error_message or "").startswith("The model `no-such-model` does not exist.")
 
 
 def test_engine_death_timeline(tmp_path: Path, profile_file: Path) -> None:

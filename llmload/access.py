@@ -70,7 +70,8 @@ class Access:
                            ("--client-key", self.client_key)):  # fmt: skip
             if path is not None and not path.is_file():
                 raise InputError(f"{flag} {path}: no such file")
-        self.ssl_context()  # a certificate that does not load fails here, before any request
+        if self.ca_cert or self.client_cert or self.insecure:
+            self.ssl_context()  # a certificate that does not load fails here, before any request
 
     @classmethod
     def from_options(cls, options: Any) -> Access:
@@ -102,21 +103,21 @@ class Access:
         return _ssl_context(self.ca_cert, self.client_cert, self.client_key, self.insecure, cooperative)
 
     def http_client(self, url: str | URL, **options: Any) -> HTTPClient:
-        """A geventhttpclient client (the hot path's transport) with these headers and this trust."""
-        context = self.ssl_context(cooperative=True)
-        return HTTPClient.from_url(
-            url,
-            headers=self.request_headers(options.pop("headers", None)),
-            ssl_context_factory=lambda *_, **__: context,
-            insecure=self.insecure,
-            **options,
-        )
+        """A geventhttpclient client (the hot path's transport) with these headers and, for https, this trust.
+        A plain-http client makes no TLS context: gevent's, made in a process that patched ssl late (a test
+        process importing Locust after ssl), can fail."""
+        url = URL(url) if isinstance(url, str) else url
+        if url.scheme == "https":
+            context = self.ssl_context(cooperative=True)
+            options.update(ssl_context_factory=lambda *_, **__: context, insecure=self.insecure)
+        return HTTPClient.from_url(url, headers=self.request_headers(options.pop("headers", None)), **options)
 
     def open(self, url: str, *, timeout: float, data: bytes | None = None, method: str | None = None,
              headers: Mapping[str, str] | None = None) -> HTTPResponse:  # fmt: skip
         """urllib's urlopen with these headers and this trust (errors as urlopen raises them)."""
         request = urllib.request.Request(url, data=data, method=method, headers=self.request_headers(headers))
-        response: HTTPResponse = urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context())
+        context = self.ssl_context() if url.lower().startswith("https://") else None
+        response: HTTPResponse = urllib.request.urlopen(request, timeout=timeout, context=context)
         return response
 
     def note(self, url: str) -> AccessNote:

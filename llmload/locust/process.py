@@ -201,7 +201,8 @@ def _resolve_model(host: str, options: argparse.Namespace, workload: Workload, a
         return str(options.model or workload.spec.model)
     client = openai.OpenAI(
         base_url=host.rstrip("/") + "/v1", api_key=access.api_key or "EMPTY", max_retries=0,
-        default_headers=dict(access.headers), http_client=openai.DefaultHttpxClient(verify=access.ssl_context()),
+        default_headers=dict(access.headers),
+        http_client=openai.DefaultHttpxClient(verify=access.ssl_context() if host.startswith("https://") else True),
     )  # fmt: skip
     try:
         models = client.models.list().data

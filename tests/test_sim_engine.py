@@ -104,7 +104,7 @@ def concurrently(url: str, text: str, output: int, n: int) -> list[StreamResult]
     """n streams at once, each prompt its own from the first block on (no prefix shared)."""
     greenlets = [gevent.spawn(stream, url, messages(f"{i}: {text}"), output) for i in range(n)]
     gevent.joinall(greenlets, timeout=60)
-    return [g.value for g in greenlets]
+    return [g.get(block=False) for g in greenlets]  # a stream that raised raises here, with its traceback
 
 
 def wait_for_gauges(url: str, running: int, waiting: int, timeout_s: float = 10.0) -> None:

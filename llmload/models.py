@@ -276,6 +276,13 @@ class AccessNote(Strict):
     api_key: bool = Field(default=False, description="whether a bearer token was sent")
 
 
+class ModelShare(Strict):
+    """One model (or LoRA adapter) of a run and its weight among the sessions (llmload/model_mix.py)."""
+
+    name: str = Field(min_length=1)
+    weight: float = Field(default=1.0, gt=0)
+
+
 class PrefixCacheReset(Strict):
     """Whether the server's prefix cache was emptied before a run (`--reset-prefix-cache`), and how or why not."""
 
@@ -313,6 +320,9 @@ class RunManifest(Strict):
     server: ServerIdentity | None = Field(default=None, description="the kind of server the run met")
     access: AccessNote | None = Field(default=None, description="how the run reached the target (TLS, headers)")
     prefix_cache_reset: PrefixCacheReset | None = Field(default=None, description="None: not asked for")
+    model_mix: list[ModelShare] = Field(
+        default_factory=list, description="several models' shares of the sessions (weights summing to 1); [] for one"
+    )
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
 
     @property
@@ -395,6 +405,7 @@ class RequestRecord(BaseModel):
         default=False, description="the request asked the server for exactly that length in a way it honours"
     )
     status: RequestStatus
+    model: str | None = Field(default=None, description="the model or LoRA adapter it asked for")
     error_category: FailureCategory | None = None
     http_status: int | None = None
     error_message: str | None = None
@@ -702,6 +713,23 @@ class WorkerSummary(FleetWorker):
         return self.lost_in_flight + self.lost_not_sent
 
 
+class GroupFigures(BaseModel):
+    """The judged requests of one group (a model of a mix): counts, failures and latency, so the one that is
+    slower or failing shows apart from the others."""
+
+    name: str
+    share: float | None = Field(default=None, description="its share of the sessions, as asked")
+    sent: int
+    ok: int
+    failed: int = Field(description="failed or unfinished")
+    failures: dict[str, int] = Field(default_factory=dict, description="by category")
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    output_tokens_per_s: float
+
+
 class Summary(BaseModel):
     run: RunInfo
     requests: RequestCounts
@@ -715,6 +743,7 @@ class Summary(BaseModel):
     output_lengths: OutputLengths | None = Field(default=None, description="when the workload fixed output lengths")
     server: ServerSummary | None = None
     workers: list[WorkerSummary] = Field(default_factory=list, description="a distributed run's workers")
+    by_model: list[GroupFigures] = Field(default_factory=list, description="a run of several models: each one's")
     verdict: Verdict | None = None
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 from llmload.client import Limits
 from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError, validation_message
+from llmload.model_mix import ModelMix
 from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, RunManifest, ServerIdentity, Stage
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
@@ -150,7 +151,7 @@ class RunPlan:
         *,
         run_id: str,
         host: str,
-        model: str,
+        models: ModelMix,
         started_at: float,
         workers: int,
         server: ServerIdentity | None = None,
@@ -161,7 +162,8 @@ class RunPlan:
         return RunManifest(
             run_id=run_id,
             host=host,
-            model=model,
+            model=models.primary,
+            model_mix=models.normalised() if len(models.shares) > 1 else [],
             workload=str(Path(self.flags.workload).absolute()),  # `llmload report` from elsewhere finds it
             arrival=self.flags.arrival,
             burstiness=self.flags.burstiness,

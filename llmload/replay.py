@@ -29,6 +29,7 @@ import psutil
 from llmload import drain
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
+from llmload.model_mix import ModelMix
 from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage
 from llmload.records import request_record, with_health
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
@@ -306,7 +307,7 @@ class TurnSender:
         dispatcher: Dispatcher,
         sink: RecordSink,
         *,
-        model: str,
+        models: ModelMix,
         shape: RequestShape,
         tokenizer: Tokenizer,
         history_turns: int | None = None,
@@ -314,7 +315,7 @@ class TurnSender:
         self.client = client
         self.dispatcher = dispatcher
         self.sink = sink
-        self.model = model
+        self.models = models
         self.shape = shape
         self.tokenizer = tokenizer
         self.history_turns = history_turns
@@ -378,9 +379,10 @@ class TurnSender:
         turn = live.session.turns[index]
         messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
         flight = self.dispatcher.take_off(seq, scheduled, live.session.id, index)
+        model = self.models.for_session(live.session.id)
         while True:
             forced = turn.output_tokens is not None and self.shape.forces_length
-            body = self.shape.body(self.model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
+            body = self.shape.body(model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
             self.dispatcher.on_the_wire[flight] = gevent.getcurrent()
             try:
                 result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
@@ -395,7 +397,7 @@ class TurnSender:
         if result.prompt_tokens is None and result.ok:
             result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)
         record = self.dispatcher.record(live.session.id, index, scheduled, result).model_copy(
-            update={"requested_output_tokens": turn.output_tokens, "output_tokens_forced": forced}
+            update={"requested_output_tokens": turn.output_tokens, "output_tokens_forced": forced, "model": model}
         )
         if record.error_category in HEALTH_PROBED and not result.stopped:
             record = with_health(record, self.client.probe_health())

@@ -83,6 +83,10 @@ CASES = [
     ),
     Case("ca-cert-not-pem", locust("--ca-cert", "{dir}/notes.txt"), "--ca-cert {dir}/notes.txt: not a PEM"),
     Case("client-key-alone", locust("--client-key", "{dir}/key.pem"), "--client-key needs --client-cert"),
+    Case(
+        "model-weight-zero", locust("--model", "base:0"), "--model 'base:0': give NAME or NAME:WEIGHT, a weight above 0"
+    ),
+    Case("model-twice", locust("--model", "base", "--model", "base:2"), "--model: each model once"),
     Case("header-without-colon", locust("--header", "X-Tenant"), "--header 'X-Tenant': give 'Name: value'"),
     Case("insecure-and-ca", locust("--insecure", "--ca-cert", "{dir}/notes.txt"), "--insecure verifies nothing"),
     # the target and the workload

@@ -11,6 +11,7 @@ import pytest
 
 from llmload.client import ChatClient
 from llmload.errors import InputError
+from llmload.model_mix import ModelMix
 from llmload.models import Message, RequestRecord, Session, Turn
 from llmload.plan import PlanFlags, RunPlan
 from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender, WorkerShare
@@ -48,7 +49,9 @@ def _play_all(dispatcher: Dispatcher, url: str, users: int = 1, **kw: Any) -> li
     records: list[RequestRecord] = []
     client = ChatClient(url)
     shape = RequestShape(kind("vllm"))
-    sender = TurnSender(client, dispatcher, records.append, model="m", shape=shape, tokenizer=get_tokenizer(), **kw)
+    sender = TurnSender(
+        client, dispatcher, records.append, models=ModelMix.single("m"), shape=shape, tokenizer=get_tokenizer(), **kw
+    )
 
     def user() -> None:
         while (arrival := dispatcher.claim()) is not None:

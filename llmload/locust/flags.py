@@ -44,7 +44,11 @@ def add_arguments(parser: Any) -> None:
         "--first-session", type=int, default=0,
         help="replay the workload from this session on, cycling (rate modes; a search gives each probe its own)",
     )  # fmt: skip
-    group.add_argument("--model", default=None, help="served model name (default: the workload's, else /v1/models)")
+    group.add_argument(
+        "--model", action="append", default=[], metavar="NAME[:WEIGHT]",
+        help="served model name (default: the workload's, else /v1/models); repeated with weights, each session asks"
+        " for one of them (a LoRA adapter too) in proportion, e.g. --model base:0.7 --model support-lora:0.3",
+    )  # fmt: skip
     group.add_argument(
         "--server-kind", default=None, choices=list(kinds()),
         help="the kind of server (default: found by probing it): what its requests carry, how its streams end,"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import logging
 import signal
 import socket
@@ -36,6 +37,7 @@ from llmload.live import LiveStats
 from llmload.locust import messaging, views
 from llmload.locust.flags import plan_flags
 from llmload.locust.messaging import WorkerState
+from llmload.model_mix import ModelMix
 from llmload.models import EXIT_CODES, PrefixCacheReset, RequestRecord, ServerIdentity
 from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
@@ -68,7 +70,7 @@ class ProcessRun:
     plan: RunPlan
     clock: RunClock
     run_id: str
-    model: str
+    models: ModelMix
     worker: int
     access: Access  # the key, headers and TLS trust of every connection to the target
     shape: RequestShape  # what this server kind is sent
@@ -124,6 +126,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
         STATE.plan = RunPlan.build(plan_flags(options))
         access = Access.from_options(options)  # a certificate that does not load is refused before the run
         parse_extra_body(options.extra_body)  # refused here, before Locust starts, rather than at each start
+        if options.model:
+            ModelMix.of(options.model)
         STATE.criteria = criteria_from_args(options) if options.verdict else None
         criteria = STATE.criteria
         if criteria is not None and criteria.min_goodput_ratio is not None and STATE.plan.goodput_slo is None:
@@ -195,22 +199,36 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _resolve_model(host: str, options: argparse.Namespace, workload: Workload, access: Access) -> str:
-    """The served model: --model, else the workload's, else the first one /v1/models lists."""
-    if options.model or workload.spec.model:
-        return str(options.model or workload.spec.model)
+def _listed_models(host: str, access: Access) -> list[str]:
+    """What /v1/models lists (vLLM lists its LoRA adapters there too); InputError when it cannot be read."""
     client = openai.OpenAI(
         base_url=host.rstrip("/") + "/v1", api_key=access.api_key or "EMPTY", max_retries=0,
         default_headers=dict(access.headers),
         http_client=openai.DefaultHttpxClient(verify=access.ssl_context() if host.startswith("https://") else True),
     )  # fmt: skip
     try:
-        models = client.models.list().data
+        return [model.id for model in client.models.list().data]
     except openai.OpenAIError as exc:
         raise InputError(f"cannot list models at {host}/v1/models ({type(exc).__name__}); give --model") from None
-    if not models:
+
+
+def _resolve_models(host: str, options: argparse.Namespace, workload: Workload, access: Access) -> ModelMix:
+    """The served models: --model (with their weights), else the workload's, else the first one /v1/models
+    lists. A --model the list lacks is sent all the same (its requests fail as `model_not_found`), and said."""
+    if options.model:
+        mix = ModelMix.of(options.model)
+        with contextlib.suppress(InputError):
+            listed = _listed_models(host, access)
+            for name in (share.name for share in mix.shares if share.name not in listed):
+                log.warning("llmload: --model %s: %s/v1/models does not list it (it lists %s)", name, host,
+                            ", ".join(listed) or "none")  # fmt: skip
+        return mix
+    if workload.spec.model:
+        return ModelMix.single(workload.spec.model)
+    listed = _listed_models(host, access)
+    if not listed:
         raise InputError(f"{host}/v1/models lists no model; give --model")
-    return models[0].id
+    return ModelMix.single(listed[0])
 
 
 def _refuse_start(environment: Environment, reason: str) -> None:
@@ -250,7 +268,8 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         server: ServerIdentity | None = None
         cache_reset: PrefixCacheReset | None = None
         if worker:  # the master's choices, sent with the spawn message
-            model, start_wall, run_id = options.llmload_model, options.llmload_start_wall, options.llmload_run_id
+            models = ModelMix.of(options.llmload_models)
+            start_wall, run_id = options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
         else:
             if not isinstance(runner, MasterRunner):
@@ -261,11 +280,12 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
                 cache_reset = reset_prefix_cache(environment.host, access, server_kind)
                 log.info("llmload: prefix cache %s", "emptied: " + cache_reset.how if cache_reset.reset else
                          "not emptied: " + cache_reset.how)  # fmt: skip
-            model = _resolve_model(environment.host, options, plan.workload, access)
+            models = _resolve_models(environment.host, options, plan.workload, access)
             start_wall = time.time() + START_LEAD_S
             # --run-id itself stays as given: a second start from the web UI names its own run
             run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
-            options.llmload_run_id, options.llmload_model, options.llmload_start_wall = run_id, model, start_wall
+            options.llmload_run_id, options.llmload_start_wall = run_id, start_wall
+            options.llmload_models = [f"{share.name}:{share.weight!r}" for share in models.shares]  # to the workers
             options.llmload_server_kind = server.kind
             rundir.claim(Path(options.reports_dir) / run_id)
         shape = RequestShape(server_kind, extra=parse_extra_body(options.extra_body))
@@ -273,7 +293,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         _refuse_start(environment, str(exc))
         return
     clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
-    run = ProcessRun(plan, clock, run_id, model, 0, access, shape)
+    run = ProcessRun(plan, clock, run_id, models, 0, access, shape)
     if isinstance(runner, MasterRunner):
         indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
         options.llmload_worker_indexes = indexes
@@ -298,8 +318,9 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
     if not worker:
         manifest = plan.manifest(
-            run_id=run_id, host=environment.host, model=model, started_at=start_wall, workers=max(1, len(run.workers)),
-            server=server, access=access.note(environment.host), prefix_cache_reset=cache_reset,
+            run_id=run_id, host=environment.host, models=models, started_at=start_wall,
+            workers=max(1, len(run.workers)), server=server, access=access.note(environment.host),
+            prefix_cache_reset=cache_reset,
         )  # fmt: skip
         gpu = gpu_reader(options.gpu_metrics, environment.host)
         if gpu is not None:

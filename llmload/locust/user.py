@@ -28,7 +28,7 @@ class ChatUser(User):
             self._client,
             run.dispatcher,
             lambda record: sink(self.environment, run, record),
-            model=run.model,
+            models=run.models,
             shape=run.shape,
             tokenizer=get_tokenizer(plan.workload.spec.tokenizer),
             history_turns=plan.history_turns,

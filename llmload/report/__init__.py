@@ -1,3 +1,3 @@
 """What a run's records become: the summary, computed once (`summary`), goodput against the SLOs
-(`goodput`), report.md (`markdown`) and report.html (`html`), the capacity search's page
-(`search_page`) and the sweep's pages (`sweep_page`)."""
+(`goodput`), the figures of each model of a mix (`groups`), report.md (`markdown`) and report.html
+(`html`), the capacity search's page (`search_page`) and the sweep's pages (`sweep_page`)."""

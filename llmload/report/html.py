@@ -441,7 +441,16 @@ it died, or due on it and never sent): never judged against the target; the hold
 <td>{{ w.failed }}</td><td>{{ w.lost }}</td><td>{{ w.sent_reported }}</td><td>{{ w.adopted }}</td>
 <td>{{ w.cpu_max_percent | fmt(0) }}%</td></tr>{% endfor %}</table>
 {% for line in worker_lines %}<div class="warn">{{ line }}</div>{% endfor %}{% endif %}
-<h2>Latency (ms, successful requests, from send)</h2>
+{% if s.by_model %}<h2>By model</h2>
+<table><tr><th class="l">model</th><th>share asked</th><th>sent</th><th>ok</th><th>failed</th><th>TTFT p50</th>
+<th>TTFT p99</th><th>E2E p50</th><th>E2E p99</th><th>output tok/s</th></tr>
+{% for g in s.by_model %}<tr><td class="l">{{ g.name }}</td><td>{{ (100 * g.share) | fmt(0) if g.share is not none
+else "–" }}%</td><td>{{ g.sent }}</td><td>{{ g.ok }}</td><td>{{ g.failed }}{% for c, n in g.failures.items() %}
+{{ c }} {{ n }}{% endfor %}</td><td>{{ g.ttft_p50_ms | fmt(0) }}</td><td>{{ g.ttft_p99_ms | fmt(0) }}</td>
+<td>{{ g.e2e_p50_ms | fmt(0) }}</td><td>{{ g.e2e_p99_ms | fmt(0) }}</td><td>{{ g.output_tokens_per_s | fmt }}</td>
+</tr>{% endfor %}</table>
+<p class="meta">The judged stages' requests, latency in ms; each session asks for one model, drawn by its share.</p>
+{% endif %}<h2>Latency (ms, successful requests, from send)</h2>
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
 <td>{{ p.p99 | fmt }}</td><td>{{ p.max | fmt }}</td><td>{{ p.count }}</td></tr>{% endfor %}</table>

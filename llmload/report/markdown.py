@@ -108,6 +108,27 @@ def _gpu_lines(server: ServerSummary | None) -> list[str]:
     return [*lines, "", "Over the whole run, warm-up included, sampled with the server's metrics."]
 
 
+def _models_markdown(summary: Summary) -> list[str]:
+    """A run of several models (or LoRA adapters): each one's requests, failures and latency."""
+    if not summary.by_model:
+        return []
+    lines = [
+        "",
+        "## By model",
+        "",
+        "| model | share asked | sent | ok | failed | TTFT p50 / p99 (ms) | E2E p50 / p99 (ms) | output tok/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for g in summary.by_model:
+        failures = ", ".join(f"{category} {count}" for category, count in g.failures.items())
+        lines.append(
+            f"| `{g.name}` | {percent(g.share) if g.share is not None else '–'} | {g.sent} | {g.ok} "
+            f"| {g.failed}{f' ({failures})' if failures else ''} | {fmt(g.ttft_p50_ms, 0)} / {fmt(g.ttft_p99_ms, 0)} "
+            f"| {fmt(g.e2e_p50_ms, 0)} / {fmt(g.e2e_p99_ms, 0)} | {fmt(g.output_tokens_per_s)} |"
+        )
+    return [*lines, "", "The judged stages' requests; each session asks for one model, drawn by its share."]
+
+
 def _workers_markdown(summary: Summary) -> list[str]:
     """A distributed run's workers, a line each, and what each lost worker took with it."""
     if not summary.workers:
@@ -210,10 +231,12 @@ def _access_line(access: AccessNote | None) -> list[str]:
 
 def render_markdown(summary: Summary) -> str:
     run, req, lat = summary.run, summary.requests, summary.latency_ms
+    mix = ", ".join(f"`{g.name}` {percent(g.share)}" for g in summary.by_model if g.share is not None)
+    models = f"models {mix}" if mix else f"model `{run.model or '?'}`"
     lines = [
         f"# llmload run `{run.run_id}`",
         "",
-        f"Target `{run.host}`{f', {run.server.name}' if run.server else ''} (model `{run.model or '?'}`), workload"
+        f"Target `{run.host}`{f', {run.server.name}' if run.server else ''} ({models}), workload"
         f" `{run.workload}`, {run.arrival} arrivals, "
         f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
         f"{run.finished_at - run.started_at:.0f} s.",
@@ -290,6 +313,7 @@ def render_markdown(summary: Summary) -> str:
     if any(s.warmup for s in summary.stages):
         lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
     lines += _rounded_stages(summary)
+    lines += _models_markdown(summary)
     lines += _workers_markdown(summary)
     lines += _goodput_markdown(summary)
     lines += [

@@ -41,6 +41,7 @@ from llmload.observe.observer import LAG_WARNING_MS
 from llmload.observe.summary import ServerSamples, series_max, server_summary, window_increase
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
+from llmload.report.groups import group_figures
 from llmload.rundir import Run
 from llmload.server.kinds import kind
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
@@ -324,6 +325,9 @@ def summarize(
         output_lengths=lengths,
         server=server_summary(server, manifest.judged_started_at, workload_prefix),
         workers=workers,
+        by_model=group_figures(df, "model", elapsed, {s.name: s.weight for s in manifest.model_mix})
+        if manifest.model_mix
+        else [],
     )
 
 

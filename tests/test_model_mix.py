@@ -1,0 +1,70 @@
+"""A run of several models or LoRA adapters (`--model base:0.7 --model support-lora:0.3`): each session
+asks for one of them in proportion, every record says which, the summary and report break the
+figures down by model, and an adapter the server does not serve fails as `model_not_found` with the
+server's own message, said at the start as well."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmload.errors import InputError
+from llmload.model_mix import ModelMix, parse_model
+from llmload.sim.process import SimProcess
+from tests.locust_runs import run_locust, small_workload
+
+
+def test_a_weight_is_read_only_from_a_numeric_tail() -> None:
+    assert (parse_model("base:0.7").name, parse_model("base:0.7").weight) == ("base", 0.7)
+    assert (parse_model("llama3:8b").name, parse_model("llama3:8b").weight) == ("llama3:8b", 1.0)
+    assert parse_model("org/model").name == "org/model"
+    for bad in ("base:0", "base:-1", ":0.5"):
+        with pytest.raises(InputError, match="a weight above 0"):
+            parse_model(bad)
+    with pytest.raises(InputError, match="each model once"):
+        ModelMix.of(["a:1", "a:2"])
+
+
+def test_sessions_split_by_weight_and_keep_their_model() -> None:
+    mix = ModelMix.of(["base:0.7", "lora-a:0.2", "lora-b:0.1"])
+    drawn = [mix.for_session(f"s{i}~{i // 7}") for i in range(20_000)]
+    for name, share in (("base", 0.7), ("lora-a", 0.2), ("lora-b", 0.1)):
+        assert abs(drawn.count(name) / len(drawn) - share) < 0.01, (name, drawn.count(name))
+    assert all(mix.for_session(f"s{i}~{i // 7}") == drawn[i] for i in range(0, 20_000, 97))  # stable
+    assert mix.primary == "base" and [s.weight for s in mix.normalised()] == pytest.approx([0.7, 0.2, 0.1])
+
+
+def test_a_mix_with_an_adapter_the_server_lacks(tmp_path: Path) -> None:
+    with SimProcess("--itl-ms", "4") as sim:
+        run = run_locust(
+            sim.url, small_workload(tmp_path), tmp_path / "reports", "mix", "--target-qps", "8", "--stages", "100",
+            "--stage-duration", "8", "--warmup", "0", "--arrival", "constant",
+            "--model", "llmload-sim:0.6", "--model", "support-lora:0.4",
+        )  # fmt: skip
+    assert run.returncode == 1, run.output[-3000:]  # Locust's exit code when a request failed
+    assert "--model support-lora: " in run.output and "/v1/models does not list it (it lists llmload-sim)" in run.output
+    records = run.records
+    sent = records[records.sent_at.notna()]
+    assert set(sent.model) == {"llmload-sim", "support-lora"}, sent.model.value_counts()
+    assert (sent.groupby("session_id").model.nunique() == 1).all()  # a session keeps its model
+    assert (sent[sent.model == "llmload-sim"].status == "ok").all()
+    lora = sent[sent.model == "support-lora"]
+    assert (lora.error_category == "model_not_found").all() and (lora.http_status == 404).all()
+    assert lora.error_message.str.startswith("The model `support-lora` does not exist.").all()
+    assert run.manifest["model"] == "llmload-sim"
+    assert run.manifest["model_mix"] == [
+        {"name": "llmload-sim", "weight": 0.6},
+        {"name": "support-lora", "weight": 0.4},
+    ]
+    by_model = {g["name"]: g for g in run.summary["by_model"]}
+    base, missing = by_model["llmload-sim"], by_model["support-lora"]
+    assert (base["share"], missing["share"]) == (0.6, 0.4)
+    assert base["failed"] == 0 and base["ok"] == base["sent"] > 0 and base["ttft_p50_ms"] is not None
+    assert missing["ok"] == 0 and missing["failures"] == {"model_not_found": missing["sent"]} and missing["sent"] > 0
+    assert base["sent"] + missing["sent"] == run.summary["requests"]["sent"]
+    report = (run.run_dir / "report.md").read_text()
+    assert "models `llmload-sim` 60%, `support-lora` 40%" in report and "## By model" in report
+    assert f"| {missing['sent']} (model_not_found {missing['sent']}) |" in report
+    page = (run.run_dir / "report.html").read_text()
+    assert "<h2>By model</h2>" in page and '<td class="l">support-lora</td><td>40%</td>' in page

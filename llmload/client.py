@@ -130,11 +130,14 @@ class ChatClient:
         except Exception:
             return None
 
-    def stream_chat(self, body: bytes, *, deadline: float | None = None) -> StreamResult:
+    def stream_chat(
+        self, body: bytes, *, deadline: float | None = None, headers: dict[str, str] | None = None
+    ) -> StreamResult:
         """Send one streaming chat completion and time every output chunk.
 
         `deadline` (perf_counter) is the end of the run's drain: a request still running then is
-        `unfinished` (the target did not keep up), so a run always ends by itself.
+        `unfinished` (the target did not keep up), so a run always ends by itself. `headers`: this
+        request's own, beside the client's (the session's id for a router's affinity).
         """
         result = StreamResult(sent_at=time.perf_counter())
         budget = self.limits.total_s
@@ -144,7 +147,7 @@ class ChatClient:
         response = None
         try:
             with gevent.Timeout(budget):
-                response = self._post(body)
+                response = self._post(body, headers)
                 result.http_status = response.get_code()
                 if result.http_status != 200:
                     message, param = parse_error_body(response.read())
@@ -192,12 +195,12 @@ class ChatClient:
                 response.release()  # back to the pool when complete, closed when not
         return result
 
-    def _post(self, body: bytes) -> Any:
+    def _post(self, body: bytes, headers: dict[str, str] | None) -> Any:
         """POST, retrying once when a pooled keep-alive connection turns out closed by the server."""
         try:
-            return self._http.request("POST", self.path, body=body)
+            return self._http.request("POST", self.path, body=body, headers=headers)
         except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError):
-            return self._http.request("POST", self.path, body=body)
+            return self._http.request("POST", self.path, body=body, headers=headers)
 
     def _read_stream(self, response: Any, result: StreamResult) -> None:
         """Every event until `[DONE]` or the server closes the stream. A stream is complete with a

@@ -15,7 +15,7 @@ import collections
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,8 @@ REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
 GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5.0)
 RECENT_REQUESTS = 10_000  # the LLM tab's percentiles are over this many latest requests
 RECENT_GAPS = 200_000
+RECENT_GROUP_REQUESTS = 2_000  # a replica's or a model's percentiles: over this many of its latest requests
+GROUP_COLUMNS = ("host", "model")  # the record fields the LLM tab breaks down by, where a run has several
 DELAY_WINDOW_S = 10.0
 RATE_WINDOW_S = 10.0  # the live rates: the last full window of this many seconds
 # every metric llmload serves; the Grafana dashboard may use these and vLLM's/DCGM's, nothing else
@@ -108,6 +110,16 @@ class _Histograms(Collector):
         return (h.family() for h in self._histograms)
 
 
+@dataclass
+class GroupLive:
+    """One replica's or one model's requests so far: its counts and its latest TTFT and TPOT."""
+
+    ok: int = 0
+    failed: int = 0
+    ttft: _Ring = field(default_factory=lambda: _Ring(RECENT_GROUP_REQUESTS))
+    tpot: _Ring = field(default_factory=lambda: _Ring(RECENT_GROUP_REQUESTS))
+
+
 class LiveStats:
     """Every record of the run as it is written, folded into counters, rings and per-stage counts."""
 
@@ -169,6 +181,7 @@ class LiveStats:
         self.server: ServerSample | None = None
         self.lag_max_ms = 0.0  # the longest the observer's timer fired late so far (ServerSample.client_lag_ms)
         self._prefix_base: tuple[float, float] | None = None  # the counters when the run first saw them
+        self.groups: dict[str, dict[str, GroupLive]] = {column: {} for column in GROUP_COLUMNS}
 
     def see_server(self, sample: ServerSample | None) -> None:
         """The server's latest sample. The first one with prefix-cache counters is the base the live
@@ -202,6 +215,7 @@ class LiveStats:
         self._stage_scheduled[row["stage"]] += 1
         if judged_failure:
             self.failures[category] += 1
+        self._add_to_groups(row, judged_failure)
         sent = row["sent_at"]
         if sent is not None:
             self._delays.append((sent, (row["schedule_delay_ms"] or 0.0) / 1000))
@@ -217,6 +231,18 @@ class LiveStats:
         gaps = np.asarray(row["itl_ms"], dtype=np.float64) / 1000
         self._latency["itl"].observe(gaps)
         self._recent["itl"].extend(gaps)
+
+    def _add_to_groups(self, row: dict[str, Any], judged_failure: bool) -> None:
+        for column, groups in self.groups.items():
+            if row.get(column) is None:
+                continue
+            group = groups.setdefault(row[column], GroupLive())
+            group.failed += judged_failure
+            if row["status"] == "ok":
+                group.ok += 1
+                for name, ring in (("ttft", group.ttft), ("tpot", group.tpot)):
+                    if row[f"{name}_ms"] is not None:
+                        ring.extend(np.array([row[f"{name}_ms"]]))
 
     def _stage_at(self, offset_s: float) -> Stage | None:
         return next((s for s in self.stages if s.start_s <= offset_s < s.end_s), None)

@@ -1,20 +1,17 @@
 """The served models a run asks for, and each one's share of its sessions (`--model a:0.7 --model b:0.3`).
 
 A session keeps one model for all its turns (a LoRA adapter's prefix cache is its own, as a
-conversation's history is), drawn from a stable hash of the session's id: every worker of a
-distributed run, and every rerun of a workload, splits the sessions the same way.
+conversation's history is), drawn by `session_split.pick`: every worker of a distributed run, and
+every rerun of a workload, splits the sessions the same way.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 from dataclasses import dataclass
 
 from llmload.errors import InputError
 from llmload.models import ModelShare
-
-_HASH_RANGE = float(2**64)
+from llmload.session_split import pick
 
 
 def parse_model(text: str) -> ModelShare:
@@ -60,11 +57,4 @@ class ModelMix:
         return [ModelShare(name=share.name, weight=share.weight / total) for share in self.shares]
 
     def for_session(self, session_id: str) -> str:
-        if len(self.shares) == 1:
-            return self.shares[0].name
-        draw = int.from_bytes(hashlib.blake2b(session_id.encode(), digest_size=8).digest()) / _HASH_RANGE
-        total = sum(share.weight for share in self.shares)
-        for share, edge in zip(self.shares, itertools.accumulate(s.weight / total for s in self.shares), strict=True):
-            if draw < edge:
-                return share.name
-        return self.shares[-1].name
+        return self.shares[pick(session_id, "model", [share.weight for share in self.shares])].name

@@ -323,6 +323,11 @@ class RunManifest(Strict):
     model_mix: list[ModelShare] = Field(
         default_factory=list, description="several models' shares of the sessions (weights summing to 1); [] for one"
     )
+    replicas: list[str] = Field(
+        default_factory=list,
+        description="the replicas sessions were spread over (`host` is the first); [] for one",
+    )
+    session_header: str | None = Field(default=None, description="the header that carried each session's id")
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
 
     @property
@@ -406,6 +411,7 @@ class RequestRecord(BaseModel):
     )
     status: RequestStatus
     model: str | None = Field(default=None, description="the model or LoRA adapter it asked for")
+    host: str | None = Field(default=None, description="the replica it was sent to (a run over several; None: one)")
     error_category: FailureCategory | None = None
     http_status: int | None = None
     error_message: str | None = None
@@ -714,8 +720,8 @@ class WorkerSummary(FleetWorker):
 
 
 class GroupFigures(BaseModel):
-    """The judged requests of one group (a model of a mix): counts, failures and latency, so the one that is
-    slower or failing shows apart from the others."""
+    """The judged requests of one group (a model of a mix, a replica): counts, failures and latency, so the one
+    that is slower or failing shows apart from the others."""
 
     name: str
     share: float | None = Field(default=None, description="its share of the sessions, as asked")
@@ -727,6 +733,7 @@ class GroupFigures(BaseModel):
     ttft_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
     output_tokens_per_s: float
 
 
@@ -744,6 +751,7 @@ class Summary(BaseModel):
     server: ServerSummary | None = None
     workers: list[WorkerSummary] = Field(default_factory=list, description="a distributed run's workers")
     by_model: list[GroupFigures] = Field(default_factory=list, description="a run of several models: each one's")
+    by_host: list[GroupFigures] = Field(default_factory=list, description="a run over several replicas: each one's")
     verdict: Verdict | None = None
 
 

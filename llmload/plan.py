@@ -27,6 +27,7 @@ from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError, validation_message
 from llmload.model_mix import ModelMix
 from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, RunManifest, ServerIdentity, Stage
+from llmload.replicas import Replicas
 from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
     ArrivalProcess,
@@ -150,18 +151,21 @@ class RunPlan:
         self,
         *,
         run_id: str,
-        host: str,
+        replicas: Replicas,
         models: ModelMix,
         started_at: float,
         workers: int,
         server: ServerIdentity | None = None,
         access: AccessNote | None = None,
         prefix_cache_reset: PrefixCacheReset | None = None,
+        session_header: str | None = None,
     ) -> RunManifest:
         """run.json of a run of this plan started at `started_at` (unix seconds)."""
         return RunManifest(
             run_id=run_id,
-            host=host,
+            host=replicas.primary,
+            replicas=list(replicas.hosts) if len(replicas.hosts) > 1 else [],
+            session_header=session_header,
             model=models.primary,
             model_mix=models.normalised() if len(models.shares) > 1 else [],
             workload=str(Path(self.flags.workload).absolute()),  # `llmload report` from elsewhere finds it

@@ -34,7 +34,7 @@ FRAME_COLUMNS = (
     "worker", "stage", "status", "turn", "scheduled_at", "sent_at", "finished_at", "schedule_delay_ms", "ttft_ms",
     "ttfo_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "cached_tokens", "usage_from_server",
     "reasoning_tokens", "reasoning_tokens_counted",
-    "requested_output_tokens", "output_tokens_forced", "model", "error_category", "error_message",
+    "requested_output_tokens", "output_tokens_forced", "model", "host", "error_category", "error_message",
 )  # fmt: skip
 # a failure as the report tells it: its category and the server's state the run recorded with it
 FAILURE_COLUMNS = ("error_category", "server_health", "server_kv_cache_usage", "server_waiting")
@@ -293,7 +293,7 @@ def read_frame(parquet: Path) -> pd.DataFrame:
     """FRAME_COLUMNS of every record (no ITL lists): ~100 bytes a record. Read a column at a time,
     so the Arrow buffers in memory are one column's, not the table's (1 GB less at 10M records);
     stage and status as categories (a byte a row, not ~14)."""
-    file = pq.ParquetFile(parquet, read_dictionary=["stage", "status", "model"], pre_buffer=False)
+    file = pq.ParquetFile(parquet, read_dictionary=["stage", "status", "model", "host"], pre_buffer=False)
     columns = {}
     written = set(file.schema_arrow.names)
     for name in FRAME_COLUMNS:

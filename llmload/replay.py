@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import gevent
@@ -32,6 +32,7 @@ from llmload.failures import HEALTH_PROBED
 from llmload.model_mix import ModelMix
 from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage
 from llmload.records import request_record, with_health
+from llmload.replicas import Replicas
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
 from llmload.server.request import RequestShape
 from llmload.workload.tokens import Tokenizer
@@ -303,7 +304,7 @@ class TurnSender:
 
     def __init__(
         self,
-        client: ChatClient,
+        clients: Mapping[str, ChatClient],
         dispatcher: Dispatcher,
         sink: RecordSink,
         *,
@@ -311,8 +312,13 @@ class TurnSender:
         shape: RequestShape,
         tokenizer: Tokenizer,
         history_turns: int | None = None,
+        session_header: str | None = None,
     ) -> None:
-        self.client = client
+        """`clients`: one per replica, keyed by its URL (`Replicas.hosts`); `session_header`: the header that
+        carries the session's id, for a router that keeps a session on one replica."""
+        self.clients = clients
+        self.replicas = Replicas(tuple(clients))
+        self.session_header = session_header
         self.dispatcher = dispatcher
         self.sink = sink
         self.models = models
@@ -380,12 +386,15 @@ class TurnSender:
         messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
         flight = self.dispatcher.take_off(seq, scheduled, live.session.id, index)
         model = self.models.for_session(live.session.id)
+        host = self.replicas.for_session(live.session.id)
+        client = self.clients[host]
+        headers = {self.session_header: live.session.id} if self.session_header else None
         while True:
             forced = turn.output_tokens is not None and self.shape.forces_length
             body = self.shape.body(model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
             self.dispatcher.on_the_wire[flight] = gevent.getcurrent()
             try:
-                result = self.client.stream_chat(body, deadline=self.dispatcher.deadline)
+                result = client.stream_chat(body, deadline=self.dispatcher.deadline, headers=headers)
             finally:
                 self.dispatcher.on_the_wire.pop(flight, None)
             if (
@@ -397,10 +406,15 @@ class TurnSender:
         if result.prompt_tokens is None and result.ok:
             result.prompt_tokens = sum(self.tokenizer.count(m.content) for m in messages)
         record = self.dispatcher.record(live.session.id, index, scheduled, result).model_copy(
-            update={"requested_output_tokens": turn.output_tokens, "output_tokens_forced": forced, "model": model}
+            update={
+                "requested_output_tokens": turn.output_tokens,
+                "output_tokens_forced": forced,
+                "model": model,
+                "host": host if len(self.clients) > 1 else None,
+            }
         )
         if record.error_category in HEALTH_PROBED and not result.stopped:
-            record = with_health(record, self.client.probe_health())
+            record = with_health(record, client.probe_health())
         self.sink(record)
         self.dispatcher.land(flight, result.finished_at - result.sent_at if result.ok else None)
         live.next_turn += 1

@@ -37,11 +37,11 @@ class Case:
     code: int = 2
 
 
-def locust(*flags: str, workload: str = str(WORKLOAD)) -> tuple[str, ...]:
+def locust(*flags: str, workload: str = str(WORKLOAD), host: str = "http://127.0.0.1:{closed}") -> tuple[str, ...]:
     """A headless Locust run; its target is a closed port, so a flag that was not refused says so."""
     return (
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-        "--workload", workload, "--reports-dir", "{dir}/reports", "--host", "http://127.0.0.1:{closed}", *flags,
+        "--workload", workload, "--reports-dir", "{dir}/reports", "--host", host, *flags,
     )  # fmt: skip
 
 
@@ -89,13 +89,27 @@ CASES = [
     Case("model-twice", locust("--model", "base", "--model", "base:2"), "--model: each model once"),
     Case("header-without-colon", locust("--header", "X-Tenant"), "--header 'X-Tenant': give 'Name: value'"),
     Case("insecure-and-ca", locust("--insecure", "--ca-cert", "{dir}/notes.txt"), "--insecure verifies nothing"),
+    # the replicas (llmload.replicas)
+    Case("host-twice", locust("--host", "http://127.0.0.1:9"), "--host given more than once: give the replicas in one"),
+    Case("hosts-file-missing", locust(host="@{dir}/no-hosts.txt"), "--host @{dir}/no-hosts.txt: No such file"),
+    Case(
+        "hosts-file-bad-line",
+        locust(host="@{dir}/hosts.txt"),
+        "--host @{dir}/hosts.txt line 3: replica-b:8000 is not a URL: give http://HOST:PORT",
+    ),
+    Case("replica-twice", locust(host="http://127.0.0.1:9,http://127.0.0.1:9/"), "--host: each replica once"),
+    Case(  # each replica is checked before any request
+        "second-replica-unreachable",
+        locust(host="http://127.0.0.1:{busy},http://127.0.0.1:{closed}"),
+        "nothing answers at http://127.0.0.1:{closed}: connection refused",
+    ),
     # the target and the workload
     Case(  # with --model, as the issue found it: the host is still checked before any request
         "unreachable-host", locust("--model", "m"), "nothing answers at http://127.0.0.1:{closed}: connection refused"
     ),
     Case(
         "host-not-a-url",
-        locust("--host", "localhost:{closed}"),
+        locust(host="localhost:{closed}"),
         "--host localhost:{closed} is not a URL: give http://HOST:PORT",
     ),
     Case(
@@ -269,6 +283,7 @@ def _inputs(directory: Path) -> None:
     """The files the cases read."""
     (directory / "empty.jsonl").write_bytes(b"")
     (directory / "notes.txt").write_text("dear diary\n")
+    (directory / "hosts.txt").write_text("# the replicas\nhttp://127.0.0.1:9\nreplica-b:8000\n")
     (directory / "empty.yaml").write_bytes(b"")
     (directory / "broken.yaml").write_text("version: 1\nname: [a\nsessions: x\n")
     (directory / "broken.jsonl").write_text('{"messages": [\n')

@@ -352,3 +352,21 @@ def test_a_start_refused_in_the_web_ui_leaves_the_ui_up(tmp_path: Path) -> None:
 def _swarm(ui: str, form: bytes) -> None:
     with urllib.request.urlopen(urllib.request.Request(f"{ui}/swarm", data=form), timeout=10) as response:
         assert json.load(response)["success"]
+
+
+def test_the_tab_breaks_requests_down_by_replica_and_model_where_a_run_has_several() -> None:
+    live = LiveStats(build_stages(10.0, (100,), 10.0), np.arange(0, 10, 0.1), started_at=1000.0)
+    for i in range(40):
+        host, model = ("http://a", "base") if i % 4 else ("http://b", "lora")
+        ttft = 300.0 + i if host == "http://b" else 100.0 + i
+        live.add(_record("100%", "ok", 1000.0 + i * 0.1, ttft, [5.0, 7.0], host=host, model=model))
+    live.add(_record("100%", "failed", 1005.0, 1.0, [], host="http://b", model="lora", error_category="http_5xx"))
+    rows = {row["what"]: row for row in tab_rows(live)}
+    slow = rows["replica http://b: TTFT ms"]
+    assert slow["value"] == "ok 10, failed 1; TPOT p50 6.0 ms"
+    assert float(slow["p50"]) == np.median([300.0 + i for i in range(0, 40, 4)])
+    assert rows["replica http://a: TTFT ms"]["value"].startswith("ok 30, failed 0")
+    assert rows["model lora: TTFT ms"]["value"] == slow["value"]
+    one_host = LiveStats(build_stages(10.0, (100,), 10.0), np.arange(0, 10, 0.1), started_at=1000.0)
+    one_host.add(_record("100%", "ok", 1000.0, 100.0, [5.0], host=None, model="base"))
+    assert not any(row["what"].startswith(("replica", "model")) for row in tab_rows(one_host))

@@ -50,7 +50,13 @@ def _play_all(dispatcher: Dispatcher, url: str, users: int = 1, **kw: Any) -> li
     client = ChatClient(url)
     shape = RequestShape(kind("vllm"))
     sender = TurnSender(
-        client, dispatcher, records.append, models=ModelMix.single("m"), shape=shape, tokenizer=get_tokenizer(), **kw
+        {url: client},
+        dispatcher,
+        records.append,
+        models=ModelMix.single("m"),
+        shape=shape,
+        tokenizer=get_tokenizer(),
+        **kw,
     )
 
     def user() -> None:

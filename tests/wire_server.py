@@ -28,8 +28,10 @@ def chat_stream(text_tokens: list[str], prompt_tokens: int = 7) -> bytes:
 
 
 @contextmanager
-def canned_server(respond: Responder) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """Yields (base URL, list of received JSON bodies)."""
+def canned_server(
+    respond: Responder, headers: list[dict[str, str]] | None = None
+) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Yields (base URL, list of received JSON bodies); each request's headers go to `headers` when given."""
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -38,6 +40,8 @@ def canned_server(respond: Responder) -> Iterator[tuple[str, list[dict[str, Any]
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             received.append(body)
+            if headers is not None:
+                headers.append(dict(self.headers))
             status, payload, streamed = respond(body)
             self.send_response(status)
             if streamed:

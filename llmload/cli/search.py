@@ -37,7 +37,9 @@ STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=None, help="target base URL (default: the embedded target, started once)")
+    parser.add_argument(
+        "--host", default=None, help="target base URL, or replicas as URL,URL or @FILE (default: the embedded target)"
+    )
     add_search_arguments(parser, max_qps_required=True)
     parser.add_argument("--search-id", default=None, help="directory under --reports-dir (default: search-TIME)")
     parser.add_argument("--reports-dir", default="reports")

@@ -24,7 +24,9 @@ STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=None, help="target base URL (default: the embedded target)")
+    parser.add_argument(
+        "--host", default=None, help="target base URL, or replicas as URL,URL or @FILE (default: the embedded target)"
+    )
     parser.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
     parser.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
     parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")

@@ -21,6 +21,12 @@ from llmload.server.kinds import kinds
 
 @events.init_command_line_parser.add_listener
 def add_arguments(parser: Any) -> None:
+    for action in parser._actions:  # Locust's own --host, which llmload reads as one replica or several
+        if "--host" in action.option_strings:
+            action.help = (
+                "the target's base URL, e.g. http://127.0.0.1:8000 (default: the embedded target); several replicas"
+                " as URL,URL or @FILE (one URL a line): each session stays on one"
+            )
     group = parser.add_argument_group("llmload", "open-loop replay of an LLM workload")
     group.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
     group.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
@@ -48,6 +54,11 @@ def add_arguments(parser: Any) -> None:
         "--model", action="append", default=[], metavar="NAME[:WEIGHT]",
         help="served model name (default: the workload's, else /v1/models); repeated with weights, each session asks"
         " for one of them (a LoRA adapter too) in proportion, e.g. --model base:0.7 --model support-lora:0.3",
+    )  # fmt: skip
+    group.add_argument(
+        "--session-header", default=None, metavar="NAME",
+        help="send each session's id in this header, for a router that keeps a session on one replica"
+        " (e.g. x-session-id); several replicas are --host URL,URL or --host @FILE",
     )  # fmt: skip
     group.add_argument(
         "--server-kind", default=None, choices=list(kinds()),

@@ -43,8 +43,9 @@ from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
+from llmload.replicas import Replicas
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock
-from llmload.server.cache_reset import reset_prefix_cache
+from llmload.server.cache_reset import reset_prefix_caches
 from llmload.server.detect import identify
 from llmload.server.kinds import kind
 from llmload.server.request import RequestShape, parse_extra_body, server_line
@@ -71,9 +72,11 @@ class ProcessRun:
     clock: RunClock
     run_id: str
     models: ModelMix
+    replicas: Replicas  # where the sessions go; the first stands for all (kind, model list, /metrics)
     worker: int
     access: Access  # the key, headers and TLS trust of every connection to the target
     shape: RequestShape  # what this server kind is sent
+    session_header: str | None = None  # the header that carries each session's id (--session-header)
     dispatcher: Dispatcher | None = None  # processes that run users
     recorder: RunRecorder | None = None  # the process that writes the run directory
     outbox: list[RequestRecord] = field(default_factory=list)
@@ -128,13 +131,16 @@ def _on_init(environment: Environment, **_: Any) -> None:
         parse_extra_body(options.extra_body)  # refused here, before Locust starts, rather than at each start
         if options.model:
             ModelMix.of(options.model)
+        _refuse_repeated_host(sys.argv[1:])
+        replicas = Replicas.parse(environment.host) if environment.host else None
         STATE.criteria = criteria_from_args(options) if options.verdict else None
         criteria = STATE.criteria
         if criteria is not None and criteria.min_goodput_ratio is not None and STATE.plan.goodput_slo is None:
             raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
         # a local run checks before Locust starts (the web UI at each start); a master's workers check themselves
-        if options.headless and environment.host and not isinstance(environment.runner, MasterRunner):
-            _require_reachable(environment.host, access)
+        if options.headless and replicas is not None and not isinstance(environment.runner, MasterRunner):
+            for host in replicas.hosts:
+                _require_reachable(host, access)
     except InputError as exc:
         _fail_config(str(exc))
     if access.insecure:
@@ -197,6 +203,14 @@ def _start_embedded_target() -> str:
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _refuse_repeated_host(argv: list[str]) -> None:
+    """Locust keeps the last of several --host flags; llmload takes replicas in one, and says so rather
+    than load one replica with what was meant for all."""
+    given = [arg for arg in argv if arg in ("--host", "-H") or arg.startswith("--host=")]
+    if len(given) > 1:
+        raise InputError("--host given more than once: give the replicas in one, --host URL,URL or --host @FILE")
 
 
 def _listed_models(host: str, access: Access) -> list[str]:
@@ -269,31 +283,35 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         cache_reset: PrefixCacheReset | None = None
         if worker:  # the master's choices, sent with the spawn message
             models = ModelMix.of(options.llmload_models)
+            replicas = Replicas(tuple(options.llmload_replicas))
             start_wall, run_id = options.llmload_start_wall, options.llmload_run_id
             server_kind = kind(options.llmload_server_kind)
         else:
+            replicas = Replicas.parse(environment.host)
             if not isinstance(runner, MasterRunner):
-                _require_reachable(environment.host, access)
-            server = identify(environment.host, access, options.server_kind)
+                for host in replicas.hosts:
+                    _require_reachable(host, access)
+            server = identify(replicas.primary, access, options.server_kind)
             server_kind = kind(server.kind)
             if options.reset_prefix_cache:
-                cache_reset = reset_prefix_cache(environment.host, access, server_kind)
-                log.info("llmload: prefix cache %s", "emptied: " + cache_reset.how if cache_reset.reset else
-                         "not emptied: " + cache_reset.how)  # fmt: skip
-            models = _resolve_models(environment.host, options, plan.workload, access)
+                cache_reset = reset_prefix_caches(replicas.hosts, access, server_kind)
+                done = "emptied: " if cache_reset.reset else "not emptied: "
+                log.info("llmload: prefix cache %s%s", done, cache_reset.how)
+            models = _resolve_models(replicas.primary, options, plan.workload, access)
             start_wall = time.time() + START_LEAD_S
             # --run-id itself stays as given: a second start from the web UI names its own run
             run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
             options.llmload_run_id, options.llmload_start_wall = run_id, start_wall
             options.llmload_models = [f"{share.name}:{share.weight!r}" for share in models.shares]  # to the workers
             options.llmload_server_kind = server.kind
+            options.llmload_replicas = list(replicas.hosts)
             rundir.claim(Path(options.reports_dir) / run_id)
         shape = RequestShape(server_kind, extra=parse_extra_body(options.extra_body))
     except InputError as exc:
         _refuse_start(environment, str(exc))
         return
     clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
-    run = ProcessRun(plan, clock, run_id, models, 0, access, shape)
+    run = ProcessRun(plan, clock, run_id, models, replicas, 0, access, shape, options.session_header)
     if isinstance(runner, MasterRunner):
         indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
         options.llmload_worker_indexes = indexes
@@ -318,11 +336,11 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
     if not worker:
         manifest = plan.manifest(
-            run_id=run_id, host=environment.host, models=models, started_at=start_wall,
-            workers=max(1, len(run.workers)), server=server, access=access.note(environment.host),
-            prefix_cache_reset=cache_reset,
+            run_id=run_id, replicas=replicas, models=models, started_at=start_wall,
+            workers=max(1, len(run.workers)), server=server, access=access.note(replicas.primary),
+            prefix_cache_reset=cache_reset, session_header=options.session_header,
         )  # fmt: skip
-        gpu = gpu_reader(options.gpu_metrics, environment.host)
+        gpu = gpu_reader(options.gpu_metrics, replicas.primary)
         if gpu is not None:
             log.info("llmload: GPU memory and utilisation from %s", gpu.url)
         run_dir = Path(options.reports_dir) / run_id
@@ -351,8 +369,8 @@ def _worker_may_run(
         gevent.spawn(_leave_run_in_progress, environment, f"run {run.run_id}")
         return False
     run.address = _address_towards(options.master_host, options.master_port)
-    host = environment.host or ""
-    error = _unreachable(host, run.access)
+    unreachable = ((host, _unreachable(host, run.access)) for host in run.replicas.hosts)
+    host, error = next(((host, error) for host, error in unreachable if error is not None), ("", None))
     if error is None:
         return True
     log.error("llmload: this worker (%s) cannot reach the target %s: %s", run.address, host, error)

@@ -22,16 +22,17 @@ class ChatUser(User):
         if run is None or run.dispatcher is None:  # a worker with no share (joined late, or the target unreachable)
             return
         plan = run.plan
-        host = self.host or self.environment.host
-        self._client = ChatClient(host, access=run.access, limits=plan.flags.limits)
+        limits = plan.flags.limits
+        self._clients = {host: ChatClient(host, access=run.access, limits=limits) for host in run.replicas.hosts}
         self._sender = TurnSender(
-            self._client,
+            self._clients,
             run.dispatcher,
             lambda record: sink(self.environment, run, record),
             models=run.models,
             shape=run.shape,
             tokenizer=get_tokenizer(plan.workload.spec.tokenizer),
             history_turns=plan.history_turns,
+            session_header=run.session_header,
         )
 
     @task
@@ -52,4 +53,5 @@ class ChatUser(User):
 
     def on_stop(self) -> None:
         if self._dispatcher is not None:
-            self._client.close()
+            for client in self._clients.values():
+                client.close()

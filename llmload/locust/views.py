@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import orjson
 from flask import Response, request
 from locust.web import WebUI
@@ -105,6 +106,7 @@ def tab_rows(live: LiveStats) -> list[dict[str, str]]:
     rows.append({"name": "requests", "value": counts or "none yet"})
     rows += [{"name": f"failed: {k}", "value": f"{v:,}"} for k, v in live.failures.most_common()]
     rows += [{"name": "workers", "value": note} for note in live.notes]
+    rows += _group_rows(live)
     if live.identity is not None:
         rows.append({"name": "server", "value": f"{live.identity.name} (told by {live.identity.evidence})"})
     if live.server is not None:
@@ -119,6 +121,23 @@ def tab_rows(live: LiveStats) -> list[dict[str, str]]:
         {"p50": "", "p95": "", "p99": "", **row, "name": f"{place:03d}", "what": row["name"]}
         for place, row in enumerate(rows)
     ]
+
+
+def _group_rows(live: LiveStats) -> list[dict[str, str]]:
+    """Each replica and each model, where the run has several: TTFT percentiles, counts and TPOT p50."""
+    rows = []
+    for column, label in (("host", "replica"), ("model", "model")):
+        groups = live.groups[column]
+        if len(groups) < 2:
+            continue
+        for name, group in groups.items():
+            ttft, tpot = group.ttft.values, group.tpot.values
+            cells = (f"{v:,.1f}" for v in np.percentile(ttft, (50, 95, 99))) if ttft.size else ("–",) * 3
+            tpot_text = f"; TPOT p50 {np.median(tpot):,.1f} ms" if tpot.size else ""
+            rows.append(dict(zip(("p50", "p95", "p99"), cells, strict=True)) | {
+                "name": f"{label} {name}: TTFT ms", "value": f"ok {group.ok:,}, failed {group.failed:,}{tpot_text}",
+            })  # fmt: skip
+    return rows
 
 
 def window_label(stages: Sequence[Stage], start: float, end: float) -> str:

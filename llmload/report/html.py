@@ -413,7 +413,8 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 <style>
 {{ style | safe }}</style></head><body>
 <h1>llmload run <code>{{ s.run.run_id }}</code></h1>
-<p class="meta">Target {{ s.run.host }}{% if s.run.server %}, {{ s.run.server.name }}{% endif %} (model
+<p class="meta">Target {{ s.run.host }}{% if s.by_host %} and {{ s.by_host | length - 1 }} more
+replica(s){% endif %}{% if s.run.server %}, {{ s.run.server.name }}{% endif %} (model
 {{ s.run.model or "?" }}), workload {{ s.run.workload }},
 {{ s.run.arrival }} arrivals, target {{ s.run.target_qps | fmt(2) }} req/s, {{ s.run.workers }} load-generator
 process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
@@ -441,15 +442,19 @@ it died, or due on it and never sent): never judged against the target; the hold
 <td>{{ w.failed }}</td><td>{{ w.lost }}</td><td>{{ w.sent_reported }}</td><td>{{ w.adopted }}</td>
 <td>{{ w.cpu_max_percent | fmt(0) }}%</td></tr>{% endfor %}</table>
 {% for line in worker_lines %}<div class="warn">{{ line }}</div>{% endfor %}{% endif %}
-{% if s.by_model %}<h2>By model</h2>
-<table><tr><th class="l">model</th><th>share asked</th><th>sent</th><th>ok</th><th>failed</th><th>TTFT p50</th>
-<th>TTFT p99</th><th>E2E p50</th><th>E2E p99</th><th>output tok/s</th></tr>
-{% for g in s.by_model %}<tr><td class="l">{{ g.name }}</td><td>{{ (100 * g.share) | fmt(0) if g.share is not none
+{% macro groups(title, label, rows, note) %}<h2>{{ title }}</h2>
+<table><tr><th class="l">{{ label }}</th><th>share asked</th><th>sent</th><th>ok</th><th>failed</th><th>TTFT p50</th>
+<th>TTFT p99</th><th>TPOT p50</th><th>E2E p50</th><th>E2E p99</th><th>output tok/s</th></tr>
+{% for g in rows %}<tr><td class="l">{{ g.name }}</td><td>{{ (100 * g.share) | fmt(0) if g.share is not none
 else "–" }}%</td><td>{{ g.sent }}</td><td>{{ g.ok }}</td><td>{{ g.failed }}{% for c, n in g.failures.items() %}
 {{ c }} {{ n }}{% endfor %}</td><td>{{ g.ttft_p50_ms | fmt(0) }}</td><td>{{ g.ttft_p99_ms | fmt(0) }}</td>
-<td>{{ g.e2e_p50_ms | fmt(0) }}</td><td>{{ g.e2e_p99_ms | fmt(0) }}</td><td>{{ g.output_tokens_per_s | fmt }}</td>
-</tr>{% endfor %}</table>
-<p class="meta">The judged stages' requests, latency in ms; each session asks for one model, drawn by its share.</p>
+<td>{{ g.tpot_p50_ms | fmt }}</td><td>{{ g.e2e_p50_ms | fmt(0) }}</td><td>{{ g.e2e_p99_ms | fmt(0) }}</td>
+<td>{{ g.output_tokens_per_s | fmt }}</td></tr>{% endfor %}</table>
+<p class="meta">The judged stages' requests, latency in ms; {{ note }}</p>{% endmacro %}
+{% if s.by_model %}{{ groups("By model", "model", s.by_model,
+"each session asks for one model, drawn by its share.") }}{% endif %}
+{% if s.by_host %}{{ groups("By replica", "replica", s.by_host,
+"all turns of a session go to one replica; its server kind, model list and /metrics are the first's.") }}
 {% endif %}<h2>Latency (ms, successful requests, from send)</h2>
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>

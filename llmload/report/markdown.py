@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
-from llmload.models import AccessNote, ReusablePrefix, ServerSummary, Summary
+from llmload.models import AccessNote, GroupFigures, ReusablePrefix, ServerSummary, Summary
 from llmload.server.kinds import kind
 from llmload.stats.sketch import METHOD as ITL_METHOD
 
@@ -108,25 +108,27 @@ def _gpu_lines(server: ServerSummary | None) -> list[str]:
     return [*lines, "", "Over the whole run, warm-up included, sampled with the server's metrics."]
 
 
-def _models_markdown(summary: Summary) -> list[str]:
-    """A run of several models (or LoRA adapters): each one's requests, failures and latency."""
-    if not summary.by_model:
+def _groups_markdown(title: str, label: str, groups: list[GroupFigures], note: str) -> list[str]:
+    """A run of several models (or LoRA adapters), or over several replicas: each one's requests, failures
+    and latency."""
+    if not groups:
         return []
     lines = [
         "",
-        "## By model",
+        f"## {title}",
         "",
-        "| model | share asked | sent | ok | failed | TTFT p50 / p99 (ms) | E2E p50 / p99 (ms) | output tok/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {label} | share asked | sent | ok | failed | TTFT p50 / p99 (ms) | TPOT p50 (ms) | E2E p50 / p99 (ms)"
+        " | output tok/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for g in summary.by_model:
+    for g in groups:
         failures = ", ".join(f"{category} {count}" for category, count in g.failures.items())
         lines.append(
             f"| `{g.name}` | {percent(g.share) if g.share is not None else '–'} | {g.sent} | {g.ok} "
             f"| {g.failed}{f' ({failures})' if failures else ''} | {fmt(g.ttft_p50_ms, 0)} / {fmt(g.ttft_p99_ms, 0)} "
-            f"| {fmt(g.e2e_p50_ms, 0)} / {fmt(g.e2e_p99_ms, 0)} | {fmt(g.output_tokens_per_s)} |"
+            f"| {fmt(g.tpot_p50_ms)} | {fmt(g.e2e_p50_ms, 0)} / {fmt(g.e2e_p99_ms, 0)} | {fmt(g.output_tokens_per_s)} |"
         )
-    return [*lines, "", "The judged stages' requests; each session asks for one model, drawn by its share."]
+    return [*lines, "", f"The judged stages' requests; {note}"]
 
 
 def _workers_markdown(summary: Summary) -> list[str]:
@@ -233,10 +235,11 @@ def render_markdown(summary: Summary) -> str:
     run, req, lat = summary.run, summary.requests, summary.latency_ms
     mix = ", ".join(f"`{g.name}` {percent(g.share)}" for g in summary.by_model if g.share is not None)
     models = f"models {mix}" if mix else f"model `{run.model or '?'}`"
+    hosts = f"replicas {', '.join(f'`{g.name}`' for g in summary.by_host)}" if summary.by_host else f"`{run.host}`"
     lines = [
         f"# llmload run `{run.run_id}`",
         "",
-        f"Target `{run.host}`{f', {run.server.name}' if run.server else ''} ({models}), workload"
+        f"Target {hosts}{f', {run.server.name}' if run.server else ''} ({models}), workload"
         f" `{run.workload}`, {run.arrival} arrivals, "
         f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
         f"{run.finished_at - run.started_at:.0f} s.",
@@ -313,7 +316,13 @@ def render_markdown(summary: Summary) -> str:
     if any(s.warmup for s in summary.stages):
         lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
     lines += _rounded_stages(summary)
-    lines += _models_markdown(summary)
+    lines += _groups_markdown(
+        "By model", "model", summary.by_model, "each session asks for one model, drawn by its share."
+    )
+    lines += _groups_markdown(
+        "By replica", "replica", summary.by_host,
+        "all turns of a session go to one replica; its server kind, model list and /metrics are the first's.",
+    )  # fmt: skip
     lines += _workers_markdown(summary)
     lines += _goodput_markdown(summary)
     lines += [

@@ -41,7 +41,7 @@ from llmload.observe.observer import LAG_WARNING_MS
 from llmload.observe.summary import ServerSamples, series_max, server_summary, window_increase
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
-from llmload.report.groups import group_figures
+from llmload.report.groups import group_figures, slower_replicas
 from llmload.rundir import Run
 from llmload.server.kinds import kind
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
@@ -328,6 +328,9 @@ def summarize(
         by_model=group_figures(df, "model", elapsed, {s.name: s.weight for s in manifest.model_mix})
         if manifest.model_mix
         else [],
+        by_host=group_figures(df, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
+        if manifest.replicas
+        else [],
     )
 
 
@@ -447,6 +450,11 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
     )  # fmt: skip
     if run.cut_off is not None:
         summary.run.warnings.insert(0, run.cut_off)
+    if manifest.replicas:  # over sessions: their ids are read apart from the frame
+        judged = records.frame.stage.isin({s.name for s in manifest.judged_stages}).to_numpy(dtype=bool)
+        columns = ["host", "status", "ttft_ms", "tpot_ms"]
+        sessions = records.frame.loc[judged, columns].assign(session_id=records.session_ids()[judged].to_numpy())
+        summary.run.warnings.extend(slower_replicas(sessions))
     return summary, itl
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import urllib.error
+from collections.abc import Sequence
 
 import orjson
 
@@ -52,3 +53,13 @@ def reset_prefix_cache(url: str, access: Access, server: ServerKind) -> PrefixCa
             return PrefixCacheReset(reset=True, how=request)
         time.sleep(WAIT_S)
     return PrefixCacheReset(reset=False, how=f"{request} was refused {TRIES} times: requests still held cached blocks")
+
+
+def reset_prefix_caches(urls: Sequence[str], access: Access, server: ServerKind) -> PrefixCacheReset:
+    """Each replica's prefix cache: emptied when every one was, else the first refusal, naming its replica."""
+    resets = [reset_prefix_cache(url, access, server) for url in urls]
+    refused = next(((url, reset) for url, reset in zip(urls, resets, strict=True) if not reset.reset), None)
+    if refused is None:
+        return resets[0]
+    url, reset = refused
+    return reset if len(urls) == 1 else reset.model_copy(update={"how": f"{url}: {reset.how}"})

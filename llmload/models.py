@@ -51,6 +51,9 @@ class Turn(Strict):
     prompt_tokens: PositiveInt | None = Field(
         default=None, description="prompt length in the source (history included), for stats"
     )
+    model: str | None = Field(
+        default=None, min_length=1, description="the model or LoRA adapter this turn asks for (default: --model's)"
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Turn:

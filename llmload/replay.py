@@ -385,7 +385,7 @@ class TurnSender:
         turn = live.session.turns[index]
         messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
         flight = self.dispatcher.take_off(seq, scheduled, live.session.id, index)
-        model = self.models.for_session(live.session.id)
+        model = turn.model or self.models.for_session(live.session.id)
         host = self.replicas.for_session(live.session.id)
         client = self.clients[host]
         headers = {self.session_header: live.session.id} if self.session_header else None

@@ -11,8 +11,11 @@ import pytest
 
 from llmload.errors import InputError
 from llmload.model_mix import ModelMix, parse_model
+from llmload.models import Message, Session, Turn
 from llmload.sim.process import SimProcess
-from tests.locust_runs import run_locust, small_workload
+from llmload.workload.synth import TextSynthesizer
+from llmload.workload.tokens import get_tokenizer
+from tests.locust_runs import run_locust, small_workload, write_workload
 
 
 def test_a_weight_is_read_only_from_a_numeric_tail() -> None:
@@ -43,7 +46,7 @@ def test_a_mix_with_an_adapter_the_server_lacks(tmp_path: Path) -> None:
             "--model", "llmload-sim:0.6", "--model", "support-lora:0.4",
         )  # fmt: skip
     assert run.returncode == 1, run.output[-3000:]  # Locust's exit code when a request failed
-    assert "--model support-lora: " in run.output and "/v1/models does not list it (it lists llmload-sim)" in run.output
+    assert "model support-lora: " in run.output and "/v1/models does not list it (it lists llmload-sim)" in run.output
     records = run.records
     sent = records[records.sent_at.notna()]
     assert set(sent.model) == {"llmload-sim", "support-lora"}, sent.model.value_counts()
@@ -68,3 +71,30 @@ def test_a_mix_with_an_adapter_the_server_lacks(tmp_path: Path) -> None:
     assert f"| {missing['sent']} (model_not_found {missing['sent']}) |" in report
     page = (run.run_dir / "report.html").read_text()
     assert "<h2>By model</h2>" in page and '<td class="l">support-lora</td><td>40%</td>' in page
+
+
+def test_a_turn_that_names_its_model_is_sent_to_it(tmp_path: Path) -> None:
+    """A workload turn's own `model` is sent as it is; turns naming none get the run's (here /v1/models')."""
+    synth = TextSynthesizer(get_tokenizer("cl100k_base"), seed=3)
+    sessions = [
+        Session(id=f"s{i}", turns=[
+            Turn(messages=[Message(role="user", content=synth.text(20))], output_tokens=4,
+                 model="support-lora" if i % 3 == 0 else None),
+        ])
+        for i in range(40)
+    ]  # fmt: skip
+    workload = write_workload(tmp_path, "named", sessions)
+    with SimProcess("--itl-ms", "2") as sim:
+        run = run_locust(
+            sim.url, workload, tmp_path / "reports", "named", "--target-qps", "8", "--stages", "100",
+            "--stage-duration", "4", "--warmup", "0", "--arrival", "constant",
+        )  # fmt: skip
+    assert "model support-lora: " in run.output and "does not list it (it lists llmload-sim)" in run.output
+    sent = run.records[run.records.sent_at.notna()]
+    named = sent.session_id.str[1:].astype(int) % 3 == 0
+    assert (sent[named].model == "support-lora").all() and (sent[named].error_category == "model_not_found").all()
+    assert (sent[~named].model == "llmload-sim").all() and (sent[~named].status == "ok").all()
+    assert run.manifest["model"] == "llmload-sim" and run.manifest["model_mix"] == []
+    by_model = {g["name"]: g for g in run.summary["by_model"]}
+    assert by_model["support-lora"]["failures"] == {"model_not_found": int(named.sum())}
+    assert by_model["llmload-sim"]["share"] is None and by_model["llmload-sim"]["ok"] == int((~named).sum())

@@ -227,22 +227,28 @@ def _listed_models(host: str, access: Access) -> list[str]:
 
 
 def _resolve_models(host: str, options: argparse.Namespace, workload: Workload, access: Access) -> ModelMix:
-    """The served models: --model (with their weights), else the workload's, else the first one /v1/models
-    lists. A --model the list lacks is sent all the same (its requests fail as `model_not_found`), and said."""
+    """The served models of turns that name none: --model (with their weights), else the workload's, else the
+    first one /v1/models lists. A model asked for that the list lacks (by --model or a turn's own `model`) is
+    sent all the same (its requests fail as `model_not_found`), and said."""
+    named = {turn.model for session in workload.sessions for turn in session.turns if turn.model}
+    listed: list[str] | None = None
     if options.model:
         mix = ModelMix.of(options.model)
+        named |= {share.name for share in mix.shares}
+    elif workload.spec.model:
+        mix = ModelMix.single(workload.spec.model)
+    else:
+        listed = _listed_models(host, access)
+        if not listed:
+            raise InputError(f"{host}/v1/models lists no model; give --model")
+        mix = ModelMix.single(listed[0])
+    if named:
         with contextlib.suppress(InputError):
-            listed = _listed_models(host, access)
-            for name in (share.name for share in mix.shares if share.name not in listed):
-                log.warning("llmload: --model %s: %s/v1/models does not list it (it lists %s)", name, host,
+            listed = listed if listed is not None else _listed_models(host, access)
+            for name in sorted(named - set(listed)):
+                log.warning("llmload: model %s: %s/v1/models does not list it (it lists %s)", name, host,
                             ", ".join(listed) or "none")  # fmt: skip
-        return mix
-    if workload.spec.model:
-        return ModelMix.single(workload.spec.model)
-    listed = _listed_models(host, access)
-    if not listed:
-        raise InputError(f"{host}/v1/models lists no model; give --model")
-    return ModelMix.single(listed[0])
+    return mix
 
 
 def _refuse_start(environment: Environment, reason: str) -> None:

@@ -326,7 +326,7 @@ def summarize(
         server=server_summary(server, manifest.judged_started_at, workload_prefix),
         workers=workers,
         by_model=group_figures(df, "model", elapsed, {s.name: s.weight for s in manifest.model_mix})
-        if manifest.model_mix
+        if manifest.model_mix or df.model.nunique() > 1  # a mix asked for, or the workload's turns name models
         else [],
         by_host=group_figures(df, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
         if manifest.replicas

@@ -831,6 +831,7 @@ class SearchResult(BaseModel):
     failing_reason: str | None = None
     confirmed: bool | None = Field(default=None, description="the --confirm soak passed; None: not run")
     required_qps: float | None = None
+    prefix_cache_kept: bool = Field(default=False, description="--keep-prefix-cache: no probe emptied it")
     latency_slo: bool = Field(
         default=False,
         description="the gate holds latency to an SLO (--slo-ttft-p99-ms, --slo-ttfo-p99-ms, --slo-e2e-p99-ms,"
@@ -844,6 +845,11 @@ class SearchResult(BaseModel):
     @property
     def cache_note(self) -> str | None:
         """Whether each probe began with an empty prefix cache, in a sentence; None before any probe said."""
+        if self.prefix_cache_kept:
+            return (
+                "The prefix cache was kept between probes (--keep-prefix-cache): a probe may have been served prefixes"
+                " the one before it left cached."
+            )
         told = [p.cache_reset for p in self.probes if p.cache_reset is not None]
         if not told:
             return None

@@ -279,10 +279,13 @@ def test_a_rate_below_require_qps_exits_1(tmp_path: Path) -> None:
         code, output, result = _search(
             tmp_path / "reports", "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "3",
             "--start-qps", "3", "--repeats", "1", "--probe-duration", "4s", "--probe-warmup", "0",
-            "--require-qps", "5", timeout=120,
+            "--require-qps", "5", "--keep-prefix-cache", timeout=120,
         )  # fmt: skip
     assert code == 1, output[-3000:]
     assert result["outcome"] == "capped" and result["passing_qps"] == 3
+    # a shared server's cache left as it is, and said
+    assert result["prefix_cache_kept"] and all(p["cache_reset"] is None for p in result["probes"])
+    assert "The prefix cache was kept between probes (--keep-prefix-cache)" in output
     assert "below --require-qps 5" in output and "Keeps up with ≥ 3 req/s (the cap, --max-qps)" in output
 
 

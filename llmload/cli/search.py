@@ -75,6 +75,11 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
     parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")
     parser.add_argument("--require-qps", type=float, default=None, help="exit 1 unless the answer is at least this")
     parser.add_argument("--goodput-slo", action="append", default=[], metavar="SPEC", help=GOODPUT_SYNTAX)
+    parser.add_argument(
+        "--keep-prefix-cache", action="store_true",
+        help="do not empty the server's prefix cache before each probe (a shared server whose cache others use);"
+        " a probe may then ride on prefixes the one before left cached",
+    )  # fmt: skip
     add_criteria_arguments(parser)
     parser.add_argument("--locustfile", default=str(LOCUSTFILE), help="(default: the packaged one)")
 
@@ -92,6 +97,7 @@ def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
         locustfile=args.locustfile, workload=args.workload, hold_s=args.probe_duration,
         warmup_s=args.probe_warmup, drain_s=args.probe_drain, confirm_s=args.confirm_duration,
         confirm=args.confirm, goodput_slo=tuple(args.goodput_slo), seed=args.seed,
+        reset_prefix_cache=not args.keep_prefix_cache,
     )  # fmt: skip
     return criteria, flags
 
@@ -131,6 +137,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
             search_id=search_id, host=host, workload=args.workload, max_qps=bounds.max_qps,
             probe_s=args.probe_duration, repeats=bounds.repeats, started_at=time.time(), goodput_slo=goodput_slo,
             required_qps=args.require_qps, latency_slo=holds_latency(criteria),
+            prefix_cache_kept=args.keep_prefix_cache,
         )  # fmt: skip
         searcher = Searcher(flags, passthrough, directory, result)
         try:

@@ -139,6 +139,7 @@ class ProbeFlags:
     confirm: bool = False  # after the search, soak confirm_s at the rate found
     goodput_slo: tuple[str, ...] = ()
     seed: int = 0  # a rate's first probe; the k-th repeat at that rate takes seed + k
+    reset_prefix_cache: bool = True  # before each probe, where the server offers it (--keep-prefix-cache: not)
 
 
 # every probe sets these (and --goodput-slo from the search's own flag): refused among those passed through
@@ -203,7 +204,8 @@ class Searcher:
             "--stages", "100", "--stage-duration", f"{hold:g}",
             "--warmup", f"{flags.warmup_s:g}", "--drain-timeout", f"{drain:g}", "--seed", str(seed),
             "--first-session", str(self._first_session()), "--run-id", run_id,
-            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria), "--reset-prefix-cache",
+            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
+            *(["--reset-prefix-cache"] if flags.reset_prefix_cache else []),
             *(f"--goodput-slo={spec}" for spec in flags.goodput_slo),
         ]  # fmt: skip
 

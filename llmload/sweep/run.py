@@ -143,6 +143,7 @@ class Sweep:
             search_id=f"{self.result.sweep_id}/{row.name}", host=host, workload=self.probe.workload,
             max_qps=self.bounds.max_qps, probe_s=self.probe.hold_s, repeats=self.bounds.repeats,
             started_at=time.time(), required_qps=self.result.required_qps, latency_slo=self.result.latency_slo,
+            prefix_cache_kept=not self.probe.reset_prefix_cache,
         )  # fmt: skip
         searcher = Searcher(self.probe, self.passthrough, where, found)
         try:

@@ -10,6 +10,7 @@ is on this path; the SDK is the reference parser in tests.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from pydantic import PositiveFloat
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from llmload.access import Access
+from llmload.cancel import Cut
 from llmload.drain import AGE_FACTOR, DrainOver
 from llmload.failures import (
     classify_exception,
@@ -78,6 +80,10 @@ class StreamResult:
 NOT_OUTPUT, ANSWER, REASONING = 0, 1, 2
 
 
+class PlannedCut(Exception):
+    """The plan closes this stream here (llmload.cancel): the connection is dropped, as a closed tab's is."""
+
+
 def _delta_output(delta: dict[str, Any]) -> tuple[int, str]:
     """(what this delta carries: NOT_OUTPUT, ANSWER or REASONING, its answer text).
 
@@ -131,13 +137,19 @@ class ChatClient:
             return None
 
     def stream_chat(
-        self, body: bytes, *, deadline: float | None = None, headers: dict[str, str] | None = None
+        self,
+        body: bytes,
+        *,
+        deadline: float | None = None,
+        headers: dict[str, str] | None = None,
+        cut: Cut | None = None,
     ) -> StreamResult:
         """Send one streaming chat completion and time every output chunk.
 
         `deadline` (perf_counter) is the end of the run's drain: a request still running then is
         `unfinished` (the target did not keep up), so a run always ends by itself. `headers`: this
-        request's own, beside the client's (the session's id for a router's affinity).
+        request's own, beside the client's (the session's id for a router's affinity). `cut`: where the
+        plan closes this stream on purpose (`abandoned`; llmload.cancel).
         """
         result = StreamResult(sent_at=time.perf_counter())
         budget = self.limits.total_s
@@ -145,8 +157,9 @@ class ChatClient:
         if deadline is not None and run_ends_first:
             budget = max(0.0, deadline - result.sent_at)
         response = None
+        cut_s = gevent.Timeout(cut.seconds, PlannedCut) if cut is not None and cut.seconds is not None else None
         try:
-            with gevent.Timeout(budget):
+            with gevent.Timeout(budget), cut_s or contextlib.nullcontext():
                 response = self._post(body, headers)
                 result.http_status = response.get_code()
                 if result.http_status != 200:
@@ -160,7 +173,7 @@ class ChatClient:
                         f"HTTP 200 {response.get('content-type')}, not an event stream: {snippet}", self._secrets
                     )
                 else:
-                    self._read_stream(response, result)
+                    self._read_stream(response, result, cut.tokens or 0 if cut is not None else 0)
         except gevent.Timeout:
             if run_ends_first:
                 result.error_category = "unfinished"
@@ -175,6 +188,12 @@ class ChatClient:
             result.error_message = (
                 f"still running when the drain after the plan ended, after {ran:.1f} s: older than"
                 f" {AGE_FACTOR:g}× the longest answer seen, with no answer for as long, so not waited for"
+            )
+        except PlannedCut:
+            result.error_category = "abandoned"
+            result.error_message = (
+                f"cut by the plan after {len(result.token_times)} tokens, {time.perf_counter() - result.sent_at:.2f} s"
+                " (--cancel-share), as a user who closes the tab"
             )
         except gevent.GreenletExit:
             # recorded by the caller, which then lets the stop go on
@@ -202,11 +221,12 @@ class ChatClient:
         except (HTTPConnectionClosed, ConnectionResetError, BrokenPipeError):
             return self._http.request("POST", self.path, body=body, headers=headers)
 
-    def _read_stream(self, response: Any, result: StreamResult) -> None:
+    def _read_stream(self, response: Any, result: StreamResult, cut_tokens: int) -> None:
         """Every event until `[DONE]` or the server closes the stream. A stream is complete with a
         `[DONE]` or a choice's finish_reason (transformers serve never sends `[DONE]`); one that closes
         with neither lost its end (`incomplete`), one that closes mid-event was cut (`stream_error`), and
-        an event that is not JSON is `malformed`. An error object inside it fails the request."""
+        an event that is not JSON is `malformed`. An error object inside it fails the request. With
+        `cut_tokens`, PlannedCut is raised once that many output chunks came."""
         sock = response._sock
         readline = response.readline
         now = time.perf_counter
@@ -243,6 +263,8 @@ class ChatClient:
                     output, text = _delta_output(last.get("delta") or {})
                     if output:
                         token_times.append(t)
+                        if cut_tokens and len(token_times) >= cut_tokens:
+                            raise PlannedCut
                         if output == REASONING:
                             reasoning += 1
                         elif first_answer is None:

@@ -286,6 +286,25 @@ class ModelShare(Strict):
     weight: float = Field(default=1.0, gt=0)
 
 
+class CancelNote(Strict):
+    """Streams the plan cut on purpose (`--cancel-share`, `--cancel-after`; llmload/cancel.py)."""
+
+    share: float = Field(gt=0, lt=1, description="of the requests, the share cut")
+    after: str = Field(description="where each is cut: tokens:DISTRIBUTION or seconds:DISTRIBUTION, as given")
+
+
+class ServerRelease(Strict):
+    """Whether the server let go of what the run's requests held once the last of them had ended: the
+    requests it still ran and queued, and its KV-cache usage against before the run (llmload/cancel.py)."""
+
+    released: bool | None = Field(description="None: the server exports no running count")
+    waited_s: float = Field(description="from the first look to the last, after the run's last request")
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage_before: float | None = Field(default=None, description="the run's first sample")
+    kv_cache_usage_after: float | None = None
+
+
 class PrefixCacheReset(Strict):
     """Whether the server's prefix cache was emptied before a run (`--reset-prefix-cache`), and how or why not."""
 
@@ -331,6 +350,10 @@ class RunManifest(Strict):
         description="the replicas sessions were spread over (`host` is the first); [] for one",
     )
     session_header: str | None = Field(default=None, description="the header that carried each session's id")
+    cancel: CancelNote | None = Field(default=None, description="streams cut on purpose; None: none")
+    server_release: ServerRelease | None = Field(
+        default=None, description="with `cancel`: whether the server let go of what the requests held"
+    )
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
 
     @property
@@ -347,7 +370,7 @@ class RunManifest(Strict):
 
 # --------------------------------------------------------------------------- run records
 
-RequestStatus = Literal["ok", "failed", "unfinished", "cancelled", "not_sent", "lost"]
+RequestStatus = Literal["ok", "failed", "unfinished", "cancelled", "abandoned", "not_sent", "lost"]
 """`unfinished`: still running when the drain after the plan ended: the target did not keep up, judged as a
 failure. `cancelled`: cut by the operator (Ctrl-C, SIGTERM, -t); like `not_sent`, never judged. `lost`: a
 distributed run's worker died with it, in flight (sent, its outcome unknown) or due and never sent (llmload.fleet);
@@ -371,6 +394,7 @@ FailureCategory = Literal[
     "http_5xx",
     "unfinished",
     "cancelled",
+    "abandoned",
     "worker_lost",
 ]
 FAILURE_CATEGORIES: tuple[str, ...] = FailureCategory.__args__  # type: ignore[attr-defined]
@@ -446,8 +470,8 @@ class TokenPercentiles(BaseModel):
 
 
 class RequestCounts(BaseModel):
-    """The judged stages' requests (scheduled = ok + failed + unfinished + cancelled + not_sent + lost); the
-    warm-up's are counted apart, so scheduled + warmup is every record of the run."""
+    """The judged stages' requests (scheduled = ok + failed + unfinished + cancelled + abandoned + not_sent +
+    lost); the warm-up's are counted apart, so scheduled + warmup is every record of the run."""
 
     scheduled: int
     sent: int
@@ -455,6 +479,7 @@ class RequestCounts(BaseModel):
     failed: int
     unfinished: int = Field(default=0, description="still running when the drain ended: the target fell behind")
     cancelled: int = 0
+    abandoned: int = Field(default=0, description="cut by the plan (--cancel-share), as a user closing a tab")
     not_sent: int
     lost: int = Field(default=0, description="lost with a distributed run's worker: in flight, or due and never sent")
     warmup: int = 0
@@ -519,6 +544,7 @@ class StageSummary(BaseModel):
     failed: int
     unfinished: int = 0
     cancelled: int = 0
+    abandoned: int = 0
     not_sent: int
     lost: int = Field(default=0, description="its arrivals lost with a worker (RequestCounts.lost)")
     schedule_delay_p99_ms: float | None
@@ -631,7 +657,7 @@ class ServerSummary(BaseModel):
     gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")
 
 
-CheckKind = Literal["failures", "rate", "keeping_up", "slo", "goodput", "drift", "alert", "hold_length"]
+CheckKind = Literal["failures", "rate", "keeping_up", "slo", "goodput", "drift", "alert", "hold_length", "release"]
 """What a verdict's check judges: `hold_length` fails a hold too short for the latencies it saw (a search
 lengthens such a probe); `drift` and `keeping_up` fit a slope, and may fail marginally."""
 
@@ -755,6 +781,8 @@ class Summary(BaseModel):
     workers: list[WorkerSummary] = Field(default_factory=list, description="a distributed run's workers")
     by_model: list[GroupFigures] = Field(default_factory=list, description="a run of several models: each one's")
     by_host: list[GroupFigures] = Field(default_factory=list, description="a run over several replicas: each one's")
+    cancel: CancelNote | None = Field(default=None, description="streams cut on purpose (run.json's)")
+    server_release: ServerRelease | None = Field(default=None, description="with `cancel` (run.json's)")
     verdict: Verdict | None = None
 
 

@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
+from llmload.cancel import CancelPlan
 from llmload.client import Limits
 from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError, validation_message
@@ -81,6 +82,8 @@ class PlanFlags(BaseModel):
     max_users: PositiveInt = 2000
     limits: Limits = Field(default_factory=Limits)
     goodput_slo: tuple[str, ...] = ()
+    cancel_share: float = Field(default=0.0, ge=0, lt=1)
+    cancel_after: str | None = None
 
     @classmethod
     def checked(cls, **values: Any) -> PlanFlags:
@@ -101,6 +104,7 @@ class RunPlan:
     arrivals: ArrivalSchedule | TraceClock  # request arrivals (rate modes), or the trace's clock
     target_qps: float
     goodput_slo: GoodputSLO | None
+    cancel: CancelPlan | None = None  # streams cut on purpose
 
     @classmethod
     def build(cls, flags: PlanFlags) -> RunPlan:
@@ -137,7 +141,8 @@ class RunPlan:
         if trace and flags.first_session:
             raise InputError("--first-session applies to rate modes only (a trace keeps its order)")
         goodput_slo = parse_goodput_slo(flags.goodput_slo) if flags.goodput_slo else None
-        return cls(flags, workload, stages, arrivals, target, goodput_slo)
+        cancel = CancelPlan.parse(flags.cancel_share, flags.cancel_after)
+        return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel)
 
     @property
     def end_s(self) -> float:
@@ -184,6 +189,7 @@ class RunPlan:
             server=server,
             access=access,
             prefix_cache_reset=prefix_cache_reset,
+            cancel=self.cancel.note() if self.cancel is not None else None,
         )
 
     def planned(self) -> int:

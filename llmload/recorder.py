@@ -12,6 +12,7 @@ from pathlib import Path
 
 from llmload import rundir
 from llmload.access import Access
+from llmload.cancel import RELEASE_LIMIT_S
 from llmload.conclude import conclude
 from llmload.gates.verdict import SoakCriteria
 from llmload.live import LiveStats
@@ -69,7 +70,8 @@ class RunRecorder:
         interrupted: bool = False,
     ) -> Summary:
         """Stop observing, close the log, complete run.json (with a distributed run's workers), and
-        write the report (and the verdict)."""
+        write the report (and the verdict). A run that cut streams first watches the server let go of them."""
+        release = self.observer.release(RELEASE_LIMIT_S) if self.manifest.cancel is not None else None
         self.observer.stop()
         self.writer.close()
         self.manifest = self.manifest.model_copy(
@@ -79,6 +81,7 @@ class RunRecorder:
                 "cpu_steal_percent": round(steal_percent, 2),
                 "fleet": fleet or [],
                 "interrupted": interrupted,
+                "server_release": release,
             }
         )
         rundir.write_model(self.run_dir / rundir.MANIFEST_FILE, self.manifest)

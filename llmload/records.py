@@ -77,7 +77,9 @@ def request_record(
     reasoning_tokens, counted = reasoning_count(result)
     answered_at = result.first_answer_at
     category = result.error_category
-    status = "ok" if category is None else category if category in ("unfinished", "cancelled") else "failed"
+    status = (
+        "ok" if category is None else category if category in ("unfinished", "cancelled", "abandoned") else "failed"
+    )
     return record.model_copy(
         update={
             "sent_at": clock.wall(result.sent_at),

@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 
 from llmload import drain
+from llmload.cancel import CancelPlan
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.model_mix import ModelMix
@@ -313,12 +314,15 @@ class TurnSender:
         tokenizer: Tokenizer,
         history_turns: int | None = None,
         session_header: str | None = None,
+        cancel: CancelPlan | None = None,
     ) -> None:
         """`clients`: one per replica, keyed by its URL (`Replicas.hosts`); `session_header`: the header that
-        carries the session's id, for a router that keeps a session on one replica."""
+        carries the session's id, for a router that keeps a session on one replica; `cancel`: the streams cut
+        on purpose."""
         self.clients = clients
         self.replicas = Replicas(tuple(clients))
         self.session_header = session_header
+        self.cancel = cancel
         self.dispatcher = dispatcher
         self.sink = sink
         self.models = models
@@ -389,12 +393,13 @@ class TurnSender:
         host = self.replicas.for_session(live.session.id)
         client = self.clients[host]
         headers = {self.session_header: live.session.id} if self.session_header else None
+        cut = self.cancel.cut_for(live.session.id, index) if self.cancel is not None else None
         while True:
             forced = turn.output_tokens is not None and self.shape.forces_length
             body = self.shape.body(model, messages, max_tokens=turn.max_tokens, output_tokens=turn.output_tokens)
             self.dispatcher.on_the_wire[flight] = gevent.getcurrent()
             try:
-                result = client.stream_chat(body, deadline=self.dispatcher.deadline, headers=headers)
+                result = client.stream_chat(body, deadline=self.dispatcher.deadline, headers=headers, cut=cut)
             finally:
                 self.dispatcher.on_the_wire.pop(flight, None)
             if (

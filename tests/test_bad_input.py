@@ -89,6 +89,12 @@ CASES = [
     Case("model-twice", locust("--model", "base", "--model", "base:2"), "--model: each model once"),
     Case("header-without-colon", locust("--header", "X-Tenant"), "--header 'X-Tenant': give 'Name: value'"),
     Case("insecure-and-ca", locust("--insecure", "--ca-cert", "{dir}/notes.txt"), "--insecure verifies nothing"),
+    # streams cut on purpose (llmload.cancel)
+    Case("cancel-share-alone", locust("--cancel-share", "0.1"), "--cancel-share needs --cancel-after tokens:"),
+    Case("cancel-share-one", locust("--cancel-share", "1", "--cancel-after", "tokens:4"), "--cancel-share: Input"),
+    Case(
+        "cancel-after-unit", locust("--cancel-share", "0.1", "--cancel-after", "4"), "--cancel-after '4': give tokens"
+    ),
     # the replicas (llmload.replicas)
     Case("host-twice", locust("--host", "http://127.0.0.1:9"), "--host given more than once: give the replicas in one"),
     Case("hosts-file-missing", locust(host="@{dir}/no-hosts.txt"), "--host @{dir}/no-hosts.txt: No such file"),

@@ -186,3 +186,23 @@ def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Pat
     not_offered = "POST /reset_prefix_cache answered HTTP 404 (only with VLLM_SERVER_DEV_MODE=1"
     assert all(not p["cache_reset"]["reset"] and not_offered in p["cache_reset"]["how"] for p in result["probes"])
     assert "The prefix cache was not emptied before any probe: " + not_offered in output
+
+
+def test_streams_cut_on_purpose_are_let_go_by_real_vllm(vllm_server: VllmServer, tmp_path: Path) -> None:
+    """Half the streams closed after 4 of their 256 tokens (`abandoned`, never judged): vLLM aborts each when
+    its client goes away, so while the run goes it never runs more than the run has in flight, and after it
+    nothing is left running. A server that generated on for them would hold a few more (tests/test_cancel.py)."""
+    run = run_locust(
+        vllm_server.url, fixed_output_workload(tmp_path, 256, sessions=100), tmp_path / "reports", "cut",
+        "--target-qps", "2", "--stages", "100", "--stage-duration", "12", "--warmup", "0", "--arrival", "constant",
+        "--cancel-share", "0.5", "--cancel-after", "tokens:4", "--verdict", "--drain-timeout", "60", timeout=240,
+    )  # fmt: skip
+    records = run.records
+    abandoned = records[records.status == "abandoned"]
+    assert len(abandoned) >= 6 and (abandoned.output_tokens == 4).all(), run.output[-3000:]
+    assert (records[records.status != "abandoned"].status == "ok").all()
+    assert run.summary["requests"]["abandoned"] == len(abandoned) and run.summary["requests"]["failed"] == 0
+    release = run.summary["server_release"]
+    assert release["released"] is True and release["running"] == 0, release
+    line = next(r for r in run.summary["verdict"]["reasons"] if " release after cancelled streams: " in r)
+    assert line.startswith("PASS "), line

@@ -128,6 +128,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME,...",
         help="answer a request carrying one of these fields with OpenAI's HTTP 400 'Unrecognized request argument'",
     )
+    parser.add_argument(
+        "--no-abort-on-disconnect", dest="abort_on_disconnect", action="store_false",
+        help=SimConfig.model_fields["abort_on_disconnect"].description,
+    )  # fmt: skip
     access = parser.add_argument_group("who may connect: as vLLM's flags of the same names")
     access.add_argument("--api-key", default=None, help=SimConfig.model_fields["api_key"].description)
     for field in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):

@@ -14,12 +14,13 @@ import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
+from llmload.cancel import HELD_EXCESS, held_excess, release_line
 from llmload.errors import InputError, validation_message
 from llmload.format import figure
 from llmload.models import (
@@ -646,6 +647,28 @@ def _goodput_check(stage: StageSummary, minimum: float | None, manifest: RunMani
     )
 
 
+def _release_check(run: Run) -> Check:
+    """A run that cut streams (--cancel-share): the server must let go of what they held, while the run goes
+    (it runs no more than the run has in flight) and after it (nothing left running, KV usage back where
+    it was; llmload.cancel)."""
+    name, kind = "release after cancelled streams", cast(CheckKind, "release")
+    release, samples, records = run.manifest.server_release, run.server.frame, run.records.frame
+    excess = held_excess(
+        samples.t.to_numpy(dtype=float), samples.running.to_numpy(dtype=float),
+        samples.waiting.to_numpy(dtype=float), records.sent_at.to_numpy(dtype=float),
+        records.finished_at.to_numpy(dtype=float),
+    )  # fmt: skip
+    if excess is None or release is None or release.released is None:
+        why = release_line(release) if release is not None else NO_SAMPLES
+        return Check(name=name, kind=kind, status="skip", detail=why if excess is not None else NO_SAMPLES)
+    during = (
+        f"while the run went, the server ran a median {excess:+g} requests beyond the run's own in flight"
+        f" (limit {HELD_EXCESS:+g}: it serves this run alone)"
+    )
+    failed = excess >= HELD_EXCESS or not release.released
+    return Check(name=name, kind=kind, status="fail" if failed else "pass", detail=f"{during}; {release_line(release)}")
+
+
 def _hold_length_check(hold: Hold, share: float | None) -> Check:
     """A hold only judges requests much shorter than itself: a probe of 10 s whose answers take 5 s
     has seen two generations of them, too few to tell a level queue from a growing one."""
@@ -825,6 +848,8 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
             unmeasured=unmeasured("prefix_cache_queries_total", NO_PREFIX_CACHE),
         ),
     ]  # fmt: skip
+    if manifest.cancel is not None:
+        checks.append(_release_check(run))
     if starved is None:
         checks = _latency_drift_behind_an_unknown_queue(checks)
     return SoakResult(run_id=manifest.run_id, hold=stage.name, checks=checks)

@@ -56,6 +56,16 @@ def add_arguments(parser: Any) -> None:
         " for one of them (a LoRA adapter too) in proportion, e.g. --model base:0.7 --model support-lora:0.3",
     )  # fmt: skip
     group.add_argument(
+        "--cancel-share", type=float, default=0.0, metavar="FRACTION",
+        help="cut this share of the streams on purpose, as users who close a tab (not failures, never judged);"
+        " the verdict then checks the server lets go of what they held",
+    )  # fmt: skip
+    group.add_argument(
+        "--cancel-after", default=None, metavar="tokens:DIST|seconds:DIST",
+        help="where each cut stream is cut: after that many output tokens or seconds, drawn as `workload synth`"
+        " takes lengths (tokens:32, seconds:lognormal:median=2,sigma=0.5)",
+    )  # fmt: skip
+    group.add_argument(
         "--session-header", default=None, metavar="NAME",
         help="send each session's id in this header, for a router that keeps a session on one replica"
         " (e.g. x-session-id); several replicas are --host URL,URL or --host @FILE",
@@ -169,4 +179,6 @@ def plan_flags(options: argparse.Namespace) -> PlanFlags:
         max_users=options.max_users,
         limits=limits,
         goodput_slo=tuple(options.goodput_slo),
+        cancel_share=options.cancel_share,
+        cancel_after=options.cancel_after,
     )

@@ -456,7 +456,7 @@ def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> No
         run.recorder.add([record])
     else:
         run.outbox.append(record)
-    if record.status in ("not_sent", "cancelled"):  # neither a response nor a failure of the target
+    if record.status in ("not_sent", "cancelled", "abandoned"):  # neither a response nor a failure of the target
         return
     exception = None
     if record.status != "ok":  # failed, or unfinished: the target did not answer in time

@@ -33,6 +33,7 @@ class ChatUser(User):
             tokenizer=get_tokenizer(plan.workload.spec.tokenizer),
             history_turns=plan.history_turns,
             session_header=run.session_header,
+            cancel=plan.cancel,
         )
 
     @task

@@ -25,6 +25,8 @@ from geventhttpclient.url import URL
 from pydantic import BaseModel, Field
 
 from llmload.access import Access
+from llmload.cancel import released
+from llmload.models import ServerRelease
 from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
 from llmload.observe.host import HostMeter
 from llmload.observe.metrics import VLLM, fetch, parse_metrics
@@ -96,6 +98,7 @@ class Observer:
         self.server = server
         self.host = HostMeter(self.url)
         self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
+        self.first: ServerSample | None = None  # the run's first sample: the server before the load
         self._noted: set[str] = set()
         self._reachable = True
         self._file: IO[bytes] | None = None
@@ -140,7 +143,30 @@ class Observer:
             gevent.sleep(asked)
             lag_ms = round(max(0.0, time.monotonic() - slept_from - asked) * 1000, 1)
 
+    def release(self, limit_s: float, interval_s: float = 0.25) -> ServerRelease:
+        """After the run's last request: samples until the server runs and queues nothing (and its KV usage
+        is back to the run's first sample's), or `limit_s` passed (llmload.cancel)."""
+        if self._greenlet is not None:  # the loop's samples would interleave with these
+            self._greenlet.kill(block=True, timeout=self.timeout_s + 1)
+            self._greenlet = None
+        before = self.first.kv_cache_usage if self.first is not None else None
+        started = time.monotonic()
+        while True:
+            sample = self.scrape()
+            self._record(sample)
+            waited = time.monotonic() - started
+            done = released(sample.running, sample.waiting, before, sample.kv_cache_usage)
+            if done or sample.running is None or waited >= limit_s:
+                break
+            gevent.sleep(interval_s)
+        return ServerRelease(
+            released=None if sample.running is None else done, waited_s=round(waited, 2), running=sample.running,
+            waiting=sample.waiting, kv_cache_usage_before=before, kv_cache_usage_after=sample.kv_cache_usage,
+        )  # fmt: skip
+
     def _record(self, sample: ServerSample) -> None:
+        if self.first is None:
+            self.first = sample
         self._history.append(sample)
         assert self._file is not None
         self._file.write(orjson.dumps(sample.model_dump(mode="json"), option=orjson.OPT_APPEND_NEWLINE))

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import RcKeyType
 
+from llmload.cancel import cut_line
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
@@ -62,6 +63,7 @@ CATEGORY_COLORS = dict(
             "#393b79",
             "#637939",
             "#843c39",
+            "#aec7e8",
             "#5254a3",
         ),
         strict=True,
@@ -435,7 +437,7 @@ they count as failures. Cancelled: cut by the operator (Ctrl-C, SIGTERM), never 
 stage table leaves out the warm-up.</p>
 {% if s.requests.lost %}<div class="warn">{{ s.requests.lost }} requests were lost with a worker (in flight when
 it died, or due on it and never sent): never judged against the target; the hold's achieved-rate check fails.</div>
-{% endif %}{% if s.workers %}<h2>Workers</h2>
+{% endif %}{% if cancel_line %}<p class="note">{{ cancel_line }}</p>{% endif %}{% if s.workers %}<h2>Workers</h2>
 <table><tr><th class="l">worker</th><th>sent</th><th>ok</th><th>failed</th><th>lost</th><th>sent, its own count</th>
 <th>took over</th><th>CPU max</th></tr>
 {% for w in s.workers %}<tr><td class="l">{{ w.index }} ({{ w.host }})</td><td>{{ w.sent }}</td><td>{{ w.ok }}</td>
@@ -549,6 +551,9 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
         server_facts=server_facts(run.summary),
         worker_lines=[lost_line(w) for w in run.summary.workers if w.lost_at_s is not None]
         + [f"{worker_name(w)} sent nothing: {w.refused}" for w in run.summary.workers if w.refused],
+        cancel_line=cut_line(run.summary.cancel, run.summary.requests.abandoned, run.summary.server_release)
+        if run.summary.cancel
+        else None,
         itl_method=ITL_METHOD,
         style=STYLE,
     )

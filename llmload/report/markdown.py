@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmload.cancel import cut_line
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import AccessNote, GroupFigures, ReusablePrefix, ServerSummary, Summary
@@ -270,6 +271,7 @@ def render_markdown(summary: Summary) -> str:
             if req.lost
             else []
         ),
+        *(["", cut_line(summary.cancel, req.abandoned, summary.server_release)] if summary.cancel else []),
         "",
         "## Latency (ms, successful requests, from send)",
         "",

@@ -119,6 +119,7 @@ def _stage_summaries(
                 failed=int((rows.status == "failed").sum()),
                 unfinished=int((rows.status == "unfinished").sum()),
                 cancelled=int((rows.status == "cancelled").sum()),
+                abandoned=int((rows.status == "abandoned").sum()),
                 not_sent=int((rows.status == "not_sent").sum()),
                 lost=int((rows.status == "lost").sum()),
                 schedule_delay_p99_ms=delay_p99,
@@ -293,6 +294,7 @@ def summarize(
             failed=len(failed) - unfinished,
             unfinished=unfinished,
             cancelled=int((df.status == "cancelled").sum()),
+            abandoned=int((df.status == "abandoned").sum()),
             not_sent=int((df.status == "not_sent").sum()),
             lost=int((df.status == "lost").sum()),
             warmup=int(in_warmup.sum()),
@@ -328,6 +330,8 @@ def summarize(
         by_model=group_figures(df, "model", elapsed, {s.name: s.weight for s in manifest.model_mix})
         if manifest.model_mix or df.model.nunique() > 1  # a mix asked for, or the workload's turns name models
         else [],
+        cancel=manifest.cancel,
+        server_release=manifest.server_release,
         by_host=group_figures(df, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
         if manifest.replicas
         else [],

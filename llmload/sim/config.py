@@ -169,6 +169,11 @@ class SimConfig(Strict):
     api_key: str | None = Field(
         default=None, description="as vLLM's --api-key: a /v1 request without `Authorization: Bearer KEY` gets 401"
     )
+    abort_on_disconnect: bool = Field(
+        default=True,
+        description="a stream whose client went away is aborted and frees its slot and KV blocks, as vLLM does;"
+        " off (--no-abort-on-disconnect, engine mode), it is generated on for no one, as by a server that leaks",
+    )
     ssl_certfile: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate")
     ssl_keyfile: Path | None = Field(default=None, description="the certificate's PEM private key")
     ssl_ca_certs: Path | None = Field(
@@ -185,6 +190,8 @@ class SimConfig(Strict):
     def _engine_options_need_a_profile(self) -> SimConfig:
         if self.profile is None and self.faults.needs_engine:
             raise ValueError("engine death and slow tokens act on engine steps: give --profile")
+        if self.profile is None and not self.abort_on_disconnect:
+            raise ValueError("--no-abort-on-disconnect acts on the engine's requests: give --profile")
         paced = {"max_model_len", "served_model_name", "model", "not_modelled", "origins"}  # fixed pacing uses these
         engine_flags = [
             "--" + name.replace("_", "-") for name in self.serving.model_dump(exclude_none=True, exclude=paced)

@@ -74,20 +74,27 @@ class Job:
 class StreamSink:
     """An engine request's SSE stream: each token written to the transport from the engine's step."""
 
-    __slots__ = ("_done", "_encoder", "_strike", "_transport")
+    __slots__ = ("_abort", "_done", "_encoder", "_strike", "_transport")
 
     def __init__(
-        self, transport: asyncio.Transport, encoder: wire.ChunkEncoder, done: asyncio.Future[Any], strike: Strike
+        self,
+        transport: asyncio.Transport,
+        encoder: wire.ChunkEncoder,
+        done: asyncio.Future[Any],
+        strike: Strike,
+        *,
+        abort: bool = True,
     ) -> None:
         self._transport = transport
         self._encoder = encoder
         self._done = done
         self._strike = strike
+        self._abort = abort  # False: a client gone away is generated for all the same (SimConfig.abort_on_disconnect)
 
     def token(self, request: EngineRequest, last: bool) -> bool:
         transport = self._transport
         if transport.is_closing() or self._done.done():
-            return False
+            return not self._abort
         k = request.output - 1
         encoder = self._encoder
         if last:
@@ -454,7 +461,9 @@ class SimServer:
             response.enable_chunked_encoding()
             await response.prepare(request)
             assert request.transport is not None
-            sink: StreamSink | ResponseSink = StreamSink(request.transport, self._encoder(job), done, strike)
+            sink: StreamSink | ResponseSink = StreamSink(
+                request.transport, self._encoder(job), done, strike, abort=self.config.abort_on_disconnect
+            )
         else:
             sink = ResponseSink(done)
         entry = EngineRequest(job.prompt_ids, job.output_tokens, sink, job.t0)
@@ -468,7 +477,8 @@ class SimServer:
         try:
             outcome = await done
         finally:
-            engine.abort(entry)  # a no-op once it finished; frees its blocks if the client went away
+            if self.config.abort_on_disconnect:
+                engine.abort(entry)  # a no-op once it finished; frees its blocks if the client went away
         if response is not None:
             self.completion_tokens += entry.output
             return response

@@ -6,6 +6,7 @@ Config-like models are strict (`extra="forbid"`): a misspelt key fails loudly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -16,10 +17,13 @@ from pydantic import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    ValidationError,
     computed_field,
     field_validator,
     model_validator,
 )
+
+from llmload.errors import InputError, validation_message
 
 
 class Strict(BaseModel):
@@ -180,6 +184,10 @@ VLLM_DEFAULTS = ResolvedServeConfig()
 # --------------------------------------------------------------------------- goodput SLOs
 
 ItlStatistic = Literal["p50", "p90", "p95", "p99", "max"]
+ITL_STATISTICS: tuple[str, ...] = ItlStatistic.__args__  # type: ignore[attr-defined]
+# metric in the --goodput-slo syntax -> the GoodputSLO field, which is the records' column too
+GOODPUT_METRICS = {"ttft": "ttft_ms", "ttfo": "ttfo_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
+GOODPUT_SYNTAX = "METRIC=MS or itl:STAT=MS, e.g. ttft=2000,tpot=50,itl:p99=100,e2e=30000"
 
 
 class GoodputSLO(Strict):
@@ -198,6 +206,39 @@ class GoodputSLO(Strict):
         if all(v is None for v in (self.ttft_ms, self.ttfo_ms, self.tpot_ms, self.itl_ms, self.e2e_ms)):
             raise ValueError("a goodput SLO needs at least one of ttft_ms, ttfo_ms, tpot_ms, itl_ms, e2e_ms")
         return self
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> GoodputSLO:
+        """`--goodput-slo` values (repeatable, comma-separated) as one GoodputSLO; an unknown metric or
+        a statistic a metric does not have (AIPerf #1154: an SLO on a missing statistic failed every
+        point) is an InputError naming it, before anything runs."""
+        fields: dict[str, object] = {}
+        for spec in (part.strip() for text in specs for part in text.split(",") if part.strip()):
+            key, sep, value = spec.partition("=")
+            metric, _, statistic = key.strip().partition(":")
+            where = f"--goodput-slo {spec!r}"
+            if not sep:
+                raise InputError(f"{where}: expected {GOODPUT_SYNTAX}")
+            if metric not in GOODPUT_METRICS:
+                known = ", ".join(GOODPUT_METRICS)
+                raise InputError(f"{where}: no per-request metric {metric!r}; known: {known} ({GOODPUT_SYNTAX})")
+            if statistic and metric != "itl":
+                raise InputError(
+                    f"{where}: {metric} is one value per request, so it has no statistic {statistic!r}; only itl"
+                    f" (a request's gaps) takes one: {', '.join(ITL_STATISTICS)}"
+                )
+            if statistic and statistic not in ITL_STATISTICS:
+                raise InputError(f"{where}: itl has no statistic {statistic!r}; known: {', '.join(ITL_STATISTICS)}")
+            try:
+                fields[GOODPUT_METRICS[metric]] = float(value)
+            except ValueError:
+                raise InputError(f"{where}: {value!r} is not a number of milliseconds") from None
+            if statistic:
+                fields["itl_stat"] = statistic
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise InputError(f"--goodput-slo: {validation_message(exc)}") from None
 
     def describe(self) -> str:
         """`TTFT ≤ 2000 ms, ITL p99 ≤ 50 ms`: the rule as reports print it."""
@@ -639,6 +680,19 @@ class ReusablePrefix(BaseModel):
     by_turn: list[TurnReuse]
 
 
+class SpecDecodeSummary(BaseModel):
+    """Speculative decoding over the judged stages and the drain, from vLLM's spec_decode counters."""
+
+    drafts: float = Field(description="draft proposals (one per decoding step that drafted)")
+    draft_tokens: float
+    accepted_tokens: float
+    acceptance_rate: float | None = Field(description="accepted / drafted tokens; None: nothing drafted")
+    mean_acceptance_length: float | None = Field(
+        description="1 + accepted / drafts: tokens a drafting step of the model emits (1 without speculation)"
+    )
+    accepted_tokens_per_s: float | None = Field(description="accepted tokens a second: the output the drafts gave")
+
+
 class ServerSummary(BaseModel):
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None
@@ -655,6 +709,7 @@ class ServerSummary(BaseModel):
     waiting_max: float | None = None
     gpu_memory_usage_max: float | None = Field(default=None, description="the fullest GPU's memory used / total")
     gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")
+    spec_decode: SpecDecodeSummary | None = Field(default=None, description="a server that speculates: its drafts")
 
 
 CheckKind = Literal["failures", "rate", "keeping_up", "slo", "goodput", "drift", "alert", "hold_length", "release"]

@@ -29,7 +29,6 @@ from llmload.errors import InputError, validation_message
 from llmload.model_mix import ModelMix
 from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, RunManifest, ServerIdentity, Stage
 from llmload.replicas import Replicas
-from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import (
     ArrivalProcess,
     ArrivalSchedule,
@@ -140,7 +139,7 @@ class RunPlan:
             arrivals = ArrivalSchedule(stages, flags.arrival, burstiness=flags.burstiness, seed=flags.seed)
         if trace and flags.first_session:
             raise InputError("--first-session applies to rate modes only (a trace keeps its order)")
-        goodput_slo = parse_goodput_slo(flags.goodput_slo) if flags.goodput_slo else None
+        goodput_slo = GoodputSLO.parse(flags.goodput_slo) if flags.goodput_slo else None
         cancel = CancelPlan.parse(flags.cancel_share, flags.cancel_after)
         return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel)
 

@@ -19,7 +19,7 @@ from llmload.gates import compare
 from llmload.gates.verdict import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
 from llmload.records import RecordWriter, RunRecords
-from llmload.report.goodput import conforming, good_requests, parse_goodput_slo
+from llmload.report.goodput import conforming, good_requests
 from llmload.rundir import MANIFEST_FILE, PARQUET_FILE, RECORDS_FILE
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
@@ -143,12 +143,12 @@ def test_an_itl_percentile_slo_judges_each_requests_own_gaps(tmp_path: Path) -> 
 )
 def test_an_slo_on_a_metric_or_statistic_that_does_not_exist_is_refused(spec: str, message: str) -> None:
     with pytest.raises(InputError, match="--goodput-slo") as error:
-        parse_goodput_slo([spec])
+        GoodputSLO.parse([spec])
     assert message in str(error.value)
 
 
 def test_slo_specs_combine() -> None:
-    assert parse_goodput_slo(["ttft=2000,tpot=50", "itl:p99=80"]) == GoodputSLO(
+    assert GoodputSLO.parse(["ttft=2000,tpot=50", "itl:p99=80"]) == GoodputSLO(
         ttft_ms=2000, tpot_ms=50, itl_ms=80, itl_stat="p99"
     )
 

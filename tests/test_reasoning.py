@@ -16,9 +16,8 @@ from llmload.cli import main
 from llmload.client import ChatClient
 from llmload.live import LiveStats
 from llmload.locust.views import console_line, tab_rows
-from llmload.models import Message, RequestRecord, Session, Turn
+from llmload.models import GoodputSLO, Message, RequestRecord, Session, Turn
 from llmload.records import request_record
-from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import RunClock, build_stages
 from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
@@ -151,7 +150,7 @@ def test_a_reasoning_spec_that_is_not_one_exits_2(spec: str, why: str, capsys: p
 
 
 def test_goodput_takes_a_ttfo_slo() -> None:
-    slo = parse_goodput_slo(["ttfo=1500,ttft=200"])
+    slo = GoodputSLO.parse(["ttfo=1500,ttft=200"])
     assert (slo.ttfo_ms, slo.ttft_ms) == (1500, 200)
     assert slo.describe() == "TTFT ≤ 200 ms, TTFO ≤ 1500 ms"
 

@@ -24,10 +24,8 @@ from llmload.gates.search import (
     write_criteria,
 )
 from llmload.gates.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
-from llmload.models import SearchResult
+from llmload.models import GOODPUT_SYNTAX, GoodputSLO, SearchResult
 from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
-from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
-from llmload.report.goodput import parse_goodput_slo
 from llmload.schedule import parse_duration
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
@@ -89,7 +87,7 @@ def probe_flags(args: argparse.Namespace) -> tuple[SoakCriteria, ProbeFlags]:
     if not Path(args.locustfile).is_file():
         raise InputError(f"no locustfile at {args.locustfile} (`llmload locustfile` prints the packaged one)")
     criteria = criteria_from_args(args)
-    goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
+    goodput_slo = GoodputSLO.parse(args.goodput_slo) if args.goodput_slo else None
     if criteria.min_goodput_ratio is not None and goodput_slo is None:
         raise InputError("--min-goodput-ratio needs the SLOs goodput counts against: give --goodput-slo")
     say_if_sample(args.command, args.workload)
@@ -120,7 +118,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     interrupted before one; 2: bad input; 3: no rate passed and no probe could tell (INCONCLUSIVE)."""
     refuse_overrides(PROBE_FLAGS, passthrough, "the search")
     criteria, flags = probe_flags(args)
-    goodput_slo = parse_goodput_slo(args.goodput_slo) if args.goodput_slo else None
+    goodput_slo = GoodputSLO.parse(args.goodput_slo) if args.goodput_slo else None
     bounds = search_bounds(args)
     search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")
     directory = Path(args.reports_dir) / search_id

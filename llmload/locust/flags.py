@@ -12,9 +12,9 @@ from llmload import drain
 from llmload.client import Limits
 from llmload.fleet import ON_WORKER_LOSS
 from llmload.gates.verdict import add_criteria_arguments
+from llmload.models import GOODPUT_SYNTAX
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.plan import PlanFlags
-from llmload.report.goodput import SYNTAX as GOODPUT_SYNTAX
 from llmload.schedule import ARRIVAL_PROCESSES, parse_duration
 from llmload.server.kinds import kinds
 

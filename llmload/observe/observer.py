@@ -51,6 +51,9 @@ class ServerSample(BaseModel):
     prefix_cache_queries_total: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
+    spec_drafts_total: float | None = Field(default=None, description="speculative decoding: drafts proposed")
+    spec_draft_tokens_total: float | None = Field(default=None, description="tokens drafted")
+    spec_accepted_tokens_total: float | None = Field(default=None, description="drafted tokens the model accepted")
     host_cpu_busy: float | None = Field(default=None, description="this machine's CPU in use since the last sample")
     host_cpu_steal: float | None = Field(default=None, description="of it, taken by the hypervisor, 0..1")
     host_cpu_run: float | None = Field(

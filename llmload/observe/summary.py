@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pandas as pd
 
-from llmload.models import GpuSummary, ReusablePrefix, ServerSummary
+from llmload.models import GpuSummary, ReusablePrefix, ServerSummary, SpecDecodeSummary
 from llmload.observe.gpu import GpuSample
 from llmload.observe.observer import ServerSample
 from llmload.server.kinds import METRIC_FIELDS
@@ -129,4 +129,22 @@ def server_summary(
         waiting_max=series_max(frame.waiting),
         gpu_memory_usage_max=series_max(gpus.memory_used_fraction),
         gpus=_gpu_summaries(gpus),
+        spec_decode=_spec_decode(frame, judged_from),
     )
+
+
+def _spec_decode(frame: pd.DataFrame, judged_from: float) -> SpecDecodeSummary | None:
+    """vLLM's speculative decoding from its counters' growth over the judged stages; None when it exports none."""
+    drafts = window_increase(frame, "spec_drafts_total", judged_from)
+    tokens = window_increase(frame, "spec_draft_tokens_total", judged_from)
+    accepted = window_increase(frame, "spec_accepted_tokens_total", judged_from)
+    if drafts is None or tokens is None or accepted is None:
+        return None
+    seen = frame.t[frame.spec_accepted_tokens_total.notna().to_numpy(dtype=bool)]
+    seconds = float(seen.iloc[-1]) - max(judged_from, float(seen.iloc[0]))
+    return SpecDecodeSummary(
+        drafts=drafts, draft_tokens=tokens, accepted_tokens=accepted,
+        acceptance_rate=accepted / tokens if tokens else None,
+        mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        accepted_tokens_per_s=accepted / seconds if seconds > 0 else None,
+    )  # fmt: skip

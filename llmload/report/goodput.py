@@ -11,56 +11,16 @@ user counts as a good answer (the verdict's TTFO SLO takes its E2E as a lower bo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import pandas as pd
-from pydantic import ValidationError
 
-from llmload.errors import InputError, validation_message
-from llmload.models import GoodputSLO, ItlStatistic
+from llmload.models import GOODPUT_METRICS, GoodputSLO
 from llmload.records import RunRecords
 
-# metric in the --goodput-slo syntax -> (GoodputSLO field, the records' column)
-METRICS = {"ttft": "ttft_ms", "ttfo": "ttfo_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
 # the per-request figures judged as they are, one value each (ITL is a statistic of a request's gaps)
-SCALAR_FIELDS = tuple(field for field in METRICS.values() if field != "itl_ms")
+SCALAR_FIELDS = tuple(field for field in GOODPUT_METRICS.values() if field != "itl_ms")
 # a figure whose absence means the SLO was missed: no first answer token is no answer
 MISSING_FAILS = {"ttfo_ms"}
-ITL_STATISTICS: tuple[str, ...] = ItlStatistic.__args__  # type: ignore[attr-defined]
-SYNTAX = "METRIC=MS or itl:STAT=MS, e.g. ttft=2000,tpot=50,itl:p99=100,e2e=30000"
-
-
-def parse_goodput_slo(specs: Iterable[str]) -> GoodputSLO:
-    """`--goodput-slo` values (repeatable, comma-separated) as one GoodputSLO; an unknown metric or
-    a statistic a metric does not have (AIPerf #1154: an SLO on a missing statistic failed every
-    point) is an InputError naming it, before anything runs."""
-    fields: dict[str, object] = {}
-    for spec in (part.strip() for text in specs for part in text.split(",") if part.strip()):
-        key, sep, value = spec.partition("=")
-        metric, _, statistic = key.strip().partition(":")
-        where = f"--goodput-slo {spec!r}"
-        if not sep:
-            raise InputError(f"{where}: expected {SYNTAX}")
-        if metric not in METRICS:
-            raise InputError(f"{where}: no per-request metric {metric!r}; known: {', '.join(METRICS)} ({SYNTAX})")
-        if statistic and metric != "itl":
-            raise InputError(
-                f"{where}: {metric} is one value per request, so it has no statistic {statistic!r}; only itl"
-                f" (a request's gaps) takes one: {', '.join(ITL_STATISTICS)}"
-            )
-        if statistic and statistic not in ITL_STATISTICS:
-            raise InputError(f"{where}: itl has no statistic {statistic!r}; known: {', '.join(ITL_STATISTICS)}")
-        try:
-            fields[METRICS[metric]] = float(value)
-        except ValueError:
-            raise InputError(f"{where}: {value!r} is not a number of milliseconds") from None
-        if statistic:
-            fields["itl_stat"] = statistic
-    try:
-        return GoodputSLO.model_validate(fields)
-    except ValidationError as exc:
-        raise InputError(f"--goodput-slo: {validation_message(exc)}") from None
 
 
 def conforming(frame: pd.DataFrame, slo: GoodputSLO, request_itl: np.ndarray | None = None) -> pd.Series:

@@ -57,6 +57,13 @@ def server_facts(summary: Summary) -> list[str]:
         lines.append(line)
     if server is not None and server.workload_prefix is not None and server.workload_prefix.share is not None:
         lines.append(_prefix_ceiling(server.workload_prefix, server.prefix_cache_hit_rate, figure))
+    if server is not None and (spec := server.spec_decode) is not None:
+        lines.append(
+            f"Speculative decoding (judged stages): {fmt(spec.drafts, 0)} drafts of {fmt(spec.draft_tokens, 0)} tokens,"
+            f" {percent(spec.acceptance_rate, 1)} accepted; mean acceptance length"
+            f" {fmt(spec.mean_acceptance_length, 2)} tokens a step; {fmt(spec.accepted_tokens_per_s)} accepted"
+            " tokens/s."
+        )
     lengths = summary.output_lengths
     if lengths is not None:
         asked, got = lengths.requested_tokens, lengths.output_tokens

@@ -454,12 +454,25 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
     )  # fmt: skip
     if run.cut_off is not None:
         summary.run.warnings.insert(0, run.cut_off)
+    if summary.server is not None and summary.server.spec_decode is not None and _synthetic(run):
+        summary.run.warnings.append(
+            "the server speculates and the prompts are synthetic text: a draft's acceptance depends on the text"
+            " (an n-gram or draft model predicts made-up words otherwise than real ones); replay prompts from"
+            " production logs to measure it"
+        )
     if manifest.replicas:  # over sessions: their ids are read apart from the frame
         judged = records.frame.stage.isin({s.name for s in manifest.judged_stages}).to_numpy(dtype=bool)
         columns = ["host", "status", "ttft_ms", "tpot_ms"]
         sessions = records.frame.loc[judged, columns].assign(session_id=records.session_ids()[judged].to_numpy())
         summary.run.warnings.extend(slower_replicas(sessions))
     return summary, itl
+
+
+def _synthetic(run: Run) -> bool:
+    """Whether the run's workload is made-up text (`workload synth`), not prompts from a log."""
+    workload = run.workload()
+    source = workload.spec.source if workload is not None else None
+    return source is not None and source.format.startswith("synthetic")
 
 
 def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:

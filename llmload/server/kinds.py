@@ -29,6 +29,9 @@ MetricField = Literal[
     "prefix_cache_queries_total",
     "prompt_tokens_total",
     "generation_tokens_total",
+    "spec_drafts_total",
+    "spec_draft_tokens_total",
+    "spec_accepted_tokens_total",
 ]
 METRIC_FIELDS: tuple[str, ...] = MetricField.__args__  # type: ignore[attr-defined]
 
@@ -108,6 +111,7 @@ def kind(name: str) -> ServerKind:
 _FIGURES = {
     "kv_cache_usage": "KV usage", "running": "running", "waiting": "waiting", "preemptions_total": "preemptions",
     "prefix_cache_hits_total": "prefix-cache hits", "prompt_tokens_total": "tokens",
+    "spec_drafts_total": "speculative drafts",
 }  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from llmload.observe.metrics import VLLM, parse_metrics
 from llmload.observe.observer import Observer, ServerSample
 from llmload.observe.summary import read_server, server_summary
 from llmload.rundir import SERVER_FILE
+from llmload.server.kinds import CONDITIONAL_FIELDS
 from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
 from llmload.sweep.server import free_port
@@ -29,7 +30,7 @@ from tests.wire_server import serve, text_pages
 
 CORE = ["vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
         "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"]  # fmt: skip
-ALL_NAMES = [names[0] for names in VLLM.metrics.values()]
+ALL_NAMES = [names[0] for field, names in VLLM.metrics.items() if field not in CONDITIONAL_FIELDS]
 
 # vLLM 0.32's exposition (trimmed), with a second engine added: values add up over label sets
 VLLM_TEXT = """\

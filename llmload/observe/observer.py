@@ -30,7 +30,7 @@ from llmload.models import ServerRelease
 from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
 from llmload.observe.host import HostMeter
 from llmload.observe.metrics import VLLM, fetch, parse_metrics
-from llmload.server.kinds import ServerKind
+from llmload.server.kinds import CONDITIONAL_FIELDS, ServerKind
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,9 @@ class Observer:
         return fetch(self._http, self._prefix + path, self.timeout_s)
 
     def _missing(self, values: dict[str, float]) -> list[str]:
-        return [names[0] for field, names in self.server.metrics.items() if field not in values and names]
+        """The names of the metrics not read; one exported only in some configurations is not missing."""
+        wanted = (field for field in self.server.metrics if field not in CONDITIONAL_FIELDS)
+        return [self.server.metrics[field][0] for field in wanted if field not in values and self.server.metrics[field]]
 
     def _note(self, key: str, message: str) -> None:
         if key not in self._noted:

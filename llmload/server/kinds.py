@@ -34,6 +34,9 @@ MetricField = Literal[
     "spec_accepted_tokens_total",
 ]
 METRIC_FIELDS: tuple[str, ...] = MetricField.__args__  # type: ignore[attr-defined]
+# exported only in some configurations (vLLM's spec_decode counters: with --speculative-config), so absent
+# from a server's /metrics they mean "not in use", not "not exported"
+CONDITIONAL_FIELDS = frozenset({"spec_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total"})
 
 
 class Detect(Strict):

@@ -158,6 +158,7 @@ class ChatClient:
             budget = max(0.0, deadline - result.sent_at)
         response = None
         cut_s = gevent.Timeout(cut.seconds, PlannedCut) if cut is not None and cut.seconds is not None else None
+        cut_tokens = cut.tokens if cut is not None and cut.tokens is not None else 0
         try:
             with gevent.Timeout(budget), cut_s or contextlib.nullcontext():
                 response = self._post(body, headers)
@@ -173,7 +174,7 @@ class ChatClient:
                         f"HTTP 200 {response.get('content-type')}, not an event stream: {snippet}", self._secrets
                     )
                 else:
-                    self._read_stream(response, result, cut.tokens or 0 if cut is not None else 0)
+                    self._read_stream(response, result, cut_tokens)
         except gevent.Timeout:
             if run_ends_first:
                 result.error_category = "unfinished"

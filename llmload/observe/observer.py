@@ -115,15 +115,18 @@ class Observer:
 
     def stop(self) -> None:
         """Stop scraping (a scrape in flight is abandoned) and close the file."""
-        if self._greenlet is not None:
-            self._greenlet.kill(block=True, timeout=self.timeout_s + 1)
-            self._greenlet = None
+        self._stop_loop()
         if self._file is not None:
             self._file.close()
             self._file = None
         self._http.close()
         if self.gpu is not None:
             self.gpu.close()
+
+    def _stop_loop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill(block=True, timeout=self.timeout_s + 1)
+            self._greenlet = None
 
     def latest(self) -> ServerSample | None:
         return self._history[-1] if self._history else None
@@ -149,9 +152,7 @@ class Observer:
     def release(self, limit_s: float, interval_s: float = 0.25) -> ServerRelease:
         """After the run's last request: samples until the server runs and queues nothing (and its KV usage
         is back to the run's first sample's), or `limit_s` passed (llmload.cancel)."""
-        if self._greenlet is not None:  # the loop's samples would interleave with these
-            self._greenlet.kill(block=True, timeout=self.timeout_s + 1)
-            self._greenlet = None
+        self._stop_loop()  # the loop's samples would interleave with these
         before = self.first.kv_cache_usage if self.first is not None else None
         started = time.monotonic()
         while True:

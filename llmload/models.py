@@ -741,6 +741,7 @@ class CostSummary(Strict):
     energy_note: str | None = Field(description=f"why there are no energy figures ('{NO_ENERGY}')")
     gpu_hour_usd: float | None = Field(description="the price of one GPU-hour used (of the server, with no GPU)")
     price_source: str | None = Field(description="where gpu_hour_usd came from; None: no price")
+    price_note: str | None = Field(description="why there is no price, when the run was priced by no flag or entry")
     hold: CostFigures = Field(description="over the judged stages")
     stages: list[StageCost]
 

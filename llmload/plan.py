@@ -24,10 +24,11 @@ from pydantic import (
 
 from llmload.cancel import CancelPlan
 from llmload.client import Limits
+from llmload.cost.prices import pricing
 from llmload.drain import DEFAULT_CAP_S
 from llmload.errors import InputError, validation_message
 from llmload.model_mix import ModelMix
-from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, RunManifest, ServerIdentity, Stage
+from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, Pricing, RunManifest, ServerIdentity, Stage
 from llmload.replicas import Replicas
 from llmload.schedule import (
     ArrivalProcess,
@@ -56,6 +57,7 @@ FLAG_NAMES = {
     "first_token_s": "timeout-first-token",
     "between_tokens_s": "timeout-between-tokens",
     "total_s": "timeout-total",
+    "gpu_hour_cost": "gpu-hour-cost",
 }
 
 
@@ -83,6 +85,8 @@ class PlanFlags(BaseModel):
     goodput_slo: tuple[str, ...] = ()
     cancel_share: float = Field(default=0.0, ge=0, lt=1)
     cancel_after: str | None = None
+    gpu_hour_cost: PositiveFloat | None = None
+    gpu_prices: str | None = None
 
     @classmethod
     def checked(cls, **values: Any) -> PlanFlags:
@@ -104,6 +108,7 @@ class RunPlan:
     target_qps: float
     goodput_slo: GoodputSLO | None
     cancel: CancelPlan | None = None  # streams cut on purpose
+    pricing: Pricing | None = None  # what a GPU-hour costs
 
     @classmethod
     def build(cls, flags: PlanFlags) -> RunPlan:
@@ -141,7 +146,8 @@ class RunPlan:
             raise InputError("--first-session applies to rate modes only (a trace keeps its order)")
         goodput_slo = GoodputSLO.parse(flags.goodput_slo) if flags.goodput_slo else None
         cancel = CancelPlan.parse(flags.cancel_share, flags.cancel_after)
-        return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel)
+        prices = pricing(flags.gpu_hour_cost, flags.gpu_prices)
+        return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel, prices)
 
     @property
     def end_s(self) -> float:
@@ -189,6 +195,7 @@ class RunPlan:
             access=access,
             prefix_cache_reset=prefix_cache_reset,
             cancel=self.cancel.note() if self.cancel is not None else None,
+            pricing=self.pricing,
         )
 
     def planned(self) -> int:

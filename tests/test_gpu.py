@@ -24,6 +24,7 @@ from llmload.gates.verdict import SoakCriteria
 from llmload.observe.gpu import (
     DCGM_FIELDS,
     NVIDIA_SMI,
+    NVIDIA_SMI_QUERY,
     DcgmReader,
     GpuReadError,
     GpuSample,
@@ -44,7 +45,7 @@ FIXTURE = Path(__file__).parent / "data" / "dcgm" / "metrics.txt"
 TOTAL_MIB = 81559.0  # used + free of each GPU in the fixture
 FIXTURE_USED = {"0": 64608.0, "1": 61512.0}
 _FB = re.compile(r'^(DCGM_FI_DEV_FB_(USED|FREE)\{gpu="(\d+)"[^}]*\}) \S+$', re.M)
-SMI_CSV = "0, 70000, 81559, 91\n1, 1024, 81559, [N/A]\n"
+SMI_CSV = "0, 70000, 81559, 91, 412.50, NVIDIA H100 80GB HBM3\n1, 1024, 81559, [N/A], [N/A], Tesla T4, rev, b\n"
 
 UsedMib = Callable[[float], dict[str, float]]  # seconds since the exporter started -> MiB used per GPU
 
@@ -78,7 +79,7 @@ def fake_nvidia_smi(directory: Path, output: str = SMI_CSV, exit_code: int = 0) 
     """An executable `nvidia-smi` that prints `output` when asked llmload's query, and fails otherwise."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / NVIDIA_SMI
-    query = "--query-gpu=index,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
+    query = " ".join(NVIDIA_SMI_QUERY)
     script.write_text(
         f'#!/bin/sh\n[ "$*" = "{query}" ] || {{ echo "unexpected arguments: $*" >&2; exit 64; }}\n'
         f"printf '%s' '{output}'\n"
@@ -94,9 +95,26 @@ def fake_nvidia_smi(directory: Path, output: str = SMI_CSV, exit_code: int = 0) 
 
 def test_the_exporters_page_gives_each_gpus_memory_and_utilisation() -> None:
     text = FIXTURE.read_text(encoding="utf-8")
+    h100 = "NVIDIA H100 80GB HBM3"
     assert parse_dcgm(text) == [
-        GpuSample(gpu="0", memory_used_mib=64608, memory_total_mib=TOTAL_MIB, utilization_percent=87),
-        GpuSample(gpu="1", memory_used_mib=61512, memory_total_mib=TOTAL_MIB, utilization_percent=81),
+        GpuSample(
+            gpu="0",
+            memory_used_mib=64608,
+            memory_total_mib=TOTAL_MIB,
+            utilization_percent=87,
+            power_w=412.734,
+            energy_j=8821573.902,
+            name=h100,
+        ),
+        GpuSample(
+            gpu="1",
+            memory_used_mib=61512,
+            memory_total_mib=TOTAL_MIB,
+            utilization_percent=81,
+            power_w=388.152,
+            energy_j=8410229.315,
+            name=h100,
+        ),
     ]
     assert parse_metrics(text) == {}  # no vLLM metric on a DCGM page: one parser, two readings
     mig = (
@@ -112,8 +130,22 @@ def test_the_exporters_page_gives_each_gpus_memory_and_utilisation() -> None:
 
 def test_nvidia_smi_csv_with_unsupported_fields() -> None:
     assert parse_nvidia_smi(SMI_CSV) == [
-        GpuSample(gpu="0", memory_used_mib=70000, memory_total_mib=81559, utilization_percent=91),
-        GpuSample(gpu="1", memory_used_mib=1024, memory_total_mib=81559, utilization_percent=None),
+        GpuSample(
+            gpu="0",
+            memory_used_mib=70000,
+            memory_total_mib=81559,
+            utilization_percent=91,
+            power_w=412.5,
+            name="NVIDIA H100 80GB HBM3",
+        ),
+        GpuSample(
+            gpu="1",
+            memory_used_mib=1024,
+            memory_total_mib=81559,
+            utilization_percent=None,
+            power_w=None,
+            name="Tesla T4, rev, b",
+        ),  # the name, last, keeps its commas
     ]
     with pytest.raises(ValueError, match=r"not index, memory\.used"):
         parse_nvidia_smi("0, 70000 MiB\n")

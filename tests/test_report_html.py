@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from llmload.conclude import conclude
-from llmload.models import RequestRecord, RunManifest, Stage, Verdict
+from llmload.models import NO_ENERGY, RequestRecord, RunManifest, Stage, Verdict
 from llmload.observe.gpu import DCGM_FIELDS, GpuSample
 from llmload.observe.observer import ServerSample
 from llmload.records import RecordWriter, with_server_state
@@ -113,7 +113,8 @@ def test_verdict_is_on_top(tmp_path: Path) -> None:
     assert "p99 TTFT 812 ms &gt; 500 ms" in html
     assert "No server metrics: the run has no server.jsonl" in html
     assert len(_images(html)) == len(CHARTS) - 2
-    assert "GPU" not in html  # no GPU source: no chart, no table, no note, as before GPUs were read
+    # no GPU source: no chart, no table, no note; only the energy line says there is no counter (never 0 J)
+    assert html.count("GPU") == html.count(f"Energy: {NO_ENERGY}") == 1
 
 
 def test_a_gpu_source_that_gave_nothing_gets_a_note_not_a_chart(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,6 +40,10 @@ RATE_ROWS = (
     ("goodput_requests_per_s", "goodput", "req/s"),
     ("goodput_output_tokens_per_s", "goodput output", "tok/s"),
 )
+# per-token costs: the hold's energy (J) or price ($ ×1e6) a second over its output tok/s, so they take
+# output tok/s's resamples; the counters and prices themselves are read, not sampled
+COST_ROWS = (("joules_per_output_token", "energy_j", 1.0, "J per output token", "J"),
+             ("usd_per_1m_output_tokens", "usd", 1e6, "$ per 1M output tokens", "$"))  # fmt: skip
 LATENCY_PERCENTILES = (50, 95, 99)
 BOOTSTRAP_BLOCKS = 500  # resampled units: runs of consecutive requests (single requests in shorter runs)
 # a latency's blocks each last about LATENCY_BLOCK_SPANS E2E p90s, so that a queue that forms and clears
@@ -84,6 +89,9 @@ class Thresholds(Strict):
         default=0.01, description="rise of (failed + unfinished) / answered, as a fraction"
     )
     oom_family_rise: NonNegativeInt = Field(default=0, description="more oom+engine_dead+server_down failures")
+    cost_rise: NonNegativeFloat = Field(
+        default=0.05, description="relative rise of J per output token and of $ per 1M output tokens"
+    )
     prefix_cache_hit_rate_drop: NonNegativeFloat = Field(
         default=0.10, description="drop of the prefix-cache hit rate, as a fraction (0.10 = 10 points)"
     )
@@ -357,6 +365,31 @@ def _latency(summary: Summary, metric: str) -> Percentiles:
     return summary.latency_ms.ttft if figures is None else figures
 
 
+def _cost_rows(
+    baseline: RunSample,
+    current: RunSample,
+    boots: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+    judge: Callable[..., Row],
+    rise: float,
+) -> list[Row]:
+    """J per output token and $ per 1M output tokens, where both runs have them: each run's amount a
+    second over its resampled output tok/s."""
+    rows = []
+    for key, amount, scale, name, unit in COST_ROWS:
+        costs = [run.summary.cost for run in (baseline, current)]
+        holds = [cost.hold if cost is not None else None for cost in costs]
+        if any(hold is None or getattr(hold, key) is None for hold in holds):
+            continue
+        resampled = [
+            scale * getattr(hold, amount) / hold.seconds / boot["output_tokens_per_s"]
+            for hold, boot in zip(holds, boots, strict=True)
+            if hold is not None
+        ]
+        b, c = (getattr(hold, key) for hold in holds)
+        rows.append(judge(name, unit, 1, values=(b, c), diffs=resampled[1] - resampled[0], limit=rise * b))
+    return rows
+
+
 def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds) -> Comparison:
     settings = thresholds.bootstrap
     base_boot, cur_boot = bootstrap(baseline, settings, 0), bootstrap(current, settings, 1)
@@ -381,6 +414,7 @@ def compare_runs(baseline: RunSample, current: RunSample, thresholds: Thresholds
         b, c = (r.throughput[key] for r in (baseline, current))
         diffs = cur_boot[key] - base_boot[key]
         rows.append(judge(name, unit, -1, values=(b, c), diffs=diffs, limit=thresholds.throughput_drop * b))
+    rows += _cost_rows(baseline, current, (base_boot, cur_boot), judge, thresholds.cost_rise)
     answered = (s.requests.ok + s.requests.failed + s.requests.unfinished for s in (base, cur))  # cancelled: never
     b, c = (
         (s.requests.failed + s.requests.unfinished) / n if n else None
@@ -421,7 +455,7 @@ def _number(value: float | None, unit: str, *, sign: bool = False) -> str:
         return "–"
     if unit == "%":
         value *= 100
-    digits = 0 if unit == "count" else 2 if unit in ("req/s", "%") else 1
+    digits = 0 if unit == "count" else 2 if unit in ("req/s", "%") else 3 if unit in ("J", "$") else 1
     return f"{value:{'+' if sign else ''},.{digits}f}"
 
 

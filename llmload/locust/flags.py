@@ -66,6 +66,15 @@ def add_arguments(parser: Any) -> None:
         " takes lengths (tokens:32, seconds:lognormal:median=2,sigma=0.5)",
     )  # fmt: skip
     group.add_argument(
+        "--gpu-hour-cost", type=float, default=None, metavar="USD",
+        help="the price of one GPU-hour (of the server's hour when no GPU is seen): the report gives $ per 1M"
+        " output and input tokens; without it, the GPU's entry of llmload's price table (--gpu-prices)",
+    )  # fmt: skip
+    group.add_argument(
+        "--gpu-prices", default=None, metavar="FILE",
+        help="a YAML file of USD per GPU-hour by words of the GPU's name (H100: 2.5), over llmload's table",
+    )  # fmt: skip
+    group.add_argument(
         "--session-header", default=None, metavar="NAME",
         help="send each session's id in this header, for a router that keeps a session on one replica"
         " (e.g. x-session-id); several replicas are --host URL,URL or --host @FILE",
@@ -181,4 +190,6 @@ def plan_flags(options: argparse.Namespace) -> PlanFlags:
         goodput_slo=tuple(options.goodput_slo),
         cancel_share=options.cancel_share,
         cancel_after=options.cancel_after,
+        gpu_hour_cost=options.gpu_hour_cost,
+        gpu_prices=options.gpu_prices,
     )

@@ -34,7 +34,7 @@ def _server_lines(path: Path) -> list[dict[str, Any]]:
 def _gpu_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     gpus = [{"t": row.get("t"), **gpu} for row in rows for gpu in row.get("gpus") or ()]
     frame = pd.DataFrame(gpus, columns=["t", *GpuSample.model_fields])
-    numeric = [c for c in frame.columns if c != "gpu"]
+    numeric = [c for c in frame.columns if c not in ("gpu", "name")]
     frame[numeric] = frame[numeric].astype(float)
     frame["gpu"] = frame.gpu.astype(str)
     frame["memory_used_fraction"] = frame.memory_used_mib / frame.memory_total_mib.where(frame.memory_total_mib > 0)

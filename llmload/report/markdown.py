@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmload.cancel import cut_line
+from llmload.cost.render import cost_lines, cost_table
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import AccessNote, GroupFigures, ReusablePrefix, ServerSummary, Summary
@@ -64,6 +65,7 @@ def server_facts(summary: Summary) -> list[str]:
             f" {fmt(spec.mean_acceptance_length, 2)} tokens a step; {fmt(spec.accepted_tokens_per_s)} accepted"
             " tokens/s."
         )
+    lines += cost_lines(summary.cost)
     lengths = summary.output_lengths
     if lengths is not None:
         asked, got = lengths.requested_tokens, lengths.output_tokens
@@ -305,6 +307,7 @@ def render_markdown(summary: Summary) -> str:
         *_reasoning_lines(summary),
         *(line for fact in server_facts(summary) for line in ("", fact)),
         *_gpu_lines(summary.server),
+        *cost_table(summary.cost),
         "",
         "## Stages",
         "",

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from llmload.access import INSECURE_WARNING
+from llmload.cost.summary import cost_summary
 from llmload.models import (
     ANSWERED_STATUSES,
     OOM_FAMILY,
@@ -211,6 +212,7 @@ def summarize(
     reasoned = had_reasoning(df)
     stages = _stage_summaries(df, manifest, good, itl_p50, server.frame, reasoned=reasoned)
     workers = _worker_summaries(df, manifest)
+    records = df
     in_warmup = ~df.stage.isin({s.name for s in manifest.judged_stages})
     if in_warmup.any():
         df = df[~in_warmup]
@@ -333,6 +335,7 @@ def summarize(
         else [],
         cancel=manifest.cancel,
         server_release=manifest.server_release,
+        cost=cost_summary(records, manifest, server.gpus, elapsed),
         by_host=group_figures(df, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
         if manifest.replicas
         else [],

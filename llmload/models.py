@@ -180,6 +180,23 @@ class ResolvedServeConfig(ServeConfig):
 VLLM_DEFAULTS = ResolvedServeConfig()
 """vLLM's constant defaults, for what reads one alone (`VLLM_DEFAULTS.block_size`)."""
 
+Device = Literal["gpu", "cpu"]
+
+
+class DeviceDefaults(Strict):
+    """vLLM 0.32's defaults that depend on the device (EngineArgs.get_batch_defaults for the OpenAI
+    server: GPUs under 70 GiB, and the CPU backend, whose blocks are 128 tokens)."""
+
+    block_size: PositiveInt
+    max_num_seqs: PositiveInt
+    max_num_batched_tokens: PositiveInt
+
+
+DEVICE_DEFAULTS: dict[Device, DeviceDefaults] = {
+    "gpu": DeviceDefaults(block_size=VLLM_DEFAULTS.block_size, max_num_seqs=256, max_num_batched_tokens=2048),
+    "cpu": DeviceDefaults(block_size=128, max_num_seqs=128, max_num_batched_tokens=2048),
+}
+
 
 # --------------------------------------------------------------------------- goodput SLOs
 

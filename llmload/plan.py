@@ -31,6 +31,7 @@ from llmload.model_mix import ModelMix
 from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, Pricing, RunManifest, ServerIdentity, Stage
 from llmload.replicas import Replicas
 from llmload.schedule import (
+    DEFAULT_STAGES,
     ArrivalProcess,
     ArrivalSchedule,
     TraceClock,
@@ -69,7 +70,7 @@ class PlanFlags(BaseModel):
 
     workload: str
     target_qps: PositiveFloat | None = None
-    stages: str = "25,50,100,150"
+    stages: str = DEFAULT_STAGES
     stage_duration_s: PositiveFloat = 60.0
     hold_duration_s: PositiveFloat | None = None
     arrival: ArrivalProcess = "poisson"

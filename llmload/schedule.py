@@ -40,6 +40,7 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
 ArrivalProcess = Literal["poisson", "constant", "gamma", "trace"]
 ARRIVAL_PROCESSES: tuple[str, ...] = ArrivalProcess.__args__  # type: ignore[attr-defined]
 DEFAULT_STAGE_PERCENTS: tuple[float, ...] = (25, 50, 100, 150)
+DEFAULT_STAGES = ",".join(f"{percent:g}" for percent in DEFAULT_STAGE_PERCENTS)  # as --stages takes them
 WARMUP_STAGE = "warm-up"
 
 

@@ -325,9 +325,20 @@ def test_bad_targets_and_flags_exit_2(tmp_path: Path) -> None:
         log = tmp_path / "vllm.log"
         log.write_text("INFO [kv_cache_utils.py:2327] CPU KV cache size: 4,096 tokens, Maximum concurrency ...\n")
         facts = read_facts(paced.url, model_name=None, model_config="tiny-llama", vllm_log=log)
+        gpu_log = tmp_path / "vllm-gpu.log"
+        gpu_log.write_text(
+            "INFO [arg_utils.py:1200] non-default args: {'max_num_seqs': 64, 'enable_prefix_caching': False}\n"
+            "INFO [kv_cache_utils.py:2327] GPU KV cache size: 4,096 tokens, Maximum concurrency ...\n"
+        )
+        gpu = read_facts(paced.url, model_name=None, model_config="tiny-llama", vllm_log=gpu_log)
     assert no_kv.returncode == 2 and "give the server's startup log with --vllm-log" in no_kv.stderr
-    assert (facts.num_blocks, facts.serving.block_size, facts.serving.max_num_seqs) == (4096 // 16, 16, 256)
-    assert "max_num_seqs" in facts.assumed
+    # the CPU backend's pool (as `capacity --vllm-log` reads the same log): its blocks and limits are its own
+    assert (facts.num_blocks, facts.serving.block_size, facts.serving.max_num_seqs) == (4096 // 128, 128, 128)
+    assert "max_num_seqs" in facts.assumed and "the CPU backend" in facts.assumed["max_num_seqs"]
+    # a GPU's: its defaults where the log sets nothing, the log's settings typed where it does
+    assert (gpu.num_blocks, gpu.serving.block_size, gpu.serving.max_num_seqs) == (4096 // 16, 16, 64)
+    assert gpu.serving.enable_prefix_caching is False and gpu.sources["max_num_seqs"] == f"--vllm-log {gpu_log}"
+    assert "max_num_seqs" not in gpu.assumed and "GPUs under 70 GiB" in gpu.assumed["max_num_batched_tokens"]
 
 
 @pytest.mark.vllm

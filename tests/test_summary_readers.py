@@ -14,7 +14,7 @@ from llmload import rundir
 from llmload.calibrate.fidelity import preemption_start, stage_figures
 from llmload.conclude import conclude
 from llmload.errors import InputError
-from llmload.preflight.fit import measured_timing
+from llmload.preflight.memory import measured_timing
 from llmload.records import read_records
 from llmload.stats.sketch import RELATIVE_ERROR
 from tests.test_report_html import synthetic_run

@@ -19,7 +19,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import gevent
 import numpy as np
@@ -30,7 +29,7 @@ from llmload.client import ChatClient, Limits, StreamResult
 from llmload.errors import InputError
 from llmload.observe.metrics import scrape
 from llmload.server.request import chat_body
-from llmload.sim.profiles import EngineProfile
+from llmload.sim.profiles import EngineProfile, ProbeKind
 
 SHORT_PROMPT = 32  # tokens: the shortest probes' prompts (a chat template and a head take ~15)
 PREFILL_FRACTIONS = (0.125, 0.25, 0.5, 0.9)  # of the longest prompt the server takes
@@ -46,7 +45,7 @@ class ProbeShape:
     """prefill: one request of one output token, its TTFT measured; decode: `streams` concurrent
     requests of `output_tokens` each, their ITL measured."""
 
-    kind: Literal["prefill", "decode"]
+    kind: ProbeKind
     streams: int
     prompt_tokens: int
     output_tokens: int

@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from llmload.calibrate.measure import SteadyRequest
 from llmload.sim.engine import Arrival, Replay, dry_run, replay
-from llmload.sim.profiles import CalibrationPoint, EngineProfile, SteadyLoadPoint, StepTiming
+from llmload.sim.profiles import CalibrationPoint, EngineProfile, ProbeKind, SteadyLoadPoint, StepTiming
 
 # the fitted values, as the step model uses them (prefill as µs per token: linear)
 PARAMETERS = (
@@ -53,7 +53,7 @@ FACTOR_STEPS = 24  # bisections: the range to 1e-6 of itself
 class Observation:
     """A measured point: the probe and the server's mean TTFT (prefill) or ITL (decode) per repeat."""
 
-    kind: str
+    kind: ProbeKind
     streams: int
     prompt_tokens: int
     output_tokens: int
@@ -167,7 +167,7 @@ def fit_timing(profile: EngineProfile, num_blocks: int, observations: Sequence[O
     errors["prefill_tokens_per_s"] = 1e6 * errors.pop("prefill_us_per_token") / prefill_us**2  # delta method
     points = [
         CalibrationPoint(
-            kind=obs.kind,  # type: ignore[arg-type]
+            kind=obs.kind,
             streams=obs.streams,
             prompt_tokens=obs.prompt_tokens,
             output_tokens=obs.output_tokens,

@@ -20,16 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmload.capacity.kv import KVLayout, kv_layout
 from llmload.capacity.model import ModelSpec, known_models, load_model
-from llmload.capacity.serving import model_reference
-from llmload.capacity.vllm_log import explain_vllm_log
+from llmload.capacity.serving import model_reference, serve_inputs
+from llmload.capacity.vllm_log import LogExplanation, explain_vllm_log
 from llmload.errors import InputError
-from llmload.models import ServeConfig
+from llmload.models import DEVICE_DEFAULTS, ServeConfig
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
-# vLLM 0.32's OpenAI-server defaults (EngineArgs.get_batch_defaults): GPUs under 70 GiB, and the CPU backend
-GPU_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
-CPU_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
-GPU_BLOCK_SIZE, CPU_BLOCK_SIZE = 16, 128
+SCHEDULER_LIMITS = ("max_num_seqs", "max_num_batched_tokens")  # not exported: the log's, or the device's default
 
 
 def public_url(url: str) -> str:
@@ -68,15 +65,13 @@ def get_text(url: str, path: str, timeout_s: float = 30.0) -> str:
 class ServerFacts:
     """What a server says about itself: its vLLM settings as one ServeConfig (the served model, its
     context length, KV pool and limits, `origins` saying where each came from), and what is not a
-    setting: the name it serves under, the blocks its pool holds, the startup log's settings."""
+    setting: the name it serves under and the blocks its pool holds."""
 
     served_model: str
     serving: ServeConfig
     """Its model is a bundled model name or a config.json path (the KV geometry that sizes the pool);
     `kv_cache_memory_bytes` is what the server was given (/metrics), when it was given one."""
     num_blocks: int
-    settings: dict[str, object] = field(default_factory=dict)
-    """The startup log's settings (--vllm-log)."""
     assumed: dict[str, str] = field(default_factory=dict)
     """Settings taken from vLLM's defaults, each with a note that says so."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -132,70 +127,91 @@ def read_facts(url: str, *, model_name: str | None, model_config: str | None, vl
             log = explain_vllm_log(vllm_log.read_text(encoding="utf-8", errors="replace"), source=str(vllm_log))
         except OSError as exc:
             raise InputError(f"--vllm-log {vllm_log}: cannot read: {exc.strerror}") from None
-    settings: dict[str, object] = dict(log.settings) if log is not None else {}
-    on_cpu = settings.get("device_config") == "cpu"
-    info = cache_config(get_text(url, "/metrics"))
-    if info is not None and info.get("num_gpu_blocks", "None") != "None":
-        block_size = int(info["block_size"])
-        num_blocks = int(info["num_gpu_blocks"])
-        prefix_caching = info.get("enable_prefix_caching", "True") == "True"
-        kv_dtype = info.get("cache_dtype", "auto")
-        given = info.get("kv_cache_memory_bytes", "None")
-        kv_bytes = int(given) if given.isdigit() else None
-        sources |= dict.fromkeys(("block_size", "num_blocks", "enable_prefix_caching"), f"/metrics {CACHE_CONFIG_INFO}")
-    elif log is not None and (found := [f for f in log.findings if f.kind == "kv_cache_size"]):
-        block_size = int(settings.get("block_size", CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE))  # type: ignore[call-overload]
-        num_blocks = int(found[-1].values["tokens"]) // block_size
-        prefix_caching = bool(settings.get("enable_prefix_caching", True))
-        kv_dtype = str(settings.get("kv_cache_dtype", "auto"))
-        kv_bytes = int(settings["kv_cache_memory_bytes"]) if "kv_cache_memory_bytes" in settings else None  # type: ignore[call-overload]
-        sources |= dict.fromkeys(("block_size", "num_blocks", "enable_prefix_caching"), f"--vllm-log {vllm_log}")
-    else:
-        raise InputError(
-            f"{public_url(url)}/metrics has no {CACHE_CONFIG_INFO} with num_gpu_blocks (vLLM before 0.6?): "
-            "give the server's startup log with --vllm-log, which says how many tokens its KV cache holds"
+    logged = log.serve_config() if log is not None else ServeConfig()
+    on_cpu = log is not None and log.on_cpu
+    pool = _kv_pool(url, log, logged, DEVICE_DEFAULTS["cpu" if on_cpu else "gpu"].block_size)
+    sources |= dict.fromkeys(("block_size", "num_blocks", "enable_prefix_caching"), pool.source)
+    limits, assumed = {}, {}
+    for key in SCHEDULER_LIMITS:
+        value = getattr(logged, key)
+        if value is not None:
+            limits[key], sources[key] = value, logged.origins[key]
+            continue
+        limits[key] = getattr(DEVICE_DEFAULTS["cpu" if on_cpu else "gpu"], key)
+        sources[key] = "vLLM's default"
+        assumed[key] = (
+            f"{key} {limits[key]}: vLLM's default for {'the CPU backend' if on_cpu else 'GPUs under 70 GiB'}; "
+            "the server does not export it (give --vllm-config or --vllm-args if it was set)"
         )
-    defaults = CPU_DEFAULTS if on_cpu else GPU_DEFAULTS
-    assumed = {}
-    limits = {}
-    for key, default in defaults.items():
-        if key in settings:
-            limits[key] = int(settings[key])  # type: ignore[call-overload]
-            sources[key] = f"--vllm-log {vllm_log}"
-        else:
-            limits[key] = default
-            sources[key] = "vLLM's default"
-            assumed[key] = (
-                f"{key} {default}: vLLM's default for {'the CPU backend' if on_cpu else 'GPUs under 70 GiB'}; "
-                "the server does not export it (give --vllm-config or --vllm-args if it was set)"
-            )
     serving = ServeConfig(
         model=model_of(str(card.get("root") or card["id"]), model_config),
         served_model_name=str(card["id"]),
         max_model_len=int(card["max_model_len"]),
-        block_size=block_size,
-        enable_prefix_caching=prefix_caching,
-        kv_cache_dtype=kv_dtype,
-        kv_cache_memory_bytes=kv_bytes,
-        tensor_parallel_size=settings.get("tensor_parallel_size"),  # type: ignore[arg-type]
-        pipeline_parallel_size=settings.get("pipeline_parallel_size"),  # type: ignore[arg-type]
+        block_size=pool.block_size,
+        enable_prefix_caching=pool.prefix_caching,
+        kv_cache_dtype=pool.kv_cache_dtype,
+        kv_cache_memory_bytes=pool.kv_cache_memory_bytes,
+        tensor_parallel_size=logged.tensor_parallel_size,
+        pipeline_parallel_size=logged.pipeline_parallel_size,
         origins={k: v for k, v in sources.items() if k in ServeConfig.model_fields},
         **limits,
     )
     return ServerFacts(
-        served_model=str(card["id"]), serving=serving, num_blocks=num_blocks, settings=settings, assumed=assumed,
-        sources=sources,
-    )  # fmt: skip
+        served_model=str(card["id"]), serving=serving, num_blocks=pool.num_blocks, assumed=assumed, sources=sources
+    )
+
+
+@dataclass(frozen=True)
+class KvPool:
+    """The server's KV pool and where it was read."""
+
+    block_size: int
+    num_blocks: int
+    prefix_caching: bool
+    kv_cache_dtype: str
+    kv_cache_memory_bytes: int | None
+    source: str
+
+
+def _kv_pool(url: str, log: LogExplanation | None, logged: ServeConfig, default_block_size: int) -> KvPool:
+    """The pool from /metrics' cache_config_info, else from the startup log's KV cache line and settings."""
+    info = cache_config(get_text(url, "/metrics"))
+    if info is not None and info.get("num_gpu_blocks", "None") != "None":
+        given = info.get("kv_cache_memory_bytes", "None")
+        return KvPool(
+            block_size=int(info["block_size"]),
+            num_blocks=int(info["num_gpu_blocks"]),
+            prefix_caching=info.get("enable_prefix_caching", "True") == "True",
+            kv_cache_dtype=info.get("cache_dtype", "auto"),
+            kv_cache_memory_bytes=int(given) if given.isdigit() else None,
+            source=f"/metrics {CACHE_CONFIG_INFO}",
+        )
+    if log is not None and (found := [f for f in log.findings if f.kind == "kv_cache_size"]):
+        block_size = logged.block_size or default_block_size
+        return KvPool(
+            block_size=block_size,
+            num_blocks=int(found[-1].values["tokens"]) // block_size,
+            prefix_caching=logged.enable_prefix_caching is not False,
+            kv_cache_dtype=logged.kv_cache_dtype or "auto",
+            kv_cache_memory_bytes=logged.kv_cache_memory_bytes,
+            source=f"--vllm-log {log.source}",
+        )
+    raise InputError(
+        f"{public_url(url)}/metrics has no {CACHE_CONFIG_INFO} with num_gpu_blocks (vLLM before 0.6?): "
+        "give the server's startup log with --vllm-log, which says how many tokens its KV cache holds"
+    )
 
 
 def _layout(facts: ServerFacts, spec: ModelSpec, dtype: str) -> KVLayout:
-    vllm = facts.serving.resolved()
+    """The server's KV layout were its model run in `dtype` (its dtype settings checked as capacity checks them)."""
+    inputs = serve_inputs(facts.serving.model_copy(update={"dtype": dtype}))
+    vllm = inputs.serving.resolved()
     return kv_layout(
         spec,
         tensor_parallel_size=vllm.tensor_parallel_size,
         pipeline_parallel_size=vllm.pipeline_parallel_size,
-        dtype=dtype,  # type: ignore[arg-type]
-        kv_cache_dtype=vllm.kv_cache_dtype,  # type: ignore[arg-type]
+        dtype=inputs.dtype,
+        kv_cache_dtype=inputs.kv_cache_dtype,
         block_size=vllm.block_size,
     )
 

@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from llmload.capacity.kv import GIB, blocks_for
-from llmload.models import VLLM_DEFAULTS
+from llmload.errors import InputError, validation_message
+from llmload.models import DEVICE_DEFAULTS, ServeConfig
 
 LogKind = Literal[
     "kv_cache_size",
@@ -30,6 +31,7 @@ FAILURE_KINDS = frozenset(
     {"max_len_too_long", "max_len_over_kv_tokens", "no_cache_memory", "node_memory", "device_memory"}
 )  # what stops vLLM at startup
 LogValue = int | float | str
+SERVE_SETTINGS = frozenset(ServeConfig.model_fields) - {"not_modelled", "origins"}
 
 
 class LogFinding(BaseModel):
@@ -44,10 +46,20 @@ class LogExplanation(BaseModel):
     source: str
     findings: list[LogFinding]
     settings: dict[str, LogValue] = Field(description="from 'non-default args' / the engine config line")
+    on_cpu: bool = Field(default=False, description="the server ran vLLM's CPU backend")
     failed: bool = Field(description="the log shows a KV-cache startup failure")
     implied_bytes_per_token: float | None = None
     implied_bytes_per_token_basis: str | None = None
     advice: list[str] = Field(default_factory=list)
+
+    def serve_config(self) -> ServeConfig:
+        """The logged settings ServeConfig models, typed, each one's origin the log; a value vLLM
+        would not have logged (the log edited by hand) is an InputError naming the log."""
+        given = {key: value for key, value in self.settings.items() if key in SERVE_SETTINGS}
+        try:
+            return ServeConfig.model_validate({**given, "origins": dict.fromkeys(given, f"--vllm-log {self.source}")})
+        except ValidationError as exc:
+            raise InputError(f"{self.source}: {validation_message(exc)}") from None
 
 
 def _num(text: str) -> int | float:
@@ -170,7 +182,8 @@ _PATTERNS = (
 _SETTINGS_LINE = re.compile(r"non-default args:|Initializing a V1 LLM engine")
 _SETTING = re.compile(
     r"(?<![\w])['\"]?(?P<key>max_model_len|max_seq_len|kv_cache_memory_bytes|gpu_memory_utilization|"
-    r"tensor_parallel_size|kv_cache_dtype|block_size|device_config)['\"]?\s*[:=]\s*['\"]?(?P<value>[\w.]+)"
+    r"tensor_parallel_size|pipeline_parallel_size|kv_cache_dtype|block_size|device_config|max_num_seqs|"
+    r"max_num_batched_tokens|enable_prefix_caching)['\"]?\s*[:=]\s*['\"]?(?P<value>[\w.]+)"
 )
 _MESSAGE_START = re.compile(r"^.*?\] (?:\w+Error: )?|^\w+Error: ")
 
@@ -309,12 +322,14 @@ def explain_vllm_log(text: str, *, source: str = "<log>") -> LogExplanation:
         or bool(kinds & {"kv_memory_set", "node_memory"})
     )
     logged_block_size = settings.get("block_size")
-    block_size = logged_block_size if isinstance(logged_block_size, int) else 128 if cpu else VLLM_DEFAULTS.block_size
+    default_block_size = DEVICE_DEFAULTS["cpu" if cpu else "gpu"].block_size
+    block_size = logged_block_size if isinstance(logged_block_size, int) else default_block_size
     bpt, basis = _implied_bytes_per_token(facts, settings, block_size)
     return LogExplanation(
         source=source,
         findings=findings,
         settings=settings,
+        on_cpu=cpu,
         failed=bool(kinds & FAILURE_KINDS),
         implied_bytes_per_token=bpt,
         implied_bytes_per_token_basis=basis,

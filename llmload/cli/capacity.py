@@ -26,7 +26,7 @@ from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli.aliases import DeprecatedAlias
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
-from llmload.preflight.fit import (
+from llmload.preflight.memory import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_TPOT_MS,
     DEFAULT_TTFT_MS,
@@ -37,7 +37,7 @@ from llmload.preflight.fit import (
     preflight,
 )
 from llmload.preflight.render import render_preflight
-from llmload.schedule import DEFAULT_STAGE_PERCENTS, build_stages, parse_stage_percents
+from llmload.schedule import DEFAULT_STAGE_PERCENTS, DEFAULT_STAGES, build_stages, parse_stage_percents
 from llmload.server.arguments import add_serving_arguments, serving_config
 
 HELP = "KV-cache capacity of a model or a vLLM config, a workload's preflight, or explain a vLLM startup log"
@@ -116,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stages",
         type=parse_stage_percents,
         default=DEFAULT_STAGE_PERCENTS,
-        help="stage rates as %% of --target-qps, as the load test runs them (default 25,50,100,150)",
+        help=f"stage rates as %% of --target-qps, as the load test runs them (default {DEFAULT_STAGES})",
     )
     check.add_argument("--from-run", metavar="RUN_DIR", type=Path, help="take E2E times measured in this run")
     check.add_argument(

@@ -64,7 +64,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     paced = parser.add_argument_group("fixed pacing (without --profile): exact, configured timing")
     for field in ("ttft_ms", "prefill_tokens_per_s", "itl_ms"):
         _setting(paced, field)
+    _add_engine_arguments(parser)
+    _add_fault_arguments(parser)
+    _add_answer_arguments(parser)
+    access = parser.add_argument_group("who may connect: as vLLM's flags of the same names")
+    access.add_argument("--api-key", default=None, help=SimConfig.model_fields["api_key"].description)
+    for field in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+        flag = "--" + field.replace("_", "-")
+        access.add_argument(
+            flag, type=Path, default=None, metavar="FILE", help=SimConfig.model_fields[field].description
+        )
+    subcommands = parser.add_subparsers(dest="sim_command", title="subcommands", metavar="calibrate")
+    calibrate = subcommands.add_parser("calibrate", help=sim_calibrate.HELP, description=sim_calibrate.__doc__)
+    sim_calibrate.add_arguments(calibrate)
+    calibrate.set_defaults(run=sim_calibrate.run)
 
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Engine mode: a profile's timing, the GPU it sizes, and vLLM's own serving settings."""
     engine = parser.add_argument_group("engine mode: vLLM's scheduler and paged KV cache, timed by a profile")
     engine.add_argument(
         "--profile",
@@ -82,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-model-len also sets fixed pacing's context length",
     )
 
+
+def _add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("fault injection (docs/simulator.md)")
     faults.add_argument("--faults", type=Path, metavar="FILE.yaml", help="a fault file; flags below add to it")
     faults.add_argument(
@@ -107,6 +126,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="T1:T2:MS",
         help="from T1 to T2 s after startup every token takes MS longer; repeatable",
     )
+
+
+def _add_answer_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the answers carry and refuse, and whether a client that goes away frees what it held."""
     parser.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
@@ -132,17 +155,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-abort-on-disconnect", dest="abort_on_disconnect", action="store_false",
         help=SimConfig.model_fields["abort_on_disconnect"].description,
     )  # fmt: skip
-    access = parser.add_argument_group("who may connect: as vLLM's flags of the same names")
-    access.add_argument("--api-key", default=None, help=SimConfig.model_fields["api_key"].description)
-    for field in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
-        flag = "--" + field.replace("_", "-")
-        access.add_argument(
-            flag, type=Path, default=None, metavar="FILE", help=SimConfig.model_fields[field].description
-        )
-    subcommands = parser.add_subparsers(dest="sim_command", title="subcommands", metavar="calibrate")
-    calibrate = subcommands.add_parser("calibrate", help=sim_calibrate.HELP, description=sim_calibrate.__doc__)
-    sim_calibrate.add_arguments(calibrate)
-    calibrate.set_defaults(run=sim_calibrate.run)
 
 
 # Fault settings whose flag is not named after the field.

@@ -16,9 +16,7 @@ from llmload import rundir
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
 from llmload.process_group import run_to_end
-
-SOAK_STAGES = "25,50,100,150"
-
+from llmload.schedule import DEFAULT_STAGES
 
 # every soak run sets these: refused among the flags passed through
 SOAK_FLAGS = (
@@ -44,7 +42,7 @@ class SoakRun:
         """Its Locust command line, before the flags passed through (none of SOAK_FLAGS)."""
         command = [
             sys.executable, "-m", "locust", "-f", self.locustfile, "--headless", "--only-summary",
-            "--workload", self.workload, "--stages", SOAK_STAGES,
+            "--workload", self.workload, "--stages", DEFAULT_STAGES,
             "--stage-duration", f"{self.ramp_stage_s:g}", "--hold-duration", f"{self.hold_s:g}",
             "--run-id", self.run_id, "--reports-dir", self.reports_dir, "--verdict",
         ]  # fmt: skip

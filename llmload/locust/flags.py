@@ -15,12 +15,13 @@ from llmload.gates.verdict import add_criteria_arguments
 from llmload.models import GOODPUT_SYNTAX
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.plan import PlanFlags
-from llmload.schedule import ARRIVAL_PROCESSES, parse_duration
+from llmload.schedule import ARRIVAL_PROCESSES, DEFAULT_STAGES, parse_duration
 from llmload.server.kinds import kinds
 
 
 @events.init_command_line_parser.add_listener
 def add_arguments(parser: Any) -> None:
+    """llmload's flags on Locust's parser, by what they decide: the plan, the requests, the access, the run."""
     for action in parser._actions:  # Locust's own --host, which llmload reads as one replica or several
         if "--host" in action.option_strings:
             action.help = (
@@ -28,9 +29,17 @@ def add_arguments(parser: Any) -> None:
                 " as URL,URL or @FILE (one URL a line): each session stays on one"
             )
     group = parser.add_argument_group("llmload", "open-loop replay of an LLM workload")
+    _add_plan_arguments(group)
+    _add_request_arguments(group)
+    _add_access_arguments(parser)
+    _add_run_arguments(group)
+
+
+def _add_plan_arguments(group: Any) -> None:
+    """What is sent when: the workload, the stages, arrivals, limits and the goodput SLO (PlanFlags)."""
     group.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
     group.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
-    group.add_argument("--stages", default="25,50,100,150", help="stage rates as %% of --target-qps")
+    group.add_argument("--stages", default=DEFAULT_STAGES, help="stage rates as %% of --target-qps")
     group.add_argument("--stage-duration", type=float, default=60.0, help="seconds per stage")
     group.add_argument("--hold-duration", type=float, default=None, help="seconds of the last stage")
     group.add_argument(
@@ -50,6 +59,24 @@ def add_arguments(parser: Any) -> None:
         "--first-session", type=int, default=0,
         help="replay the workload from this session on, cycling (rate modes; a search gives each probe its own)",
     )  # fmt: skip
+    group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
+    group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
+    group.add_argument(
+        "--drain-timeout", type=float, default=drain.DEFAULT_CAP_S,
+        help=f"the longest (s) in-flight requests may run on after the plan; {drain.RULE} (%(default)g)",
+    )  # fmt: skip
+    group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
+    group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
+    group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
+    group.add_argument("--timeout-total", type=float, default=Limits.total_s)
+    group.add_argument(
+        "--goodput-slo", action="append", default=[], metavar="SPEC",
+        help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
+    )  # fmt: skip
+
+
+def _add_request_arguments(group: Any) -> None:
+    """What each request asks for and carries: the models, cut streams, prices, headers, the server's kind."""
     group.add_argument(
         "--model", action="append", default=[], metavar="NAME[:WEIGHT]",
         help="served model name (default: the workload's, else /v1/models); repeated with weights, each session asks"
@@ -88,6 +115,10 @@ def add_arguments(parser: Any) -> None:
         "--extra-body", default=None, metavar="JSON",
         help='fields of your own added to every request, e.g. \'{"top_k": 20}\' (never dropped)',
     )  # fmt: skip
+
+
+def _add_access_arguments(parser: Any) -> None:
+    """How every connection to the target is made: its key, headers and TLS (llmload.access)."""
     parser.add_argument(  # on the parser itself: only Locust's parser knows is_secret
         "--api-key", default="", env_var="LLMLOAD_API_KEY", is_secret=True,
         help="bearer token, also from $LLMLOAD_API_KEY (never recorded)",
@@ -115,33 +146,23 @@ def add_arguments(parser: Any) -> None:
         "--insecure", action="store_true",
         help="do not verify the target's certificate (said on the console and in the report)",
     )  # fmt: skip
+
+
+def _add_run_arguments(group: Any) -> None:
+    """Where the run goes and what it watches: its directory, verdict, metrics and distributed workers."""
     group.add_argument(
         "--reset-prefix-cache", action="store_true",
         help="empty the server's prefix cache before the run, where its kind offers that (vLLM: POST"
         " /reset_prefix_cache, with VLLM_SERVER_DEV_MODE=1); run.json says whether it was done",
     )  # fmt: skip
-    group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
     group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
     group.add_argument("--reports-dir", default="reports", help="where run directories are written")
-    group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
-    group.add_argument(
-        "--drain-timeout", type=float, default=drain.DEFAULT_CAP_S,
-        help=f"the longest (s) in-flight requests may run on after the plan; {drain.RULE} (%(default)g)",
-    )  # fmt: skip
-    group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
-    group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
-    group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
-    group.add_argument("--timeout-total", type=float, default=Limits.total_s)
     group.add_argument(
         "--verdict",
         action="store_true",
         help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL, 3 INCONCLUSIVE",
     )
     add_criteria_arguments(group)
-    group.add_argument(
-        "--goodput-slo", action="append", default=[], metavar="SPEC",
-        help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
-    )  # fmt: skip
     group.add_argument(
         "--metrics-interval", type=parse_duration, default=1.0, help="time between /metrics scrapes, > 0 (1s)"
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmload.capacity.render import format_bytes
-from llmload.preflight.fit import Preflight
+from llmload.preflight.memory import Preflight
 
 _TURN_ROWS_SHOWN = 12
 

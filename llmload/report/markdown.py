@@ -241,8 +241,9 @@ def _access_line(access: AccessNote | None) -> list[str]:
     return [f"Connection: {'; '.join(parts)}.", ""]
 
 
-def render_markdown(summary: Summary) -> str:
-    run, req, lat = summary.run, summary.requests, summary.latency_ms
+def _header_lines(summary: Summary) -> list[str]:
+    """The title, the target and plan in one sentence, how it was reached, and the verdict on top."""
+    run = summary.run
     mix = ", ".join(f"`{g.name}` {percent(g.share)}" for g in summary.by_model if g.share is not None)
     models = f"models {mix}" if mix else f"model `{run.model or '?'}`"
     hosts = f"replicas {', '.join(f'`{g.name}`' for g in summary.by_host)}" if summary.by_host else f"`{run.host}`"
@@ -257,9 +258,13 @@ def render_markdown(summary: Summary) -> str:
         *_access_line(run.access),
     ]
     if summary.verdict is not None:
-        verdict = summary.verdict.label
-        lines += [f"**Verdict: {verdict}**", "", *[f"- {r}" for r in summary.verdict.reasons], ""]
-    lines += [
+        lines += [f"**Verdict: {summary.verdict.label}**", "", *[f"- {r}" for r in summary.verdict.reasons], ""]
+    return lines
+
+
+def _requests_lines(summary: Summary) -> list[str]:
+    req = summary.requests
+    lines = [
         "## Requests",
         "",
         "| scheduled | sent | ok | failed | unfinished | cancelled | not sent | lost | OOM family "
@@ -271,16 +276,22 @@ def render_markdown(summary: Summary) -> str:
         "Unfinished requests were still running when the drain after the plan ended: the target did not keep up,"
         " and they count as failures. Cancelled requests were cut by the operator (Ctrl-C, SIGTERM): never judged."
         " Warm-up requests are counted apart and left out of every figure but the stage table.",
-        *(
-            [
-                "",
-                f"**{req.lost} requests were lost with a worker** (in flight when it died, or due on it and never"
-                " sent): never judged against the target, and the hold's achieved-rate check fails (see Workers).",
-            ]
-            if req.lost
-            else []
-        ),
-        *(["", cut_line(summary.cancel, req.abandoned, summary.server_release)] if summary.cancel else []),
+    ]
+    if req.lost:
+        lines += [
+            "",
+            f"**{req.lost} requests were lost with a worker** (in flight when it died, or due on it and never"
+            " sent): never judged against the target, and the hold's achieved-rate check fails (see Workers).",
+        ]
+    if summary.cancel:
+        lines += ["", cut_line(summary.cancel, req.abandoned, summary.server_release)]
+    return lines
+
+
+def _latency_lines(summary: Summary) -> list[str]:
+    """The latency table, then throughput and token lengths, reasoning, the server's facts and the GPUs."""
+    lat, tp, tok = summary.latency_ms, summary.throughput, summary.tokens
+    lines = [
         "",
         "## Latency (ms, successful requests, from send)",
         "",
@@ -295,9 +306,10 @@ def render_markdown(summary: Summary) -> str:
     ):
         cells = " | ".join(fmt(v) for v in (p.p50, p.p90, p.p95, p.p99, p.p999, p.mean, p.max))
         lines.append(f"| {name} | {cells} | {p.count} |")
-    lines += ["", f"ITL: every gap of every successful request, pooled; {ITL_METHOD}."]
-    tp, tok = summary.throughput, summary.tokens
-    lines += [
+    return [
+        *lines,
+        "",
+        f"ITL: every gap of every successful request, pooled; {ITL_METHOD}.",
         "",
         f"Throughput: {tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:,.0f} output tok/s, "
         f"{tp.total_tokens_per_s:,.0f} total tok/s. Prompt tokens p50/p95/p99/max: "
@@ -308,6 +320,11 @@ def render_markdown(summary: Summary) -> str:
         *(line for fact in server_facts(summary) for line in ("", fact)),
         *_gpu_lines(summary.server),
         *cost_table(summary.cost),
+    ]
+
+
+def _stage_lines(summary: Summary) -> list[str]:
+    lines = [
         "",
         "## Stages",
         "",
@@ -328,15 +345,11 @@ def render_markdown(summary: Summary) -> str:
     if any(s.warmup for s in summary.stages):
         lines += ["", "The warm-up fills sessions to every depth; it is reported, and left out of every other figure."]
     lines += _rounded_stages(summary)
-    lines += _groups_markdown(
-        "By model", "model", summary.by_model, "each session asks for one model, drawn by its share."
-    )
-    lines += _groups_markdown(
-        "By replica", "replica", summary.by_host,
-        "all turns of a session go to one replica; its server kind, model list and /metrics are the first's.",
-    )  # fmt: skip
-    lines += _workers_markdown(summary)
-    lines += _goodput_markdown(summary)
+    return lines
+
+
+def _turn_lines(summary: Summary) -> list[str]:
+    lines: list[str] = []
     lines += [
         "",
         "## By turn (history growth)",
@@ -354,6 +367,11 @@ def render_markdown(summary: Summary) -> str:
         "From cache: the share of prompt tokens the server's usage reports as `cached_tokens` (vLLM sends it"
         " with `--enable-prompt-tokens-details`; – without).",
     ]
+    return lines
+
+
+def _failure_lines(summary: Summary) -> list[str]:
+    lines: list[str] = []
     lines += ["", "## Failures", ""]
     if summary.failures.by_category:
         lines += ["| category | count | example |", "|---|---:|---|"]
@@ -362,6 +380,23 @@ def render_markdown(summary: Summary) -> str:
             lines.append(f"| {category} | {count} | {example[:160]} |")
     else:
         lines.append("None.")
-    if run.warnings:
-        lines += ["", "## Warnings", "", *[f"- {w}" for w in run.warnings]]
+    return lines
+
+
+def render_markdown(summary: Summary) -> str:
+    """report.md: one section after another, each from its own function."""
+    lines = [*_header_lines(summary), *_requests_lines(summary), *_latency_lines(summary), *_stage_lines(summary)]
+    lines += _groups_markdown(
+        "By model", "model", summary.by_model, "each session asks for one model, drawn by its share."
+    )
+    lines += _groups_markdown(
+        "By replica", "replica", summary.by_host,
+        "all turns of a session go to one replica; its server kind, model list and /metrics are the first's.",
+    )  # fmt: skip
+    lines += _workers_markdown(summary)
+    lines += _goodput_markdown(summary)
+    lines += _turn_lines(summary)
+    lines += _failure_lines(summary)
+    if summary.run.warnings:
+        lines += ["", "## Warnings", "", *[f"- {w}" for w in summary.run.warnings]]
     return "\n".join(lines) + "\n"

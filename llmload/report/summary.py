@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from llmload.access import INSECURE_WARNING
 from llmload.cost.summary import cost_summary
 from llmload.models import (
     ANSWERED_STATUSES,
@@ -30,7 +29,6 @@ from llmload.models import (
     ReusablePrefix,
     RunInfo,
     RunManifest,
-    ServerIdentity,
     StageSummary,
     Summary,
     Throughput,
@@ -38,21 +36,16 @@ from llmload.models import (
     TurnSummary,
     WorkerSummary,
 )
-from llmload.observe.observer import LAG_WARNING_MS
 from llmload.observe.summary import ServerSamples, series_max, server_summary, window_increase
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
 from llmload.report.groups import group_figures, slower_replicas
+from llmload.report.warnings import SHORTFALL_DELAY_MS, SHORTFALL_RATIO, SPECULATION_ON_SYNTHETIC_TEXT, run_warnings
 from llmload.rundir import Run
-from llmload.server.kinds import kind
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
 from llmload.stats.sketch import BUCKETS, Histograms
 from llmload.workload.prefix import sent_prefix
 
-CPU_WARNING_PERCENT = 60.0
-STEAL_WARNING_PERCENT = 2.0
-SHORTFALL_RATIO = 0.98  # a stage must send this share of its target's requests
-SHORTFALL_DELAY_MS = 100.0  # schedule delay p99 beyond this means the generator fell behind
 TURN_MIX_DEEPEST = 8
 
 
@@ -146,31 +139,6 @@ def _stage_summaries(
     return out
 
 
-def shortfall_reason(stage: StageSummary) -> str:
-    """Why a stage is short, with the numbers."""
-    return (
-        f"stage {stage.name}: achieved {stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target"
-        f" ({stage.achieved_qps / stage.target_qps:.1%}; limit ≥ {SHORTFALL_RATIO:.0%}), offered"
-        f" {stage.offered_qps:.2f}, schedule delay p99 {stage.schedule_delay_p99_ms or 0:.0f} ms"
-        f" (limit {SHORTFALL_DELAY_MS:g} ms)"
-    )
-
-
-def _unfinished_warning(unfinished: int, sent: int, drain_s: float, e2e_p99_ms: float | None) -> str:
-    """Requests the target had not finished when the drain ended: a failure to keep up, unless the
-    drain was shorter than the answers take (then the advice is a longer drain)."""
-    text = (
-        f"{unfinished} of {sent} requests sent were still running when the {drain_s:g} s drain after the plan ended:"
-        " the target did not keep up; they count as failures"
-    )
-    if e2e_p99_ms is not None and e2e_p99_ms / 1000 > drain_s / 2:
-        text += (
-            f" (the finished requests' E2E p99 is {e2e_p99_ms / 1000:.1f} s: if answers this long are expected,"
-            f" give --drain-timeout {math.ceil(2 * e2e_p99_ms / 1000):d} or more)"
-        )
-    return text
-
-
 def _turn_summaries(df: pd.DataFrame) -> list[TurnSummary]:
     out = []
     columns = ["turn", "status", "prompt_tokens", "cached_tokens", "ttft_ms"]
@@ -211,134 +179,125 @@ def summarize(
     itl_p50 = stage_itl_p50 if stage_itl_p50 is not None else [None] * len(manifest.stages)
     reasoned = had_reasoning(df)
     stages = _stage_summaries(df, manifest, good, itl_p50, server.frame, reasoned=reasoned)
-    workers = _worker_summaries(df, manifest)
-    records = df
     in_warmup = ~df.stage.isin({s.name for s in manifest.judged_stages})
-    if in_warmup.any():
-        df = df[~in_warmup]
+    judged = df[~in_warmup] if in_warmup.any() else df
     # only the columns used: a run can hold 10M records, each copy of the frame a gigabyte
-    ok = df.loc[
-        (df.status == "ok").to_numpy(dtype=bool),
+    ok = judged.loc[
+        (judged.status == "ok").to_numpy(dtype=bool),
         ["ttft_ms", "ttfo_ms", "tpot_ms", "e2e_ms", "schedule_delay_ms", "prompt_tokens", "output_tokens",
          "usage_from_server", "reasoning_tokens", "reasoning_tokens_counted", "requested_output_tokens",
          "output_tokens_forced"],
     ]  # fmt: skip
-    sent = df.schedule_delay_ms[df.sent_at.notna().to_numpy(dtype=bool)]
-    # what the target is judged to have failed: errors, and requests it had not finished when the drain ended
-    failed = df.loc[df.status.isin(["failed", "unfinished"]).to_numpy(dtype=bool), ["error_category", "error_message"]]
-    unfinished = int((failed.error_category == "unfinished").sum())
-    finished = manifest.finished_at or float(df.finished_at.max() if len(sent) else manifest.started_at)
+    sent = judged.schedule_delay_ms[judged.sent_at.notna().to_numpy(dtype=bool)]
+    requests = _request_counts(judged, ok=len(ok), sent=len(sent), warmup=int(in_warmup.sum()))
+    finished = manifest.finished_at or float(judged.finished_at.max() if len(sent) else manifest.started_at)
     # over the judged stages (or less, when stopped early): warm-up, start-up and drain would make
     # throughput depend on how a run began and wound down rather than on the target
-    judged_start = manifest.judged_started_at
-    elapsed = max(1e-9, min(finished, manifest.started_at + manifest.stages[-1].end_s) - judged_start)
-    output_tokens = float(ok.output_tokens.fillna(0).sum())
-    prompt_tokens = float(ok.prompt_tokens.fillna(0).sum())
-    categories = failed.error_category.value_counts().to_dict()
-    examples = failed.drop_duplicates("error_category").set_index("error_category").error_message.to_dict()
-    warnings = [f"{shortfall_reason(s)}: the target was not offered the load asked for" for s in stages if s.shortfall]
-    if manifest.access is not None and manifest.access.tls_verify == "insecure":
-        warnings.insert(0, INSECURE_WARNING)
-    if manifest.interrupted:
-        warnings.insert(0, "interrupted before the plan's end (Ctrl-C, SIGTERM, -t): what was measured until then")
-    cpu = manifest.load_generator_cpu_max_percent
-    if cpu is not None and cpu > CPU_WARNING_PERCENT:
-        warnings.append(
-            f"load generator CPU reached {cpu:.0f}% (> {CPU_WARNING_PERCENT:.0f}%): timings may include client delay;"
-            " add Locust workers (--processes)"
-        )
-    steal = manifest.cpu_steal_percent
-    if steal is not None and steal > STEAL_WARNING_PERCENT:
-        warnings.append(
-            f"the hypervisor took {steal:.1f}% of the load generator machine's CPU"
-            f" (steal > {STEAL_WARNING_PERCENT:.0f}%): latency tails include descheduled vCPUs;"
-            " repeat on a quieter or dedicated machine"
-        )
+    elapsed = max(1e-9, min(finished, manifest.started_at + manifest.stages[-1].end_s) - manifest.judged_started_at)
     lag_max_ms = series_max(server.frame.client_lag_ms)
-    if lag_max_ms is not None and lag_max_ms > LAG_WARNING_MS:
-        warnings.append(
-            f"the load generator stalled for up to {lag_max_ms / 1000:.2f} s (its timer fired that late; "
-            f"> {LAG_WARNING_MS:.0f} ms): latencies measured then include the stall; give it cores of its own "
-            "(taskset, away from a local server) or more Locust workers (--processes)"
-        )
-    if unfinished:
-        warnings.append(_unfinished_warning(unfinished, len(sent), manifest.drain_s, quantile(ok.e2e_ms, 99)))
-    if len(ok) and not ok.usage_from_server.all():
-        warnings.append(
-            "some responses carried no usage: their output tokens were counted from the stream's chunks and their"
-            " prompt tokens with the workload's tokenizer (estimates)"
-        )
     lengths = _output_lengths(ok)
-    if lengths is not None and lengths.forced < lengths.requested:
-        warnings.append(_unforced_warning(lengths, manifest.server))
+    warnings = run_warnings(
+        manifest, stages, ok, lag_max_ms=lag_max_ms, sent=len(sent), unfinished=requests.unfinished, lengths=lengths
+    )
     return Summary(
-        run=RunInfo(
-            run_id=manifest.run_id,
-            host=manifest.host,
-            model=manifest.model,
-            workload=manifest.workload,
-            arrival=manifest.arrival,
-            target_qps=manifest.target_qps,
-            started_at=manifest.started_at,
-            finished_at=finished,
-            workers=manifest.workers,
-            load_generator_cpu_max_percent=cpu,
-            cpu_steal_percent=steal,
-            load_generator_lag_max_ms=lag_max_ms,
-            goodput_slo=manifest.goodput_slo,
-            server=manifest.server,
-            access=manifest.access,
-            warnings=warnings,
-        ),
-        requests=RequestCounts(
-            scheduled=len(df),
-            sent=len(sent),
-            ok=len(ok),
-            failed=len(failed) - unfinished,
-            unfinished=unfinished,
-            cancelled=int((df.status == "cancelled").sum()),
-            abandoned=int((df.status == "abandoned").sum()),
-            not_sent=int((df.status == "not_sent").sum()),
-            lost=int((df.status == "lost").sum()),
-            warmup=int(in_warmup.sum()),
-        ),
-        latency_ms=LatencySummary(
-            ttft=percentiles(ok.ttft_ms),
-            itl=itl,
-            tpot=percentiles(ok.tpot_ms),
-            e2e=percentiles(ok.e2e_ms),
-            schedule_delay=percentiles(sent),
-            ttft_from_schedule=percentiles(ok.ttft_ms + ok.schedule_delay_ms),
-            e2e_from_schedule=percentiles(ok.e2e_ms + ok.schedule_delay_ms),
-            ttfo=percentiles(ok.ttfo_ms) if reasoned else None,
-        ),
-        throughput=Throughput(
-            requests_per_s=len(ok) / elapsed,
-            output_tokens_per_s=output_tokens / elapsed,
-            total_tokens_per_s=(output_tokens + prompt_tokens) / elapsed,
-            goodput=goodput(df[["status", "output_tokens"]], good, elapsed),
-        ),
+        run=_run_info(manifest, finished=finished, lag_max_ms=lag_max_ms, warnings=warnings),
+        requests=requests,
+        latency_ms=_latency_summary(ok, sent, itl, reasoned=reasoned),
+        throughput=_throughput(judged, ok, good, elapsed),
         tokens=TokenSummary(prompt=token_percentiles(ok.prompt_tokens), output=token_percentiles(ok.output_tokens)),
         reasoning=_reasoning(ok) if reasoned else None,
         stages=stages,
-        turns=_turn_summaries(df),
-        failures=FailureSummary(
-            by_category={str(k): int(v) for k, v in categories.items()},
-            oom_family=int(sum(v for k, v in categories.items() if k in OOM_FAMILY)),
-            examples={str(k): str(v) for k, v in examples.items()},
-        ),
+        turns=_turn_summaries(judged),
+        failures=_failure_summary(judged),
         output_lengths=lengths,
         server=server_summary(server, manifest.judged_started_at, workload_prefix),
-        workers=workers,
-        by_model=group_figures(df, "model", elapsed, {s.name: s.weight for s in manifest.model_mix})
-        if manifest.model_mix or df.model.nunique() > 1  # a mix asked for, or the workload's turns name models
+        workers=_worker_summaries(df, manifest),
+        by_model=group_figures(judged, "model", elapsed, {s.name: s.weight for s in manifest.model_mix})
+        if manifest.model_mix or judged.model.nunique() > 1  # a mix asked for, or the workload's turns name models
         else [],
         cancel=manifest.cancel,
         server_release=manifest.server_release,
-        cost=cost_summary(records, manifest, server.gpus, elapsed),
-        by_host=group_figures(df, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
+        cost=cost_summary(df, manifest, server.gpus, elapsed),
+        by_host=group_figures(judged, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
         if manifest.replicas
         else [],
+    )
+
+
+def _run_info(manifest: RunManifest, *, finished: float, lag_max_ms: float | None, warnings: list[str]) -> RunInfo:
+    return RunInfo(
+        run_id=manifest.run_id,
+        host=manifest.host,
+        model=manifest.model,
+        workload=manifest.workload,
+        arrival=manifest.arrival,
+        target_qps=manifest.target_qps,
+        started_at=manifest.started_at,
+        finished_at=finished,
+        workers=manifest.workers,
+        load_generator_cpu_max_percent=manifest.load_generator_cpu_max_percent,
+        cpu_steal_percent=manifest.cpu_steal_percent,
+        load_generator_lag_max_ms=lag_max_ms,
+        goodput_slo=manifest.goodput_slo,
+        server=manifest.server,
+        access=manifest.access,
+        warnings=warnings,
+    )
+
+
+def _request_counts(judged: pd.DataFrame, *, ok: int, sent: int, warmup: int) -> RequestCounts:
+    """The judged requests by status; `failed` what the target is judged to have failed (errors; the
+    requests it had not finished when the drain ended are `unfinished`)."""
+    status = judged.status
+    return RequestCounts(
+        scheduled=len(judged),
+        sent=sent,
+        ok=ok,
+        failed=int((status == "failed").sum()),
+        unfinished=int((status == "unfinished").sum()),
+        cancelled=int((status == "cancelled").sum()),
+        abandoned=int((status == "abandoned").sum()),
+        not_sent=int((status == "not_sent").sum()),
+        lost=int((status == "lost").sum()),
+        warmup=warmup,
+    )
+
+
+def _latency_summary(ok: pd.DataFrame, sent: pd.Series, itl: Percentiles, *, reasoned: bool) -> LatencySummary:
+    return LatencySummary(
+        ttft=percentiles(ok.ttft_ms),
+        itl=itl,
+        tpot=percentiles(ok.tpot_ms),
+        e2e=percentiles(ok.e2e_ms),
+        schedule_delay=percentiles(sent),
+        ttft_from_schedule=percentiles(ok.ttft_ms + ok.schedule_delay_ms),
+        e2e_from_schedule=percentiles(ok.e2e_ms + ok.schedule_delay_ms),
+        ttfo=percentiles(ok.ttfo_ms) if reasoned else None,
+    )
+
+
+def _throughput(judged: pd.DataFrame, ok: pd.DataFrame, good: pd.Series | None, elapsed: float) -> Throughput:
+    output_tokens = float(ok.output_tokens.fillna(0).sum())
+    prompt_tokens = float(ok.prompt_tokens.fillna(0).sum())
+    return Throughput(
+        requests_per_s=len(ok) / elapsed,
+        output_tokens_per_s=output_tokens / elapsed,
+        total_tokens_per_s=(output_tokens + prompt_tokens) / elapsed,
+        goodput=goodput(judged[["status", "output_tokens"]], good, elapsed),
+    )
+
+
+def _failure_summary(judged: pd.DataFrame) -> FailureSummary:
+    """Failed and unfinished requests by category, with one message of each."""
+    failed = judged.loc[
+        judged.status.isin(["failed", "unfinished"]).to_numpy(dtype=bool), ["error_category", "error_message"]
+    ]
+    categories = failed.error_category.value_counts().to_dict()
+    examples = failed.drop_duplicates("error_category").set_index("error_category").error_message.to_dict()
+    return FailureSummary(
+        by_category={str(k): int(v) for k, v in categories.items()},
+        oom_family=int(sum(v for k, v in categories.items() if k in OOM_FAMILY)),
+        examples={str(k): str(v) for k, v in examples.items()},
     )
 
 
@@ -388,20 +347,6 @@ def _output_lengths(ok: pd.DataFrame) -> OutputLengths | None:
         forced=int(asked.output_tokens_forced.fillna(False).astype(bool).sum()),
         requested_tokens=token_percentiles(asked.requested_output_tokens.astype(float)),
         output_tokens=token_percentiles(asked.output_tokens.astype(float)),
-    )
-
-
-def _unforced_warning(lengths: OutputLengths, server: ServerIdentity | None) -> str:
-    """Which server, why, and the workload's lengths against the measured ones."""
-    why = server.name if server is not None else "the server"
-    note = kind(server.kind).force_note if server is not None else None
-    asked, got = lengths.requested_tokens, lengths.output_tokens
-    return (
-        f"output lengths not forced for {lengths.requested - lengths.forced} of {lengths.requested} requests that fix"
-        f" one: {why}"
-        + (f" ({note})" if note else " refused the fields that force it")
-        + f"; the workload asked p50 {asked.p50:.0f} / p99 {asked.p99:.0f} output tokens, the server gave"
-        f" p50 {got.p50:.0f} / p99 {got.p99:.0f}"
     )
 
 
@@ -459,11 +404,7 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
     if run.cut_off is not None:
         summary.run.warnings.insert(0, run.cut_off)
     if summary.server is not None and summary.server.spec_decode is not None and _synthetic(run):
-        summary.run.warnings.append(
-            "the server speculates and the prompts are synthetic text: a draft's acceptance depends on the text"
-            " (an n-gram or draft model predicts made-up words otherwise than real ones); replay prompts from"
-            " production logs to measure it"
-        )
+        summary.run.warnings.append(SPECULATION_ON_SYNTHETIC_TEXT)
     if manifest.replicas:  # over sessions: their ids are read apart from the frame
         judged = records.frame.stage.isin({s.name for s in manifest.judged_stages}).to_numpy(dtype=bool)
         columns = ["host", "status", "ttft_ms", "tpot_ms"]

@@ -41,7 +41,7 @@ class Option(BaseModel):
         return self.type in ("bool", "switch")
 
 
-class Options(BaseModel):
+class VllmOptions(BaseModel):
     vllm_version: str
     options: dict[str, Option]
     aliases: dict[str, str]
@@ -59,8 +59,8 @@ class Options(BaseModel):
 
 
 @cache
-def vllm_options() -> Options:
-    return Options.model_validate(json.loads(CAPTURE.read_text(encoding="utf-8")))
+def vllm_options() -> VllmOptions:
+    return VllmOptions.model_validate(json.loads(CAPTURE.read_text(encoding="utf-8")))
 
 
 _SUFFIX = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")

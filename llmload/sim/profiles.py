@@ -69,10 +69,14 @@ class StepTiming(Strict):
         return running / (output_tokens * decode_s + running * prefill_s)
 
 
+ProbeKind = Literal["prefill", "decode"]
+"""prefill: single requests of one output token, TTFT measured; decode: concurrent streams, ITL."""
+
+
 class CalibrationPoint(Strict):
     """One measured point of a calibration: a probe's median over its repeats, and what the fit says."""
 
-    kind: Literal["prefill", "decode"] = Field(
+    kind: ProbeKind = Field(
         description="prefill: single requests of one output token, TTFT measured; decode: concurrent streams, ITL"
     )
     streams: PositiveInt

@@ -951,6 +951,9 @@ class Probe(BaseModel):
     ttft_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None = None
+    output_tokens_per_s: float | None = Field(default=None, description="of the hold's successful requests")
+    tpot_p50_ms: float | None = Field(default=None, description="of the hold's successful requests")
+    gpu_count: int | None = Field(default=None, description="GPUs its run saw (summary.json's cost); None: none")
     confirm: bool = Field(default=False, description="the --confirm soak at the rate found")
     cache_reset: PrefixCacheReset | None = Field(default=None, description="the prefix cache emptied before it")
 
@@ -1058,6 +1061,32 @@ class SearchResult(BaseModel):
         )
 
 
+# --------------------------------------------------------------------------- the Pareto frontier
+
+
+class ParetoPoint(BaseModel):
+    """One configuration held at one rate (a search's probe, a soak's 100% stage): what the server gives
+    in all against what each of its users sees, the two a configuration trades against each other."""
+
+    configuration: str | None = Field(description="the sweep's configuration; None: a search's own probe")
+    qps: float = Field(description="the rate it was held at")
+    run: str = Field(description="its run directory, relative to the page")
+    output_tokens_per_s_per_gpu: float = Field(
+        description="the hold's output tok/s of successful requests over the GPUs its run saw (all, when none)"
+    )
+    gpu_count: int | None = Field(description="GPUs its run saw; None: none, the tok/s are the server's")
+    tokens_per_s_per_user: float = Field(description="1000 / the hold's TPOT p50: one user's stream")
+    passed: bool | None = Field(description="the verdict of its probe or soak; None: not judged")
+    on_frontier: bool = Field(
+        default=False, description="it passed, and no other that passed gives as much on both axes and more on one"
+    )
+
+    @property
+    def label(self) -> str:
+        rate = f"{self.qps:g} req/s"
+        return rate if self.configuration is None else f"{self.configuration} @ {rate}"
+
+
 # --------------------------------------------------------------------------- configuration sweep (sweep.json)
 
 SweepMode = Literal["search", "soak"]
@@ -1139,3 +1168,6 @@ class SweepResult(BaseModel):
     rows: list[SweepRow] = Field(default_factory=list)
     best: str | None = None
     best_why: str | None = None
+    pareto: list[ParetoPoint] = Field(
+        default_factory=list, description="every probe (soak: every configuration) with its figures, frontier marked"
+    )

@@ -31,7 +31,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 PAGE_STATE = """({
   title: document.title,
   text: document.body.innerText,
-  images: Array.from(document.images).map(i => ({
+  images: Array.from(document.images).map(i => ({alt: i.alt,
     complete: i.complete, width: i.naturalWidth, height: i.naturalHeight, shown: i.getBoundingClientRect().width})),
   page_width: document.documentElement.scrollWidth,
   viewport_width: window.innerWidth,
@@ -45,7 +45,7 @@ PAGE_STATE = """({
 class PageReport:
     title: str
     text: str  # what a reader sees (innerText)
-    images: list[dict[str, Any]]  # complete, natural width/height, shown width (CSS px)
+    images: list[dict[str, Any]]  # alt, complete, natural width/height, shown width (CSS px)
     errors: list[str]  # console errors, uncaught exceptions, refused loads (CSP, missing files)
     screenshot: Path | None
     page_width: int = 0  # the document's width (CSS px): wider than the viewport scrolls sideways

@@ -229,7 +229,14 @@ def test_the_rate_found_is_the_simulators_saturation_rate_and_a_longer_run_there
     for probe in result["probes"]:
         assert (reports / "s" / probe["run_id"] / "report.html").is_file()
         assert f'href="{probe["run_id"]}/report.html"' in page
+        # its hold's figures for the Pareto frontier, as its run's summary gives them
+        summary = orjson.loads((reports / "s" / probe["run_id"] / "summary.json").read_bytes())
+        hold = summary["stages"][-1]
+        assert probe["output_tokens_per_s"] == hold["output_tokens_per_s"] and probe["tpot_p50_ms"] > 0
+        assert probe["tpot_p50_ms"] == hold["tpot_p50_ms"]
+        assert probe["gpu_count"] == (summary.get("cost") or {}).get("gpu_count")
     assert "data:image/svg+xml;base64," in page and "give --slo-ttft-p99-ms" in page
+    assert 'alt="Pareto frontier"' in page and "On the frontier (it passed" in page
     # each probe began with an empty prefix cache, not with what the one before it left
     assert all(p["cache_reset"] == {"reset": True, "how": "POST /reset_prefix_cache"} for p in result["probes"])
     assert "The prefix cache was emptied before each probe (POST /reset_prefix_cache)." in page + output

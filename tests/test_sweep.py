@@ -1,10 +1,12 @@
 """`llmload sweep` against the embedded target sized by each configuration (`llmload sim
 --vllm-config`): the ranking against the simulator's own saturation rates (ground truth computed
 from its engine, not from the sweep), a configuration vLLM would refuse as a row with vLLM's
-numbers, no server left behind on Ctrl-C, --resume, and bad input refused before any server starts."""
+numbers, no server left behind on Ctrl-C, --resume, bad input refused before any server starts, and
+the Pareto frontier of every probe (sweep.json's `pareto`, the page's chart, pareto.png)."""
 
 from __future__ import annotations
 
+import random
 import signal
 import sys
 from pathlib import Path
@@ -15,8 +17,9 @@ import pytest
 import yaml
 
 from llmload.errors import InputError
-from llmload.models import SweepResult, SweepRow
+from llmload.models import ParetoPoint, SweepResult, SweepRow
 from llmload.records import read_records
+from llmload.report.pareto import PNG_FILE, dominates, frontier, point, throughput_axis
 from llmload.report.sweep_page import write_pages
 from llmload.sim.profiles import PROFILES
 from llmload.sweep.configs import expand
@@ -36,6 +39,7 @@ from tests.locust_runs import (
 
 DATA = Path(__file__).parent / "data"
 OUTPUT_TOKENS = 64
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # the tiny-llama server of the real-vLLM tests: 1 KiB of KV per token, 128-token CPU blocks
@@ -179,11 +183,74 @@ def test_the_best_passes_the_highest_rate_and_ties_go_to_less_memory() -> None:
     )
 
 
+# --------------------------------------------------------------------------- the Pareto frontier
+
+
+def _point(name: str, per_gpu: float, per_user: float, *, passed: bool | None = True) -> ParetoPoint:
+    return ParetoPoint(configuration=name, qps=1, run=name, output_tokens_per_s_per_gpu=per_gpu, gpu_count=1,
+                       tokens_per_s_per_user=per_user, passed=passed)  # fmt: skip
+
+
+def test_the_frontier_is_the_passing_points_no_other_passing_point_beats_on_both_axes() -> None:
+    points = [
+        _point("most-in-all", 100, 50),
+        _point("its-twin", 100, 50),  # equal to it: neither beats the other, both are on it
+        _point("beaten", 60, 70),  # "middle" gives more on both
+        _point("fastest-user", 40, 120),
+        _point("middle", 70, 80),
+        _point("level-in-all", 40, 100),  # as much in all as "fastest-user", less per user
+        _point("level-per-user", 90, 50),  # as much per user as "most-in-all", less in all
+        # a failing or unjudged probe is never on it, nor pushes a passing one off: its tokens count
+        # answers that queued into the drain
+        _point("overloaded", 200, 60, passed=False),
+        _point("unjudged", 50, 200, passed=None),
+    ]
+    marked = frontier(points)
+    assert [p.configuration for p in marked] == [p.configuration for p in points]  # in their order
+    on = [p.configuration for p in marked if p.on_frontier]
+    assert on == ["most-in-all", "its-twin", "fastest-user", "middle"]
+    assert frontier([]) == [] and [p.on_frontier for p in frontier(points[:1])] == [True]
+    assert not any(p.on_frontier for p in frontier(points[-2:]))
+
+
+def test_every_passing_point_off_the_frontier_is_beaten_by_one_on_it_and_none_on_it_by_another() -> None:
+    rng = random.Random(38)
+    for _ in range(300):
+        # figures from a few values each, so ties on one axis and on both are common
+        points = [
+            _point(str(k), rng.randint(0, 6), rng.randint(0, 6), passed=rng.choice([True, True, False, None]))
+            for k in range(rng.randint(1, 25))
+        ]
+        marked = frontier(points)
+        on = [p for p in marked if p.on_frontier]
+        assert all(p.passed for p in on) and bool(on) == any(p.passed for p in points), points
+        assert all(any(dominates(f, p) for f in on) for p in marked if p.passed and not p.on_frontier), points
+        assert not any(dominates(a, b) for a in on for b in on), points
+
+
+def test_a_point_is_per_gpu_where_its_run_saw_gpus_and_per_server_where_it_saw_none() -> None:
+    two = point(configuration="tp2", qps=4, run="tp2/soak", output_tokens_per_s=900.0, tpot_p50_ms=20.0,
+                gpu_count=2, passed=True)  # fmt: skip
+    cpu = point(configuration="cpu", qps=4, run="cpu/soak", output_tokens_per_s=300.0, tpot_p50_ms=50.0,
+                gpu_count=None, passed=None)  # fmt: skip
+    assert two is not None and (two.output_tokens_per_s_per_gpu, two.tokens_per_s_per_user) == (450.0, 50.0)
+    assert cpu is not None and (cpu.output_tokens_per_s_per_gpu, cpu.tokens_per_s_per_user) == (300.0, 20.0)
+    assert throughput_axis([two]) == "output tok/s per GPU"
+    assert throughput_axis([cpu]) == "output tok/s per server (no GPU seen)"
+    assert throughput_axis([two, cpu]) == "output tok/s per GPU (per server where no GPU was seen)"
+    # no answer succeeded, or none streamed a second token: no figure, no point
+    no_tpot = point(configuration="x", qps=4, run="x", output_tokens_per_s=0.0, tpot_p50_ms=None, gpu_count=None,
+                    passed=False)  # fmt: skip
+    assert no_tpot is None
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} not installed (apt-get install -y chromium)")
 def test_the_sweep_page_fits_its_page_and_reads_its_reasons_as_sentences(tmp_path: Path) -> None:
     """Six configurations with long verdict lines, as a real sweep writes them: in headless Chromium
     at 1280 px the table fits the page (no sideways scroll), no row is taller than two lines, and the
-    reasons follow as sentences; the verdict line names the cap as a lower bound."""
+    reasons follow as sentences; the verdict line names the cap as a lower bound. The Pareto chart of
+    their probes loads (the page's policy lets in data: images only), its frontier's table fits too,
+    and pareto.png is beside the page."""
     reason = (
         "keeping up: in flight grew from 1.59 to 6.3 during the hold (mean of its first and last 1.66667 s windows);"
         " 100 requests completed in it against 106 sent (10.00 vs 10.60 req/s); trend +5.65 requests in flight over"
@@ -206,12 +273,26 @@ def test_the_sweep_page_fits_its_page_and_reads_its_reasons_as_sentences(tmp_pat
     result = SweepResult(sweep_id="s", mode="search", serve="vllm serve --config {config} --port {port}",
                          workload="workloads/chat-multiturn.yaml", started_at=0, rows=rows)  # fmt: skip
     result.best, result.best_why = best_config(rows, "search")
+    # each configuration's probes: tokens in all grow with the rate up to its saturation, each user's slow down
+    probes = [
+        point(configuration=row.name, qps=qps, run=f"{row.name}/search/probe-01-{qps:g}qps",
+              output_tokens_per_s=64.0 * min(qps, row.failing_qps or qps), tpot_p50_ms=4.0 + qps / 2,
+              gpu_count=None, passed=qps <= (row.passing_qps or 0))
+        for row in rows[:-1] for qps in (2.0, 8.0, 24.0, 64.0)
+    ]  # fmt: skip
+    result.pareto = frontier([p for p in probes if p is not None])
     write_pages(result, tmp_path)
     page = inspect_page(tmp_path / "sweep.html", screenshot=tmp_path / "sweep.png")
     assert page.errors == [], page.errors
     assert page.page_width <= page.viewport_width, (page.page_width, page.viewport_width)
-    (table,) = page.tables
-    assert table["right"] <= page.viewport_width
+    table, frontier_table = page.tables
+    assert table["right"] <= page.viewport_width and frontier_table["right"] <= page.viewport_width
+    (chart,) = [image for image in page.images if image["alt"] == "Pareto frontier"]
+    assert chart["complete"] and chart["width"] > 0 and chart["shown"] > 0, chart
+    assert len(frontier_table["row_heights"]) == 1 + sum(p.on_frontier for p in result.pareto)
+    assert "output tok/s per server (no GPU seen)" in page.text and f"The chart alone: {PNG_FILE}." in page.text
+    png = tmp_path / PNG_FILE
+    assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 10_000
     assert max(table["row_heights"]) < 3 * min(table["row_heights"][1:]) and max(table["row_heights"]) < 90, table
     assert "Ship max-num-seqs-16-max-model-len-2048: keeps up with ≥ 64 req/s (the cap, --max-qps)" in page.text
     assert "≥ 64 (the cap)" in page.text and "passes at 64 req/s" not in page.text.lower()
@@ -225,7 +306,8 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
     passing rate lies near the simulator's saturation rate for its max-num-seqs (computed from its
     step timing), so the ranking is the engine's; the file vLLM would refuse is a row with vLLM's numbers.
     The profile is the built-in one as if calibrated up to 4,000 KV tokens a step: four 2,048-token
-    sequences reach past that, and that row says its prediction is extrapolated."""
+    sequences reach past that, and that row says its prediction is extrapolated. Every probe is a point
+    of the Pareto frontier with its run's own figures, and pareto.png is beside the pages."""
     workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
     profile = tmp_path / "calibrated.yaml"
     calibrated = calibrated_as(PROFILES["vllm-cpu-tiny"], [(2, 1936, 64)])
@@ -269,6 +351,27 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
     page, table = (where / "sweep.html").read_text(), (where / "sweep.md").read_text()
     assert "Ship four-seqs" in table and "did not start" in table and "8,192-token request needs" in page
     assert f"the prediction warns: {extrapolated}" in table
+    # the Pareto frontier: one point per probe of each configuration that started, each with its hold's
+    # figures as its run's summary.json gives them (no GPU on the simulator: tok/s per server)
+    points = result["pareto"]
+    for name in ("one-seq", "four-seqs"):
+        probes = orjson.loads((where / name / "search" / "search.json").read_bytes())["probes"]
+        mine = [p for p in points if p["configuration"] == name]
+        assert [(p["run"], p["qps"], p["passed"]) for p in mine] == [
+            (f"{name}/search/{probe['run_id']}", probe["qps"], probe["passed"]) for probe in probes
+        ], (mine, probes)
+        for p in mine:
+            summary = orjson.loads((where / p["run"] / "summary.json").read_bytes())
+            hold, gpus = summary["stages"][-1], (summary.get("cost") or {}).get("gpu_count")
+            assert p["gpu_count"] == gpus, p
+            assert p["output_tokens_per_s_per_gpu"] == hold["output_tokens_per_s"] / (gpus or 1), (p, hold)
+            assert p["tokens_per_s_per_user"] == pytest.approx(1000 / hold["tpot_p50_ms"]), (p, hold)
+    assert {p["configuration"] for p in points} == {"one-seq", "four-seqs"}  # none for the refused file
+    assert any(p["on_frontier"] for p in points)
+    png = where / "pareto.png"
+    assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 0
+    assert "## Pareto frontier" in table and "output tok/s per server (no GPU seen)" in table
+    assert 'alt="Pareto frontier"' in page and 'href="pareto.png"' in page
     assert not (tmp_path / "reports" / "s" / "sweep.json").exists()  # no server was swept
     assert not _servers_of(tmp_path)
 
@@ -288,6 +391,16 @@ def test_soak_mode_passes_the_configuration_that_holds_150_percent(tmp_path: Pat
     assert four["passed"] is True and four["passing_qps"] == 8 and four["measured_at_qps"] == 8
     assert result["best"] == "max-num-seqs-4" and result["best_why"].startswith("passes the soak at the target")
     assert (tmp_path / "reports" / "s" / four["reports"][0]).is_file()
+    # one Pareto point per configuration: its soak at the target's rate (the 100% stage), judged by the soak
+    points = {p["configuration"]: p for p in result["pareto"]}
+    assert list(points) == ["max-num-seqs-1", "max-num-seqs-4"]
+    for row in (one, four):
+        summary = orjson.loads((tmp_path / "reports" / "s" / row["name"] / "soak" / "summary.json").read_bytes())
+        (target,) = [stage for stage in summary["stages"] if stage["name"] == "100%"]
+        mine = points[row["name"]]
+        assert (mine["run"], mine["qps"], mine["passed"]) == (f"{row['name']}/soak", 8, row["passed"])
+        assert mine["tokens_per_s_per_user"] == pytest.approx(1000 / target["tpot_p50_ms"])
+    assert (tmp_path / "reports" / "s" / "pareto.png").is_file()
 
 
 def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) -> None:
@@ -310,6 +423,7 @@ def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) ->
     assert not _servers_of(tmp_path)
     result = orjson.loads((sweep / "sweep.json").read_bytes())
     assert result["interrupted"] is True and [r["name"] for r in result["rows"]] == ["max-num-seqs-2"]
+    assert result["pareto"] and {p["configuration"] for p in result["pareto"]} == {"max-num-seqs-2"}
     done = (sweep / "max-num-seqs-2" / "row.json").stat().st_mtime_ns
     code, output = _sweep(tmp_path, *flags, "--probe-duration", "4s", "--resume")
     assert code == 0, output[-3000:]
@@ -318,4 +432,8 @@ def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) ->
     result = orjson.loads((sweep / "sweep.json").read_bytes())
     assert [r["passing_qps"] for r in result["rows"]] == [2, 2] and result["interrupted"] is False
     assert list((sweep / "max-num-seqs-4").glob("search-interrupted-*"))  # the cut attempt is kept aside
+    # the Pareto points of the configuration done before the Ctrl-C are read back from its search, and
+    # none come from the cut attempt
+    runs = {p["run"].rsplit("/", 1)[0] for p in result["pareto"]}
+    assert runs == {"max-num-seqs-2/search", "max-num-seqs-4/search"}, result["pareto"]
     assert not _servers_of(tmp_path)

@@ -7,7 +7,8 @@ drain ended. The answer sits where the server is busy all the time and its queue
 sequences once answered 28 req/s against a 32 req/s probe that completed 27.7, and the confirm's
 E2E p50 went from 325 ms in its first quarter to 1.6 s in its last, the 2% overload the gate lets
 pass (a 10% one would have added 4.5 s). The configuration vLLM refuses is a row with vLLM's own
-reason, which `llmload capacity` predicted word for word before anything started."""
+reason, which `llmload capacity` predicted word for word before anything started. Every probe of the
+two that started is a point of the Pareto frontier, drawn in sweep.html and pareto.png."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import yaml
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
 from llmload.sim.process import SimProcess
+from tests.browser import CHROMIUM, inspect_page
 from tests.locust_runs import KeepsUp, fixed_output_workload, llmload_cli
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
@@ -85,6 +87,11 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         assert confirm["confirm"] and confirm["qps"] == row["passing_qps"], search["probes"]
         ground = KeepsUp.of(where / row["name"] / "search" / confirm["run_id"])
         assert ground.holds(), (row["name"], row["passing_qps"], ground)
+        # a Pareto point for each of its probes (every one answered 96-token requests), its hold's TPOT
+        mine = [p for p in result["pareto"] if p["configuration"] == row["name"]]
+        assert [p["run"] for p in mine] == [f"{row['name']}/search/{p['run_id']}" for p in search["probes"]], mine
+        for point, probe in zip(mine, search["probes"], strict=True):
+            assert point["tokens_per_s_per_user"] == pytest.approx(1000 / probe["tpot_p50_ms"]), (point, probe)
     assert eight["passing_qps"] > one["passing_qps"], output[-3000:]
     assert result["best"] == "seqs-8"
     # the refusal: vLLM's reason from its log, beside capacity's prediction of the same words
@@ -99,6 +106,15 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         SimProcess("--vllm-config", str(where / "too-long" / "config.yaml")).start()
     assert "did not start" in (where / "sweep.md").read_text()
     assert "The prefix cache was emptied before each probe" in (where / "sweep.md").read_text()
+    # the frontier holds a passing probe at least, and its chart is a PNG beside the page and loads in it
+    assert {p["configuration"] for p in result["pareto"]} == {"seqs-1", "seqs-8"}
+    assert any(p["on_frontier"] for p in result["pareto"]), result["pareto"]
+    assert (where / "pareto.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    if CHROMIUM.exists():
+        page = inspect_page(where / "sweep.html")
+        assert page.errors == [], page.errors
+        (chart,) = [image for image in page.images if image["alt"] == "Pareto frontier"]
+        assert chart["complete"] and chart["width"] > 0, chart
     # no server outlived the sweep
     leftovers = [
         p for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in part for part in p.info["cmdline"] or [])

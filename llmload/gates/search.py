@@ -246,6 +246,7 @@ class Searcher:
             probe = Probe(run_id=run_id, qps=qps, hold_s=hold_s, passed=None, confirm=confirm)
         else:
             probe = self.judged_probe(run_id, qps, hold_s, summary.verdict, summary.stages[-1], confirm=confirm)
+            probe.gpu_count = summary.cost.gpu_count if summary.cost is not None else None
         if (run_dir / MANIFEST_FILE).is_file():
             probe.cache_reset = read_manifest(run_dir).prefix_cache_reset
         return probe
@@ -281,6 +282,8 @@ class Searcher:
             ttft_p99_ms=hold.ttft_p99_ms,
             e2e_p50_ms=hold.e2e_p50_ms,
             e2e_p99_ms=hold.e2e_p99_ms,
+            output_tokens_per_s=hold.output_tokens_per_s,
+            tpot_p50_ms=hold.tpot_p50_ms,
             confirm=confirm,
         )
 

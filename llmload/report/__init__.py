@@ -1,3 +1,4 @@
 """What a run's records become: the summary, computed once (`summary`), goodput against the SLOs
 (`goodput`), the figures of each model of a mix (`groups`), report.md (`markdown`) and report.html
-(`html`), the capacity search's page (`search_page`) and the sweep's pages (`sweep_page`)."""
+(`html`), the capacity search's page (`search_page`), the sweep's pages (`sweep_page`) and the
+Pareto frontier both draw (`pareto`)."""

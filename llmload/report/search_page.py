@@ -1,5 +1,6 @@
 """search.html: one self-contained page per search, as report.html is per run: latency and goodput
-against the probed rate, each probe's verdict with its reason, and a link to each probe's report."""
+against the probed rate, the probes' Pareto frontier (llmload.report.pareto), each probe's verdict
+with its reason, and a link to each probe's report."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from llmload.models import SearchResult
+from llmload.report import pareto
 from llmload.report.html import ENV, P50, P99, RC, STYLE, legend, svg_data_uri
 
 PASS_COLOR, FAIL_COLOR = "#2ca02c", P99
@@ -71,6 +73,13 @@ TEMPLATE = ENV.from_string("""<!DOCTYPE html>
 {% if chart %}<figure><img src="{{ chart }}" alt="latency and goodput against rate"></figure>
 <p class="meta">Shaded: the boundary interval, between the highest passing and the lowest failing rate.</p>
 {% else %}<p class="note">No probe finished yet.</p>{% endif %}
+{% if pareto_chart %}<h2>Pareto frontier</h2>
+<figure><img src="{{ pareto_chart }}" alt="Pareto frontier"></figure>
+<p class="meta">Each probe's hold: the output tokens a second of its successful requests ({{ pareto_axis }}) against
+the tokens a second one user sees (1000 / TPOT p50); hollow: failed or not judged, never on the frontier (its tokens
+count answers that queued into the drain). {% if frontier %}On the frontier (it passed, and no other probe that passed
+gives as much on both and more on one): {{ frontier | join(", ") }} req/s.{% else %}No probe passed yet, so none is on
+the frontier.{% endif %}</p>{% endif %}
 <h2>Probes</h2>
 <table><tr><th>#</th><th>rate req/s</th><th>hold s</th><th class="l">verdict</th><th>sent</th><th>unfinished</th>
 <th>achieved</th><th>goodput</th><th>TTFT p50 / p99 ms</th><th>E2E p50 / p99 ms</th><th class="l">report</th></tr>
@@ -97,5 +106,11 @@ def render_page(result: SearchResult, path: Path) -> None:
     with matplotlib.rc_context(RC):
         figure = _chart(result)
         chart = svg_data_uri(figure, result.search_id) if figure is not None else None
+    points = pareto.frontier(pareto.search_points(result, None))
+    frontier = sorted({p.qps for p in points if p.on_frontier})
     ok = result.passing_qps is not None and result.confirmed is not False
-    path.write_text(TEMPLATE.render(r=result, chart=chart, ok=ok, style=STYLE), encoding="utf-8")
+    page = TEMPLATE.render(
+        r=result, chart=chart, ok=ok, style=STYLE, pareto_chart=pareto.chart_uri(points, result.search_id),
+        pareto_axis=pareto.throughput_axis(points), frontier=[f"{qps:g}" for qps in frontier],
+    )  # fmt: skip
+    path.write_text(page, encoding="utf-8")

@@ -1,7 +1,9 @@
 """sweep.md and sweep.html: the postmortem's table made by the tool, one row per configuration
 with vLLM's startup figures, the gate's answer and the figures at it, the prediction beside the
 measurement, and which configuration to ship. Both pages print the same columns (COLUMNS); the
-reasons follow the table as sentences, one per configuration, so no cell has to hold a paragraph."""
+reasons follow the table as sentences, one per configuration, so no cell has to hold a paragraph.
+Then the Pareto frontier of every probe (llmload.report.pareto): the chart, its points, and pareto.png
+beside the pages for where HTML cannot go."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llmload.format import fmt, percent
-from llmload.models import SweepResult, SweepRow
+from llmload.models import ParetoPoint, SweepResult, SweepRow
+from llmload.report import pareto
 from llmload.report.html import ENV, STYLE
 
 MARKDOWN_FILE = "sweep.md"
@@ -19,6 +22,7 @@ NO_SLO_ADVICE = (
     " (its TTFT and E2E at that rate are beside it): give --slo-ttft-p99-ms / --slo-e2e-p99-ms for the highest"
     " rate users can live with."
 )
+NO_FRONTIER = "No point passed, so none is on the frontier."
 
 
 def _server(row: SweepRow) -> str:
@@ -126,6 +130,39 @@ def advice(result: SweepResult) -> str | None:
     return NO_SLO_ADVICE if result.mode == "search" and not result.latency_slo else None
 
 
+def _pareto_note(result: SweepResult) -> str:
+    held = "probe of its search" if result.mode == "search" else "soak, at its 100% stage"
+    return (
+        f"Each point is one configuration at one rate (a {held}): the output tokens a second of its successful"
+        " requests over the GPUs its run saw, against the tokens a second one user sees (1000 / TPOT p50). A"
+        " point is on the frontier when it passed and no other that passed gives as much on both and more on one."
+        " A failing point is drawn hollow and is never on it: its tokens count answers that queued into the drain,"
+        f" not a rate its server kept up with. {len(result.pareto)} point(s)."
+    )
+
+
+def _frontier(result: SweepResult) -> tuple[list[str], list[tuple[ParetoPoint, list[str]]]]:
+    """The frontier's points as table rows, the most tokens a second in all first: headers and cells."""
+    headers = ["configuration @ rate", pareto.throughput_axis(result.pareto), "tok/s per user", "verdict"]
+    best = sorted((p for p in result.pareto if p.on_frontier), key=lambda p: p.tokens_per_s_per_user)
+    cells = [[p.label, fmt(p.output_tokens_per_s_per_gpu), fmt(p.tokens_per_s_per_user), pareto.verdict_word(p)]
+             for p in best]  # fmt: skip
+    return headers, list(zip(best, cells, strict=True))
+
+
+def _pareto_markdown(result: SweepResult) -> list[str]:
+    headers, frontier = _frontier(result)
+    png = pareto.PNG_FILE
+    lines = ["", "## Pareto frontier", "", f"{_pareto_note(result)} The chart alone: [{png}]({png}).", ""]
+    if not frontier:
+        return [*lines, NO_FRONTIER]
+    lines += ["| " + " | ".join([*headers, "report"]) + " |", "|" + "---|" * (len(headers) + 1)]
+    for p, cells in frontier:
+        linked = [*cells, f"[report]({p.run}/report.html)"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in linked) + " |")
+    return lines
+
+
 def render_markdown(result: SweepResult) -> str:
     headers = ["configuration", "varied", *(name for name, _ in COLUMNS)]
     lines = [f"# llmload sweep {result.sweep_id}", "", f"**{_headline(result)}**", "", _scope(result), ""]
@@ -138,6 +175,8 @@ def render_markdown(result: SweepResult) -> str:
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "## Why", ""]
     lines += [f"- **{row.name}**: {why(row)}" for row in result.rows]
+    if result.pareto:
+        lines += _pareto_markdown(result)
     lines += ["", "## Reports", ""]
     for row in result.rows:
         links = ", ".join(f"[{Path(r).parent.name}]({r})" for r in row.reports) or "none"
@@ -182,15 +221,30 @@ in cells %}<td>{{ c }}</td>{% endfor %}<td class="l reports">{% for link in row.
 the server over the one the simulator found for the same configuration; 1.00 is a perfect prediction.</p>{% endif %}
 <h2>Why</h2>
 <ul class="why">{% for row, cells, why in rows %}<li><b>{{ row.name }}</b>: {{ why }}</li>{% endfor %}</ul>
+{% if chart %}<h2>Pareto frontier</h2>
+<figure><img src="{{ chart }}" alt="Pareto frontier"></figure>
+<p class="meta">{{ pareto_note }} The chart alone: <a href="{{ png }}">{{ png }}</a>.</p>
+{% if frontier %}<table><tr>{% for h in pareto_headers %}<th{% if loop.first %} class="l"{% endif %}>{{ h }}</th>{%
+endfor %}<th class="l">report</th></tr>
+{% for p, cells in frontier %}<tr>{% for c in cells %}<td{% if loop.first %} class="l"{% endif %}>{{ c }}</td>{%
+endfor %}<td class="l"><a href="{{ p.run }}/report.html">report</a></td></tr>
+{% endfor %}</table>{% else %}<p class="note">{{ no_frontier }}</p>{% endif %}{% endif %}
 </body></html>
 """)
 
 
 def write_pages(result: SweepResult, directory: Path) -> None:
+    """sweep.md, sweep.html and, once a point has its figures, pareto.png."""
     (directory / MARKDOWN_FILE).write_text(render_markdown(result), encoding="utf-8")
     rows = [(row, [cell(row) for _, cell in COLUMNS], why(row)) for row in result.rows]
+    pareto_headers, frontier = _frontier(result)
     page = TEMPLATE.render(
         r=result, rows=rows, headers=[h for h, _ in COLUMNS], headline=_headline(result), scope=_scope(result),
         advice=advice(result), varied=_varied, named_by_varied=_named_by_varied, style=STYLE + SWEEP_STYLE,
+        chart=pareto.chart_uri(result.pareto, result.sweep_id), pareto_note=_pareto_note(result),
+        pareto_headers=pareto_headers, frontier=frontier, png=pareto.PNG_FILE, no_frontier=NO_FRONTIER,
     )  # fmt: skip
     (directory / HTML_FILE).write_text(page, encoding="utf-8")
+    if result.pareto:
+        title = f"llmload sweep {result.sweep_id}: the Pareto frontier"
+        pareto.write_png(result.pareto, directory / pareto.PNG_FILE, title)

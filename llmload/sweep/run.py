@@ -18,9 +18,11 @@ from llmload import rundir
 from llmload.capacity.plan import plan_capacity
 from llmload.capacity.serving import serve_inputs, serve_model
 from llmload.errors import InputError
+from llmload.gates.search import RESULT_FILE as SEARCH_RESULT_FILE
 from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boundary, search
 from llmload.gates.soak import SoakRun, run_soak
-from llmload.models import SearchResult, Summary, SweepMode, SweepResult, SweepRow
+from llmload.models import ParetoPoint, SearchResult, Summary, SweepMode, SweepResult, SweepRow
+from llmload.report import pareto
 from llmload.report.sweep_page import write_pages
 from llmload.server.serve_config import read_serve_config
 from llmload.sweep.configs import CONFIG_FILE, SweepConfig
@@ -196,6 +198,7 @@ class Sweep:
 
     def save(self) -> None:
         self.result.best, self.result.best_why = best_config(self.result.rows, self.mode)
+        self.result.pareto = pareto.frontier(pareto_points(self.directory, self.result.rows, self.mode))
         (self.directory / RESULT_FILE).write_bytes(
             orjson.dumps(self.result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
         )
@@ -226,6 +229,36 @@ def _figures(row: SweepRow, run_dir: Path, stage: str | None) -> Summary | None:
         row.preemptions = summary.server.preemptions
         row.gpu_memory_usage_max = summary.server.gpu_memory_usage_max
     return summary
+
+
+def pareto_points(directory: Path, rows: Sequence[SweepRow], mode: SweepMode) -> list[ParetoPoint]:
+    """Every probe of each configuration's search (soak: its soak), read from the runs themselves, so the
+    configurations an earlier run of the sweep finished (--resume) have theirs too."""
+    read = _search_points if mode == "search" else _soak_points
+    return [p for row in rows if row.server == "started" for p in read(directory, row.name)]
+
+
+def _search_points(directory: Path, name: str) -> list[ParetoPoint]:
+    path = directory / name / SEARCH_DIR / SEARCH_RESULT_FILE
+    if not path.is_file():
+        return []
+    found = SearchResult.model_validate_json(path.read_bytes())
+    return pareto.search_points(found, name, under=f"{name}/{SEARCH_DIR}/")
+
+
+def _soak_points(directory: Path, name: str) -> list[ParetoPoint]:
+    """The soak at the target's rate (its 100% stage: 150% is the overload it must survive)."""
+    summary = rundir.read_summary(directory / name / SOAK_RUN)
+    stage = next((s for s in summary.stages if s.name == SOAK_STAGE), None) if summary is not None else None
+    if summary is None or stage is None:
+        return []
+    soaked = pareto.point(
+        configuration=name, qps=stage.target_qps, run=f"{name}/{SOAK_RUN}",
+        output_tokens_per_s=stage.output_tokens_per_s, tpot_p50_ms=stage.tpot_p50_ms,
+        gpu_count=summary.cost.gpu_count if summary.cost is not None else None,
+        passed=summary.verdict.passed if summary.verdict is not None else None,
+    )  # fmt: skip
+    return [soaked] if soaked is not None else []
 
 
 def _memory(row: SweepRow) -> tuple[float, float, float]:

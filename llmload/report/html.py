@@ -21,6 +21,7 @@ import jinja2
 import matplotlib
 import numpy as np
 import pandas as pd
+from markupsafe import Markup
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -32,13 +33,13 @@ from llmload.format import fmt, percent
 from llmload.models import FAILURE_CATEGORIES, OOM_FAMILY, RunManifest, Stage, Summary
 from llmload.observe.gpu import GPU_SOURCES
 from llmload.observe.summary import series_max
+from llmload.report import notes
 from llmload.report.markdown import server_facts, turn_depths
 from llmload.report.summary import RunItl
 from llmload.rundir import HTML_FILE
 from llmload.rundir import Run as FinishedRun
 from llmload.stats import windows
 from llmload.stats.percentiles import percentiles
-from llmload.stats.sketch import METHOD as ITL_METHOD
 from llmload.stats.sketch import quantiles
 
 MAX_WINDOWS = 60  # points per time series: enough to see a trend, few enough to read
@@ -406,15 +407,24 @@ ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)  # s
 ENV.filters["fmt"] = fmt
 ENV.filters["turn_depths"] = turn_depths
 ENV.filters["percent"] = percent
-TEMPLATE = ENV.from_string("""<!DOCTYPE html>
+PAGE_START = ENV.from_string("""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,">
-<title>llmload run {{ s.run.run_id }}</title>
+<title>llmload {{ kind }} {{ name }}</title>
 <style>
 {{ style | safe }}</style></head><body>
-<h1>llmload run <code>{{ s.run.run_id }}</code></h1>
+<h1>llmload {{ kind }} <code>{{ name }}</code></h1>""")
+
+
+def page_start(kind: str, name: str, style: str) -> Markup:
+    """The head every llmload page shares (self-contained: the CSP lets in inline styles and data: images
+    only) and its title: `llmload run ID`, `llmload search ID`, `llmload sweep ID`."""
+    return Markup(PAGE_START.render(kind=kind, name=name, style=style))
+
+
+TEMPLATE = ENV.from_string("""{{ start }}
 <p class="meta">Target {{ s.run.host }}{% if s.by_host %} and {{ s.by_host | length - 1 }} more
 replica(s){% endif %}{% if s.run.server %}, {{ s.run.server.name }}{% endif %} (model
 {{ s.run.model or "?" }}), workload {{ s.run.workload }},
@@ -432,11 +442,8 @@ process(es), {{ (s.run.finished_at - s.run.started_at) | fmt(0) }} s.</p>
 <td>{{ s.requests.failed }}</td><td>{% if s.requests.unfinished %}<b>{{ s.requests.unfinished }}</b>{% else
 %}0{% endif %}</td><td>{{ s.requests.cancelled }}</td><td>{{ s.requests.not_sent }}</td>
 <td>{{ s.requests.lost }}</td><td>{{ s.failures.oom_family }}</td><td>{{ s.requests.warmup }}</td></tr></table>
-<p class="note">Unfinished: still running when the drain after the plan ended; the target did not keep up, and
-they count as failures. Cancelled: cut by the operator (Ctrl-C, SIGTERM), never judged. Every figure but the
-stage table leaves out the warm-up.</p>
-{% if s.requests.lost %}<div class="warn">{{ s.requests.lost }} requests were lost with a worker (in flight when
-it died, or due on it and never sent): never judged against the target; the hold's achieved-rate check fails.</div>
+<p class="note">{{ notes.REQUESTS_NOTE }}</p>
+{% if s.requests.lost %}<div class="warn">{{ notes.lost_note(s.requests.lost) }}</div>
 {% endif %}{% if cancel_line %}<p class="note">{{ cancel_line }}</p>{% endif %}{% if s.workers %}<h2>Workers</h2>
 <table><tr><th class="l">worker</th><th>sent</th><th>ok</th><th>failed</th><th>lost</th><th>sent, its own count</th>
 <th>took over</th><th>CPU max</th></tr>
@@ -461,7 +468,7 @@ else "–" }}%</td><td>{{ g.sent }}</td><td>{{ g.ok }}</td><td>{{ g.failed }}{% 
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
 <td>{{ p.p99 | fmt }}</td><td>{{ p.max | fmt }}</td><td>{{ p.count }}</td></tr>{% endfor %}</table>
-<p class="meta">ITL: every gap of every successful request, pooled; {{ itl_method }}.</p>
+<p class="meta">{{ notes.ITL_NOTE }}</p>
 <p>Throughput {{ s.throughput.requests_per_s | fmt(2) }} req/s, {{ s.throughput.output_tokens_per_s | fmt(0) }}
 output tok/s, {{ s.throughput.total_tokens_per_s | fmt(0) }} total tok/s.{% for fact in server_facts %}
 {{ fact }}{% endfor %}
@@ -544,6 +551,7 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
                 charts.append(Chart(title, image=svg_data_uri(drawn, run.manifest.run_id)))
     lat = run.summary.latency_ms
     html = TEMPLATE.render(
+        start=page_start("run", run.summary.run.run_id, STYLE),
         s=run.summary,
         latency=lat.headline(),
         charts=charts,
@@ -554,8 +562,7 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
         cancel_line=cut_line(run.summary.cancel, run.summary.requests.abandoned, run.summary.server_release)
         if run.summary.cancel
         else None,
-        itl_method=ITL_METHOD,
-        style=STYLE,
+        notes=notes,
     )
     path = finished.path / HTML_FILE
     path.write_text(html, encoding="utf-8")

@@ -9,8 +9,8 @@ from llmload.cost.render import cost_lines, cost_table
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import AccessNote, GroupFigures, ReusablePrefix, ServerSummary, Summary
+from llmload.report.notes import ITL_NOTE, REQUESTS_NOTE, lost_note
 from llmload.server.kinds import kind
-from llmload.stats.sketch import METHOD as ITL_METHOD
 
 CACHE_GAP_NOTED = 0.10  # the server's hit rate this far below what the workload could hit: say why
 
@@ -273,16 +273,10 @@ def _requests_lines(summary: Summary) -> list[str]:
         f"| {req.scheduled} | {req.sent} | {req.ok} | {req.failed} | {req.unfinished} | {req.cancelled} "
         f"| {req.not_sent} | {req.lost} | {summary.failures.oom_family} | {req.warmup} |",
         "",
-        "Unfinished requests were still running when the drain after the plan ended: the target did not keep up,"
-        " and they count as failures. Cancelled requests were cut by the operator (Ctrl-C, SIGTERM): never judged."
-        " Warm-up requests are counted apart and left out of every figure but the stage table.",
+        REQUESTS_NOTE,
     ]
     if req.lost:
-        lines += [
-            "",
-            f"**{req.lost} requests were lost with a worker** (in flight when it died, or due on it and never"
-            " sent): never judged against the target, and the hold's achieved-rate check fails (see Workers).",
-        ]
+        lines += ["", f"**{lost_note(req.lost)}**"]
     if summary.cancel:
         lines += ["", cut_line(summary.cancel, req.abandoned, summary.server_release)]
     return lines
@@ -309,7 +303,7 @@ def _latency_lines(summary: Summary) -> list[str]:
     return [
         *lines,
         "",
-        f"ITL: every gap of every successful request, pooled; {ITL_METHOD}.",
+        ITL_NOTE,
         "",
         f"Throughput: {tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:,.0f} output tok/s, "
         f"{tp.total_tokens_per_s:,.0f} total tok/s. Prompt tokens p50/p95/p99/max: "

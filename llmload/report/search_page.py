@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from llmload.models import SearchResult
 from llmload.report import pareto
-from llmload.report.html import ENV, P50, P99, RC, STYLE, legend, svg_data_uri
+from llmload.report.html import ENV, P50, P99, RC, STYLE, legend, page_start, svg_data_uri
 
 PASS_COLOR, FAIL_COLOR = "#2ca02c", P99
 
@@ -49,15 +49,7 @@ def _chart(result: SearchResult) -> Figure | None:
     return fig
 
 
-TEMPLATE = ENV.from_string("""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>llmload search {{ r.search_id }}</title>
-<style>
-{{ style | safe }}</style></head><body>
-<h1>llmload search <code>{{ r.search_id }}</code></h1>
+TEMPLATE = ENV.from_string("""{{ start }}
 <p class="meta">Target {{ r.host }}, workload {{ r.workload }}, rates up to {{ r.max_qps | fmt(2) }} req/s,
 {{ r.probe_s | fmt(0) }} s holds, the answer passed {{ r.repeats }} probe(s){% if r.goodput_slo %}, goodput SLO
 {{ r.goodput_slo.describe() }}{% endif %}; {{ r.probes | length }} probe(s).{% if r.cache_note %}
@@ -110,7 +102,8 @@ def render_page(result: SearchResult, path: Path) -> None:
     frontier = sorted({p.qps for p in points if p.on_frontier})
     ok = result.passing_qps is not None and result.confirmed is not False
     page = TEMPLATE.render(
-        r=result, chart=chart, ok=ok, style=STYLE, pareto_chart=pareto.chart_uri(points, result.search_id),
+        r=result, chart=chart, ok=ok, start=page_start("search", result.search_id, STYLE),
+        pareto_chart=pareto.chart_uri(points, result.search_id),
         pareto_axis=pareto.throughput_axis(points), frontier=[f"{qps:g}" for qps in frontier],
     )  # fmt: skip
     path.write_text(page, encoding="utf-8")

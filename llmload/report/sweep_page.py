@@ -13,7 +13,7 @@ from pathlib import Path
 from llmload.format import fmt, percent
 from llmload.models import ParetoPoint, SweepResult, SweepRow
 from llmload.report import pareto
-from llmload.report.html import ENV, STYLE
+from llmload.report.html import ENV, STYLE, page_start
 
 MARKDOWN_FILE = "sweep.md"
 HTML_FILE = "sweep.html"
@@ -194,15 +194,7 @@ table.sweep td.reports { white-space: normal; max-width: 7em; }
 table.sweep .varied { display: block; color: #555; font-size: .85em; }
 tr.best td { background: #f1faf3; } ul.why li { margin: .35em 0; }
 """
-TEMPLATE = ENV.from_string("""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>llmload sweep {{ r.sweep_id }}</title>
-<style>
-{{ style | safe }}</style></head><body>
-<h1>llmload sweep <code>{{ r.sweep_id }}</code></h1>
+TEMPLATE = ENV.from_string("""{{ start }}
 <p class="meta">{{ scope }} Served by <code>{{ r.serve }}</code>.</p>
 <div class="verdict {{ 'pass' if r.best else 'fail' }}"><strong>{{ headline }}</strong>{% if advice
 %}<p>{{ advice }}</p>{% endif %}</div>
@@ -240,7 +232,8 @@ def write_pages(result: SweepResult, directory: Path) -> None:
     pareto_headers, frontier = _frontier(result)
     page = TEMPLATE.render(
         r=result, rows=rows, headers=[h for h, _ in COLUMNS], headline=_headline(result), scope=_scope(result),
-        advice=advice(result), varied=_varied, named_by_varied=_named_by_varied, style=STYLE + SWEEP_STYLE,
+        advice=advice(result), varied=_varied, named_by_varied=_named_by_varied,
+        start=page_start("sweep", result.sweep_id, STYLE + SWEEP_STYLE),
         chart=pareto.chart_uri(result.pareto, result.sweep_id), pareto_note=_pareto_note(result),
         pareto_headers=pareto_headers, frontier=frontier, png=pareto.PNG_FILE, no_frontier=NO_FRONTIER,
     )  # fmt: skip

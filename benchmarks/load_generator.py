@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks import client_on_core_0
 from llmload.client import ChatClient, StreamResult
-from llmload.replay import StealMeter
+from llmload.observe.host import StealMeter
 from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
 

@@ -20,8 +20,8 @@ import psutil
 
 from benchmarks import client_on_core_0
 from benchmarks.load_generator import drive
+from llmload.observe.host import StealMeter
 from llmload.observe.metrics import scrape
-from llmload.replay import StealMeter
 from llmload.sim.process import SimProcess
 
 TOKENS = 256

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 import gevent
 import numpy as np
-import psutil
 
 from llmload import drain
 from llmload.cancel import CancelPlan
@@ -39,24 +38,6 @@ from llmload.server.request import RequestShape
 from llmload.workload.tokens import Tokenizer
 
 RecordSink = Callable[[RequestRecord], None]
-
-
-class StealMeter:
-    """CPU time the hypervisor gave to other guests ("steal") since creation, in % of all CPU time.
-
-    On a VM, a vCPU descheduled for a few ms delays client and target alike: latency tails that
-    neither caused. Runs record it so the report can say so; 0 on bare metal and non-Linux.
-    """
-
-    def __init__(self) -> None:
-        self._start = psutil.cpu_times()
-
-    @property
-    def percent(self) -> float:
-        now = psutil.cpu_times()
-        total = sum(now) - sum(self._start)
-        steal = getattr(now, "steal", 0.0) - getattr(self._start, "steal", 0.0)
-        return 100.0 * steal / total if total > 0 else 0.0
 
 
 @dataclass(eq=False)

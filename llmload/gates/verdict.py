@@ -224,6 +224,15 @@ class Hold:
     def duration_s(self) -> float:
         return self.stage.duration_s
 
+    def server_series(self, column: str, window_s: float) -> pd.Series | None:
+        """The mean of a server figure in each window of the hold; None when no sample has it."""
+        samples = self.server.dropna(subset=[column])
+        return None if samples.empty else self.windows(samples.t, samples[column], window_s, windows.mean)
+
+    def ok_p99(self, column: str, window_s: float) -> pd.Series:
+        """The p99 of the ok requests' latency in each window of the hold, by when they were sent."""
+        return self.windows(self.ok.sent_at, self.ok[column], window_s, windows.p99)
+
     @functools.cached_property
     def answer_span_s(self) -> float:
         """How long requests overlap in time, as the hold began: the E2E p90 of those sent in its first
@@ -337,88 +346,147 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
     as many windows as an E2E p90 spans (neighbouring windows share requests), and the random walk an
     overloaded queue takes (`Walk`): a one-slot server at 1.13× its capacity held 43
     requests in a 5-minute hold, and finished 42 of them by the luck of short answers."""
-    name = "keeping up"
-    kind: CheckKind = "keeping_up"
     window_s = drift.window_s
     count = hold.window_count(window_s)
     if count < drift.min_windows:
         needed = drift.min_windows * window_s
-        return Check(
-            name=name, kind=kind, status="inconclusive", hold_needed_s=needed,
+        return _keeping_up_check(
+            "inconclusive", hold_needed_s=needed,
             detail=f"the {hold.duration_s:g} s hold holds {count} window(s) of {window_s:g} s, and telling whether"
             f" the server keeps up needs {drift.min_windows}: hold at least {needed:g} s",
         )  # fmt: skip
-    end = hold.start + hold.duration_s
-    spans = hold.spans
-    series = windows.in_flight(
-        spans.sent_at.to_numpy(), spans.finished_at.to_numpy(), window_s, origin=hold.start, windows=count
-    )
-    values, _ = _censored(hold.judged, "e2e_ms")
-    settle_s = float(np.median(values)) / 1000 if len(values) else 0.0
-    settled = series[series.index - window_s / 2 >= settle_s]
-    skipped = ""
-    if 0 < len(settled) < len(series) and len(settled) >= drift.min_windows:
-        skipped = f" from +{settled.index[0] - window_s / 2:g} s (after the hold's E2E p50, {settle_s:.1f} s)"
-        series = settled
-    sent = int(((spans.sent_at >= hold.start) & (spans.sent_at < end)).sum())
-    done = spans.loc[spans.status.isin(["ok", "failed"])]
-    completed = int(((done.finished_at >= hold.start) & (done.finished_at < end)).sum())
-    rate = max(sent, 1) / hold.duration_s
-    first, last = float(series.iloc[0]), float(series.iloc[-1])
-    story = (
-        f"in flight went from {figure(first)} to {figure(last)} during the hold (mean of its first and last"
-        f" {window_s:g} s"
-        f" windows{skipped}); {completed} requests completed in it against {sent} sent"
-        f" ({completed / hold.duration_s:.2f} vs {sent / hold.duration_s:.2f} req/s)"
-    )
-    lag = hold.lag(window_s)
-    judged_s = len(series) * window_s
+    flight = InFlight.of(hold, window_s, drift.min_windows)
+    judged_s = flight.judged_s
     if judged_s < criteria.answer_spans * hold.answer_span_s:
         needed = hold.duration_s - judged_s + criteria.answer_spans * hold.answer_span_s
-        return Check(
-            name=name, kind=kind, status="inconclusive", hold_needed_s=needed,
-            detail=f"{story}; the hold judges {judged_s:g} s, {judged_s / hold.answer_span_s:.1f}× its answers' E2E"
-            f" p90 ({hold.answer_span_s:.1f} s), and telling a queue from long answers needs"
+        return _keeping_up_check(
+            "inconclusive", hold_needed_s=needed,
+            detail=f"{flight.story}; the hold judges {judged_s:g} s, {judged_s / hold.answer_span_s:.1f}× its answers'"
+            f" E2E p90 ({hold.answer_span_s:.1f} s), and telling a queue from long answers needs"
             f" {criteria.answer_spans:g}×: hold at least {_minutes(needed)}",
         )  # fmt: skip
-    trend = Trend.fit(series, drift.confidence, lag=lag, adaptive=True)
-    walk = Walk.of(hold, rate, completed / hold.duration_s)
-    calm = walk.ruled_out(series, trend, window_s)
-    walk_error = 0.0 if calm else walk.slope_error(judged_s)
-    error = max(trend.error, walk_error)
-    growth = trend.slope / rate  # of the requests sent, the share that stayed in flight
-    low = (trend.slope - t_quantile(criteria.fail_confidence, trend.dof) * error) / rate
-    # the slope, and what the hold left in flight (sent − completed), must each rule the overload out
-    deficit_high = _deficit_bound(sent, completed, series, 0.0 if calm else walk.completions * hold.duration_s)
-    high = max((trend.slope + t_quantile(criteria.pass_confidence, trend.dof) * error) / rate, deficit_high)
-    tell = 1 - 1 / (1 + criteria.overload)  # the growth an overload of `overload` gives
-    rise = trend.slope * judged_s
-    floor = drift.min_rise.in_flight
-    source = "a queue’s random walk" if walk_error > trend.error else "the windows’ own"
-    numbers = (
-        f"growth {growth:+.1%} of the rate ({figure(trend.slope * 60, sign=True)} requests in flight a minute, bounds"
-        f" {low:+.1%} to {high:+.1%}, {len(series)} windows of {window_s:g} s; its error {error / rate:.1%} of the"
-        f" rate, {source})"
-    )
-    if low > 0 and rise > floor:
-        return Check(
-            name=name, kind=kind, status="fail",
-            detail=f"{story.replace('went from', 'grew from', 1)}; {numbers}: requests pile up (above 0 at"
-            f" {criteria.fail_confidence:.1%}), the server"
-            f" does not keep up at {figure(rate)} req/s",
+    return _growth_check(hold, flight, Growth.fit(hold, flight, drift, criteria), drift, criteria)
+
+
+def _keeping_up_check(
+    status: Literal["pass", "fail", "inconclusive"], detail: str, hold_needed_s: float | None = None
+) -> Check:
+    """One of keeping up's outcomes, each under the check's one name and kind."""
+    return Check(name="keeping up", kind="keeping_up", status=status, detail=detail, hold_needed_s=hold_needed_s)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """The requests in flight in each window of the hold once the count settled, and how many requests
+    the hold sent and saw complete: what keeping up judges."""
+
+    series: pd.Series  # the mean in flight per window, indexed by the window's middle
+    window_s: float
+    skipped: str  # the words for the windows left out while the count settled, or ""
+    sent: int
+    completed: int
+    hold_s: float
+
+    @classmethod
+    def of(cls, hold: Hold, window_s: float, min_windows: int) -> InFlight:
+        """The windows of the hold's first E2E p50 left out while `min_windows` remain (the count
+        rises for about one E2E after a step up in rate)."""
+        end = hold.start + hold.duration_s
+        spans = hold.spans
+        series = windows.in_flight(
+            spans.sent_at.to_numpy(), spans.finished_at.to_numpy(), window_s, origin=hold.start,
+            windows=hold.window_count(window_s),
         )  # fmt: skip
-    if high < tell:
-        return Check(
-            name=name, kind=kind, status="pass",
+        values, _ = _censored(hold.judged, "e2e_ms")
+        settle_s = float(np.median(values)) / 1000 if len(values) else 0.0
+        settled = series[series.index - window_s / 2 >= settle_s]
+        skipped = ""
+        if 0 < len(settled) < len(series) and len(settled) >= min_windows:
+            skipped = f" from +{settled.index[0] - window_s / 2:g} s (after the hold's E2E p50, {settle_s:.1f} s)"
+            series = settled
+        sent = int(((spans.sent_at >= hold.start) & (spans.sent_at < end)).sum())
+        done = spans.loc[spans.status.isin(["ok", "failed"])]
+        completed = int(((done.finished_at >= hold.start) & (done.finished_at < end)).sum())
+        return cls(series, window_s, skipped, sent, completed, hold.duration_s)
+
+    @property
+    def rate(self) -> float:
+        return max(self.sent, 1) / self.hold_s
+
+    @property
+    def judged_s(self) -> float:
+        return len(self.series) * self.window_s
+
+    @property
+    def story(self) -> str:
+        first, last = float(self.series.iloc[0]), float(self.series.iloc[-1])
+        return (
+            f"in flight went from {figure(first)} to {figure(last)} during the hold (mean of its first and last"
+            f" {self.window_s:g} s windows{self.skipped}); {self.completed} requests completed in it against"
+            f" {self.sent} sent ({self.completed / self.hold_s:.2f} vs {self.sent / self.hold_s:.2f} req/s)"
+        )
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The in-flight count's slope through the hold, as a share of the rate, with the bounds keeping up
+    decides on: `low` at `fail_confidence`, `high` at `pass_confidence`."""
+
+    trend: Trend
+    error: float  # the slope's error: the windows' own, or a queue's random walk where that is larger
+    by_walk: bool  # the random walk set the error
+    low: float
+    high: float
+
+    @classmethod
+    def fit(cls, hold: Hold, flight: InFlight, drift: DriftCriteria, criteria: KeepingUpCriteria) -> Growth:
+        """The slope, and what the hold left in flight (sent − completed), must each rule the overload out."""
+        series, rate = flight.series, flight.rate
+        trend = Trend.fit(series, drift.confidence, lag=hold.lag(flight.window_s), adaptive=True)
+        walk = Walk.of(hold, rate, flight.completed / hold.duration_s)
+        calm = walk.ruled_out(series, trend, flight.window_s)
+        walk_error = 0.0 if calm else walk.slope_error(flight.judged_s)
+        error = max(trend.error, walk_error)
+        low = (trend.slope - t_quantile(criteria.fail_confidence, trend.dof) * error) / rate
+        walk_variance = 0.0 if calm else walk.completions * hold.duration_s
+        deficit_high = _deficit_bound(flight.sent, flight.completed, series, walk_variance)
+        high = max((trend.slope + t_quantile(criteria.pass_confidence, trend.dof) * error) / rate, deficit_high)
+        return cls(trend, error, walk_error > trend.error, low, high)
+
+    def words(self, flight: InFlight) -> str:
+        rate, slope = flight.rate, self.trend.slope  # slope / rate: of the requests sent, the share left in flight
+        source = "a queue’s random walk" if self.by_walk else "the windows’ own"
+        return (
+            f"growth {slope / rate:+.1%} of the rate ({figure(slope * 60, sign=True)} requests in flight a minute,"
+            f" bounds {self.low:+.1%} to {self.high:+.1%}, {len(flight.series)} windows of {flight.window_s:g} s;"
+            f" its error {self.error / rate:.1%} of the rate, {source})"
+        )
+
+
+def _growth_check(
+    hold: Hold, flight: InFlight, growth: Growth, drift: DriftCriteria, criteria: KeepingUpCriteria
+) -> Check:
+    """FAIL when the count grows beyond noise, PASS when the growth an overload of `criteria.overload`
+    gives is ruled out, else INCONCLUSIVE with the hold that would tell."""
+    story, numbers, rate = flight.story, growth.words(flight), flight.rate
+    tell = 1 - 1 / (1 + criteria.overload)  # the growth an overload of `overload` gives
+    if growth.low > 0 and growth.trend.slope * flight.judged_s > drift.min_rise.in_flight:
+        return _keeping_up_check(
+            "fail",
+            detail=f"{story.replace('went from', 'grew from', 1)}; {numbers}: requests pile up (above 0 at"
+            f" {criteria.fail_confidence:.1%}), the server does not keep up at {figure(rate)} req/s",
+        )
+    if growth.high < tell:
+        return _keeping_up_check(
+            "pass",
             detail=f"{story}; {numbers}: rules out an overload of {criteria.overload:.0%} (growth {tell:.1%}) at"
             f" {criteria.pass_confidence:.1%}",
-        )  # fmt: skip
+        )
     tells, needed = _detectable(
-        error, trend.dof, rate, criteria, judged_s=judged_s, hold_s=hold.duration_s, walk=walk_error > trend.error
-    )
-    return Check(
-        name=name, kind=kind, status="inconclusive", detail=f"{story}; {numbers}: {tells}", hold_needed_s=needed
-    )
+        growth.error, growth.trend.dof, rate, criteria, judged_s=flight.judged_s, hold_s=hold.duration_s,
+        walk=growth.by_walk,
+    )  # fmt: skip
+    return _keeping_up_check("inconclusive", detail=f"{story}; {numbers}: {tells}", hold_needed_s=needed)
 
 
 # The 0.5% quantile of a saturated queue's calm: the variance of its per-window means about their
@@ -776,83 +844,82 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
     stage = manifest.stages[-1]
     hold = _hold(run, stage)
     hold_summary = summary.stages[-1]
-    drift, alerts = criteria.drift, criteria.alerts
-    alert_window = min(alerts.window_s, hold.duration_s)
-
-    def server_series(column: str, window_s: float) -> pd.Series | None:
-        samples = hold.server.dropna(subset=[column])
-        return None if samples.empty else hold.windows(samples.t, samples[column], window_s, windows.mean)
-
-    def latency_p99(column: str, window_s: float) -> pd.Series:
-        return hold.windows(hold.ok.sent_at, hold.ok[column], window_s, windows.p99)
-
-    rates = _preemption_rate(hold.server)
-    preemptions = hold.windows(rates.t, rates.value, drift.window_s, windows.mean) if len(rates) else None
-    floors, levels, actions = drift.min_rise, alerts.levels, alerts.actions
-    drift_check = functools.partial(_drift, hold=hold, criteria=drift)
-    unexported = set(server_kind(manifest.server.kind).not_exported()) if manifest.server else set()
-
-    def unmeasured(field: str, otherwise: str = NO_SAMPLES) -> str:
-        """Why a server figure is missing: a kind that does not export it is named."""
-        return f"not exported by {manifest.server.label}" if manifest.server and field in unexported else otherwise
-
-    starved = _starved(hold, drift)
-    lag = hold.lag(drift.window_s)
+    starved = _starved(hold, criteria.drift)
     judged_failures = df[df.status.isin(["failed", "unfinished"])].error_category.value_counts().to_dict()
     checks = [
         _oom_check(judged_failures),
         *_rate_checks(hold_summary, criteria, hold),
-        _keeping_up(hold, drift, criteria.keeping_up),
+        _keeping_up(hold, criteria.drift, criteria.keeping_up),
         _hold_length_check(hold, criteria.max_e2e_share_of_hold),
         _slo_check("p99 TTFT SLO", hold, "ttft_ms", criteria.slo_ttft_p99_ms, "--slo-ttft-p99-ms"),
         _slo_check("p99 TTFO SLO", hold, "ttfo_ms", criteria.slo_ttfo_p99_ms, "--slo-ttfo-p99-ms"),
         _slo_check("p99 E2E SLO", hold, "e2e_ms", criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
         _goodput_check(hold_summary, criteria.min_goodput_ratio, manifest),
-        drift_check(
-            "p99 TTFT drift", "ms", latency_p99("ttft_ms", drift.window_s), floors.ttft_p99_ms, starved=starved,
-            lag=lag,
-        ),
-        drift_check(
-            "p99 E2E drift", "ms", latency_p99("e2e_ms", drift.window_s), floors.e2e_p99_ms, starved=starved, lag=lag
-        ),
-        drift_check(
-            "KV-cache usage drift", "", server_series("kv_cache_usage", drift.window_s), floors.kv_cache_usage,
-            unmeasured=unmeasured("kv_cache_usage"),
-        ),
-        drift_check(
-            "waiting-queue drift", "requests", server_series("waiting", drift.window_s), floors.waiting,
-            unmeasured=unmeasured("waiting"),
-        ),
-        drift_check(
-            "preemption-rate drift", "/s", preemptions, floors.preemptions_per_s,
-            unmeasured=unmeasured("preemptions_total"),
-        ),
-        _alert(
-            "KV-cache usage alert", server_series("kv_cache_usage", alert_window),
-            levels.kv_cache_usage, actions.kv_cache_usage, alert_window, unmeasured=unmeasured("kv_cache_usage"),
-        ),
-        _alert(
-            "waiting-queue alert", server_series("waiting", alert_window), levels.waiting, actions.waiting,
-            alert_window, unmeasured=unmeasured("waiting"),
-        ),
-        _alert(
-            "p99 E2E alert", latency_p99("e2e_ms", alert_window), levels.e2e_p99_ms, actions.e2e_p99_ms, alert_window
-        ),
-        _alert(
-            "GPU memory alert", server_series("gpu_memory_usage", alert_window),
-            levels.gpu_memory_used, actions.gpu_memory_used, alert_window, unmeasured=NO_GPU,
-        ),
-        _alert(
-            "prefix-cache hit-rate alert", _hit_rates(hold, alert_window), levels.prefix_cache_hit_rate,
-            actions.prefix_cache_hit_rate, alert_window, below=True,
-            unmeasured=unmeasured("prefix_cache_queries_total", NO_PREFIX_CACHE),
-        ),
-    ]  # fmt: skip
+        *_drift_checks(hold, criteria.drift, manifest, starved),
+        *_alert_checks(hold, criteria.alerts, manifest),
+    ]
     if manifest.cancel is not None:
         checks.append(_release_check(run))
     if starved is None:
         checks = _latency_drift_behind_an_unknown_queue(checks)
     return SoakResult(run_id=manifest.run_id, hold=stage.name, checks=checks)
+
+
+def _unmeasured(manifest: RunManifest, field: str, otherwise: str = NO_SAMPLES) -> str:
+    """Why a server figure is missing from the hold: a kind of server that does not export it is named."""
+    server = manifest.server
+    if server is not None and field in server_kind(server.kind).not_exported():
+        return f"not exported by {server.label}"
+    return otherwise
+
+
+def _drift_checks(hold: Hold, drift: DriftCriteria, manifest: RunManifest, starved: str | None) -> list[Check]:
+    """Nothing may keep growing through the hold: the latencies, KV-cache usage, the waiting queue, preemptions."""
+    window_s, floors, lag = drift.window_s, drift.min_rise, hold.lag(drift.window_s)
+    check = functools.partial(_drift, hold=hold, criteria=drift)
+    rates = _preemption_rate(hold.server)
+    preemptions = hold.windows(rates.t, rates.value, window_s, windows.mean) if len(rates) else None
+    return [
+        check("p99 TTFT drift", "ms", hold.ok_p99("ttft_ms", window_s), floors.ttft_p99_ms, starved=starved, lag=lag),
+        check("p99 E2E drift", "ms", hold.ok_p99("e2e_ms", window_s), floors.e2e_p99_ms, starved=starved, lag=lag),
+        check(
+            "KV-cache usage drift", "", hold.server_series("kv_cache_usage", window_s), floors.kv_cache_usage,
+            unmeasured=_unmeasured(manifest, "kv_cache_usage"),
+        ),
+        check(
+            "waiting-queue drift", "requests", hold.server_series("waiting", window_s), floors.waiting,
+            unmeasured=_unmeasured(manifest, "waiting"),
+        ),
+        check(
+            "preemption-rate drift", "/s", preemptions, floors.preemptions_per_s,
+            unmeasured=_unmeasured(manifest, "preemptions_total"),
+        ),
+    ]  # fmt: skip
+
+
+def _alert_checks(hold: Hold, alerts: AlertCriteria, manifest: RunManifest) -> list[Check]:
+    """A window of the hold past a level: the server near its limits, whatever the trend."""
+    window_s, levels, actions = min(alerts.window_s, hold.duration_s), alerts.levels, alerts.actions
+    return [
+        _alert(
+            "KV-cache usage alert", hold.server_series("kv_cache_usage", window_s),
+            levels.kv_cache_usage, actions.kv_cache_usage, window_s, unmeasured=_unmeasured(manifest, "kv_cache_usage"),
+        ),
+        _alert(
+            "waiting-queue alert", hold.server_series("waiting", window_s), levels.waiting, actions.waiting,
+            window_s, unmeasured=_unmeasured(manifest, "waiting"),
+        ),
+        _alert("p99 E2E alert", hold.ok_p99("e2e_ms", window_s), levels.e2e_p99_ms, actions.e2e_p99_ms, window_s),
+        _alert(
+            "GPU memory alert", hold.server_series("gpu_memory_usage", window_s),
+            levels.gpu_memory_used, actions.gpu_memory_used, window_s, unmeasured=NO_GPU,
+        ),
+        _alert(
+            "prefix-cache hit-rate alert", _hit_rates(hold, window_s), levels.prefix_cache_hit_rate,
+            actions.prefix_cache_hit_rate, window_s, below=True,
+            unmeasured=_unmeasured(manifest, "prefix_cache_queries_total", NO_PREFIX_CACHE),
+        ),
+    ]  # fmt: skip
 
 
 LATENCY_DRIFTS = ("p99 TTFT drift", "p99 E2E drift")

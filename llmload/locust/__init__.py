@@ -6,7 +6,10 @@ event listeners are live; the engine it drives (plan, replay, recorder) runs wit
 - `shape`: `StagedRamp`, enough users for the open-loop plan, and the run's end once every record is in
 - `messaging`: a distributed run's workers ship their records and state to the master
 - `views`: where a run is watched live: the LLM tab, the console lines, the Prometheus endpoint
-- `process`: this process's part of a run, wired to Locust's events
+- `state`: this process's part of a run (`ProcessRun`) and the state its event handlers share
+- `process`: this process's part of a run, wired to Locust's events: a local run's, a master's or a worker's start
+- `distributed`: a distributed run's coordination: the master's wait for its workers and watch for a lost
+  one, the workers' records and refusals heard, a worker's right to run its share
 - `main`: `llmload run`, Locust's main on the packaged locustfile with llmload's flags in its `--help`
 """
 

@@ -1,10 +1,9 @@
 """This process's part of a run, wired to Locust's events.
 
-In a local run one process does everything. In a distributed run the master writes the run
-directory (llmload.recorder), decides the user count and keeps the fleet's ledger (llmload.fleet:
-a lost worker's requests recorded, its arrivals handed to the others); each worker checks it can
-reach the target, replays its share of the arrivals (llmload.replay) and streams its records to
-the master (messaging).
+In a local run one process does everything: it checks the target, replays every arrival and
+writes the run directory (llmload.recorder). In a distributed run the master chooses the run (its
+id, start, models) and writes the run directory, and each worker replays its share of the arrivals
+(llmload.replay); their coordination, the fleet's ledger included, is `distributed`'s.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ import atexit
 import contextlib
 import logging
 import signal
-import socket
 import sys
 import time
-import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,89 +23,39 @@ import gevent
 import openai
 from locust import events
 from locust.env import Environment
-from locust.runners import STATE_MISSING, STATE_RUNNING, STATE_SPAWNING, LocalRunner, MasterRunner, WorkerRunner
+from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from llmload import rundir
-from llmload.access import INSECURE_WARNING, Access, tls_reason
+from llmload.access import INSECURE_WARNING, Access
 from llmload.errors import InputError
-from llmload.fleet import Fleet
-from llmload.gates.verdict import SoakCriteria, criteria_from_args
+from llmload.gates.verdict import criteria_from_args
 from llmload.live import LiveStats
-from llmload.locust import messaging, views
+from llmload.locust import distributed, views
 from llmload.locust.flags import plan_flags
-from llmload.locust.messaging import WorkerState
+from llmload.locust.state import FLUSH_INTERVAL_S, STATE, ProcessRun
 from llmload.model_mix import ModelMix
 from llmload.models import EXIT_CODES, PrefixCacheReset, RequestRecord, ServerIdentity
 from llmload.observe.gpu import gpu_reader
 from llmload.plan import RunPlan
 from llmload.recorder import RunRecorder
-from llmload.replay import Dispatcher, RequestDispatcher, StealMeter, TraceDispatcher, WorkerShare
+from llmload.replay import RequestDispatcher, TraceDispatcher, WorkerShare
 from llmload.replicas import Replicas
-from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock
+from llmload.schedule import ArrivalSchedule, RunClock
 from llmload.server.cache_reset import reset_prefix_caches
 from llmload.server.detect import identify
 from llmload.server.kinds import kind
+from llmload.server.reach import require_reachable
 from llmload.server.request import RequestShape, parse_extra_body, server_line
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 from llmload.workload import Workload
 
 log = logging.getLogger("llmload")
 
-FLUSH_INTERVAL_S = 1.0
 LIVE_TICK_S = 2.0  # live gauges and the LLM tab
 CONSOLE_EVERY_S = 10.0  # a headless run's live line
 START_LEAD_S = 1.0  # time for users to spawn, and for the master's spawn messages to reach every worker
-TARGET_PROBE_TIMEOUT_S = 3.0  # a worker's TCP connect to the target before its first arrival
-WORKERS_WAIT_S = 300.0  # a headless master's wait for --expect-workers, unless --expect-workers-max-wait says
 # the HTTP client under the openai SDK (httpx; httpx2 in newer releases), which logs each request at INFO
 OPENAI_HTTP_LOGGERS = ("httpx", "httpx2")
-
-
-@dataclass
-class ProcessRun:
-    """This process's part of one run (a local run, the master, or one worker)."""
-
-    plan: RunPlan
-    clock: RunClock
-    run_id: str
-    models: ModelMix
-    replicas: Replicas  # where the sessions go; the first stands for all (kind, model list, /metrics)
-    worker: int
-    access: Access  # the key, headers and TLS trust of every connection to the target
-    shape: RequestShape  # what this server kind is sent
-    session_header: str | None = None  # the header that carries each session's id (--session-header)
-    dispatcher: Dispatcher | None = None  # processes that run users
-    recorder: RunRecorder | None = None  # the process that writes the run directory
-    outbox: list[RequestRecord] = field(default_factory=list)
-    workers: dict[str, WorkerState] = field(default_factory=dict)
-    cpu_max: float = 0.0
-    steal: StealMeter = field(default_factory=StealMeter)
-    greenlets: list[gevent.Greenlet] = field(default_factory=list)
-    finished: bool = False
-    plan_done: bool = False  # the shape ended the run: the plan and its drain over; else it was stopped
-    fleet_ledger: Fleet | None = None  # the master's: who owns which arrivals, who was lost
-    address: str = ""  # a worker's address as its master sees it
-
-    @property
-    def plan_end(self) -> float:
-        return self.clock.start_wall + self.plan.end_s
-
-    def fleet(self, users: int) -> WorkerState:
-        """Users, busy and backlog summed over every process running users."""
-        if self.dispatcher is not None:
-            return messaging.local_state(self.dispatcher, users)
-        return messaging.fleet(list(self.workers.values()))
-
-
-@dataclass
-class ProcessState:
-    plan: RunPlan | None = None  # checked at init on master/local: bad flags fail before the run
-    criteria: SoakCriteria | None = None  # with --verdict
-    run: ProcessRun | None = None  # set at each test start
-    refused: bool = False  # the web UI's last start was refused: the shape ends it at once
-
-
-STATE = ProcessState()
 
 
 def _fail_config(message: str) -> None:
@@ -122,7 +69,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     options = environment.parsed_options
     if isinstance(environment.runner, WorkerRunner):
-        environment.runner.register_message(messaging.HANDOVER_MESSAGE, _on_handover)
+        distributed.listen_as_worker(environment.runner)
     if options is None or isinstance(environment.runner, WorkerRunner):
         return
     try:
@@ -140,7 +87,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         # a local run checks before Locust starts (the web UI at each start); a master's workers check themselves
         if options.headless and replicas is not None and not isinstance(environment.runner, MasterRunner):
             for host in replicas.hosts:
-                _require_reachable(host, access)
+                require_reachable(host, access)
     except InputError as exc:
         _fail_config(str(exc))
     if access.insecure:
@@ -148,11 +95,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
     if not environment.host:
         environment.host = _start_embedded_target()
     if isinstance(environment.runner, MasterRunner):
-        environment.runner.register_message(messaging.RECORDS_MESSAGE, _on_worker_records)
-        environment.runner.register_message(messaging.UNREACHABLE_MESSAGE, _on_unreachable_target)
-        if options.headless:  # a worker that cannot reach the master must not hang it
-            gevent.spawn(_wait_for_workers, environment, options.expect_workers_max_wait or WORKERS_WAIT_S)
-            options.expect_workers_max_wait = 0  # llmload's wait, with its own line and exit code
+        distributed.listen_as_master(environment, environment.runner, options)
     if options.prometheus_port is not None:
         try:
             views.serve_prometheus(options.prometheus_port, _current_live)
@@ -163,25 +106,6 @@ def _on_init(environment: Environment, **_: Any) -> None:
     # Locust (2.47) installs its SIGTERM handler only after a headless shape run returns, so
     # until then SIGTERM would kill the process with records unflushed: make it a Ctrl-C.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-
-
-def _wait_for_workers(environment: Environment, wait_s: float) -> None:
-    """A headless master whose --expect-workers did not all connect in time ends with exit code 2 and
-    says why, instead of waiting for ever (Locust's default)."""
-    runner, options = environment.runner, environment.parsed_options
-    assert isinstance(runner, MasterRunner) and options is not None
-    gevent.sleep(wait_s)
-    connected = len(runner.clients.ready) + len(runner.clients.spawning) + len(runner.clients.running)
-    if STATE.run is not None or connected >= options.expect_workers:
-        return
-    log.error(
-        "llmload: %d of %d workers connected in %g s (--expect-workers-max-wait): a worker that cannot reach this"
-        " master at %s:%d never joins; check the workers' --master-host and --master-port, and that the port is"
-        " open to them. No run was started (exit code 2)",
-        connected, options.expect_workers, wait_s, options.master_bind_host, options.master_bind_port,
-    )  # fmt: skip
-    runner.quit()
-    raise SystemExit(2)
 
 
 def _current_live() -> LiveStats | None:
@@ -273,181 +197,178 @@ def _refuse_start(environment: Environment, reason: str) -> None:
     gevent.spawn(stop)
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """What every process of a run must agree on: chosen by the master (or a local run) at the start,
+    sent to the workers with the spawn message (the options' llmload_* fields)."""
+
+    run_id: str
+    start_wall: float
+    models: ModelMix
+    replicas: Replicas
+    server_kind: str
+
+    @classmethod
+    def sent(cls, options: argparse.Namespace) -> _Choice:
+        """The master's choice, as a worker received it."""
+        return cls(
+            options.llmload_run_id, options.llmload_start_wall, ModelMix.of(options.llmload_models),
+            Replicas(tuple(options.llmload_replicas)), options.llmload_server_kind,
+        )  # fmt: skip
+
+    def send(self, options: argparse.Namespace) -> None:
+        """Into the options, which the master's spawn message carries to every worker."""
+        options.llmload_run_id, options.llmload_start_wall = self.run_id, self.start_wall
+        options.llmload_models = [f"{share.name}:{share.weight!r}" for share in self.models.shares]
+        options.llmload_server_kind = self.server_kind
+        options.llmload_replicas = list(self.replicas.hosts)
+
+
+@dataclass(frozen=True)
+class _TargetFound:
+    """What a master or a local run found of the target at its start, for run.json and the console."""
+
+    server: ServerIdentity
+    cache_reset: PrefixCacheReset | None
+
+
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
+    """Each start (the web UI may start several runs) builds this process's part of the run, by its role."""
     runner, options = environment.runner, environment.parsed_options
     if runner is None:  # a worker whose master was already running: its spawn came while Locust built it
-        gevent.spawn(_leave_run_in_progress, environment, "a run")
+        gevent.spawn(distributed.leave_run_in_progress, environment, "a run")
         return
     assert options is not None and environment.host
-    worker = isinstance(runner, WorkerRunner)
+    if isinstance(runner, WorkerRunner):
+        _start_worker(environment, runner, options)
+    elif isinstance(runner, MasterRunner):
+        _start_master(environment, runner, options)
+    else:
+        _start_local(environment, options)
+
+
+def _start_local(environment: Environment, options: argparse.Namespace) -> None:
+    """One process does everything: it checks the target, chooses the run, replays every arrival and
+    writes the run directory."""
     try:
-        plan = STATE.plan if not worker else None
-        plan = plan or RunPlan.build(plan_flags(options))
-        access = Access.from_options(options)
-        server: ServerIdentity | None = None
-        cache_reset: PrefixCacheReset | None = None
-        if worker:  # the master's choices, sent with the spawn message
-            models = ModelMix.of(options.llmload_models)
-            replicas = Replicas(tuple(options.llmload_replicas))
-            start_wall, run_id = options.llmload_start_wall, options.llmload_run_id
-            server_kind = kind(options.llmload_server_kind)
-        else:
-            replicas = Replicas.parse(environment.host)
-            if not isinstance(runner, MasterRunner):
-                for host in replicas.hosts:
-                    _require_reachable(host, access)
-            server = identify(replicas.primary, access, options.server_kind)
-            server_kind = kind(server.kind)
-            if options.reset_prefix_cache:
-                cache_reset = reset_prefix_caches(replicas.hosts, access, server_kind)
-                done = "emptied: " if cache_reset.reset else "not emptied: "
-                log.info("llmload: prefix cache %s%s", done, cache_reset.how)
-            models = _resolve_models(replicas.primary, options, plan.workload, access)
-            start_wall = time.time() + START_LEAD_S
-            # --run-id itself stays as given: a second start from the web UI names its own run
-            run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
-            options.llmload_run_id, options.llmload_start_wall = run_id, start_wall
-            options.llmload_models = [f"{share.name}:{share.weight!r}" for share in models.shares]  # to the workers
-            options.llmload_server_kind = server.kind
-            options.llmload_replicas = list(replicas.hosts)
-            rundir.claim(Path(options.reports_dir) / run_id)
-        shape = RequestShape(server_kind, extra=parse_extra_body(options.extra_body))
+        run, found = _choose_run(environment, options, check_reachable=True)
     except InputError as exc:
         _refuse_start(environment, str(exc))
         return
-    clock = RunClock(time.perf_counter() + (start_wall - time.time()), start_wall)
-    run = ProcessRun(plan, clock, run_id, models, replicas, 0, access, shape, options.session_header)
-    if isinstance(runner, MasterRunner):
-        indexes = {client.id: i for i, client in enumerate(runner.clients.all)}
-        options.llmload_worker_indexes = indexes
-        run.workers = {client_id: WorkerState() for client_id in indexes}
-        run.fleet_ledger = Fleet(ArrivalPlan.of(plan.arrivals, plan.workload.sessions), plan.stages, run_id,
-                                 start_wall, list(indexes))  # fmt: skip
-        run.greenlets.append(gevent.spawn(_watch_workers, environment, run))
-    if isinstance(runner, WorkerRunner) and not _worker_may_run(environment, runner, options, run):
-        STATE.run = run  # idle: its users wait, it sends nothing
-        return
-    if not isinstance(runner, MasterRunner):
-        index = options.llmload_worker_indexes[runner.client_id] if isinstance(runner, WorkerRunner) else 0
-        count = len(options.llmload_worker_indexes) if isinstance(runner, WorkerRunner) else 1
-        run.worker = index
-        share = WorkerShare(run_id, index, count, plan.flags.drain_s)
-        if isinstance(plan.arrivals, ArrivalSchedule):
-            run.dispatcher = RequestDispatcher(
-                plan.arrivals, plan.workload.sessions, clock, share, plan.flags.first_session
-            )
-        else:
-            run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, clock, share)
-        run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
-    if not worker:
-        manifest = plan.manifest(
-            run_id=run_id, replicas=replicas, models=models, started_at=start_wall,
-            workers=max(1, len(run.workers)), server=server, access=access.note(replicas.primary),
-            prefix_cache_reset=cache_reset, session_header=options.session_header,
-        )  # fmt: skip
-        gpu = gpu_reader(options.gpu_metrics, replicas.primary)
-        if gpu is not None:
-            log.info("llmload: GPU memory and utilisation from %s", gpu.url)
-        run_dir = Path(options.reports_dir) / run_id
-        run.recorder = RunRecorder(
-            run_dir, plan, manifest, metrics_interval_s=options.metrics_interval, access=access, gpu=gpu
-        )
-        run.greenlets.append(gevent.spawn(_live_loop, environment, run))
-        what = "request arrivals" if isinstance(plan.arrivals, ArrivalSchedule) else "trace sessions"
-        warmup = plan.stages[0].duration_s if plan.stages[0].warmup else 0.0
-        log.info(
-            "llmload: run %s -> %s (%d planned %s; %g s unjudged warm-up)",
-            run_id, run_dir, plan.planned(), what, warmup,
-        )  # fmt: skip
-        if server is not None:
-            log.info("llmload: %s", server_line(server, shape, lengths_asked=plan.workload.asks_lengths))
+    _dispatch(environment, run, index=0, count=1)
+    _start_recording(environment, options, run, found)
     STATE.run = run
 
 
-def _worker_may_run(
-    environment: Environment, runner: WorkerRunner, options: argparse.Namespace, run: ProcessRun
-) -> bool:
-    """A worker runs its share if it has one (it was there when the run started) and reaches the
-    target: one that cannot must not turn its share into connection errors charged to the server,
-    so it tells the master, which ends the run."""
-    if runner.client_id not in options.llmload_worker_indexes:
-        gevent.spawn(_leave_run_in_progress, environment, f"run {run.run_id}")
-        return False
-    run.address = _address_towards(options.master_host, options.master_port)
-    unreachable = ((host, _unreachable(host, run.access)) for host in run.replicas.hosts)
-    host, error = next(((host, error) for host, error in unreachable if error is not None), ("", None))
-    if error is None:
-        return True
-    log.error("llmload: this worker (%s) cannot reach the target %s: %s", run.address, host, error)
-    runner.send_message(messaging.UNREACHABLE_MESSAGE, {"target": host, "error": error, "address": run.address})
-    return False
-
-
-def _leave_run_in_progress(environment: Environment, which: str) -> None:
-    """A worker that joined after the start has no share of the arrivals; it quits (exit code 0), so
-    Locust gives the users it would hold back to the workers that have one."""
-    while environment.runner is None:  # Locust is still building this worker's runner
-        gevent.sleep(0.05)
-    log.warning("llmload: this worker joined %s after it started: it has no share of its arrivals; it leaves", which)
-    environment.runner.quit()
-
-
-def _address_towards(host: str, port: int) -> str:
-    """This machine's address on the route to `host` (a UDP connect sends nothing)."""
+def _start_master(environment: Environment, runner: MasterRunner, options: argparse.Namespace) -> None:
+    """The master chooses the run for its workers (each checks the target itself), keeps the fleet's
+    ledger and writes the run directory; it replays nothing."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, port))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.gethostname()
+        run, found = _choose_run(environment, options, check_reachable=False)
+    except InputError as exc:
+        _refuse_start(environment, str(exc))
+        return
+    distributed.keep_fleet(environment, runner, run)
+    _start_recording(environment, options, run, found)
+    STATE.run = run
 
 
-def _require_reachable(host: str, access: Access) -> None:
-    """An InputError when no connection to the target opens, or its TLS handshake fails: no request is
-    sent to a host where nothing listens or that cannot be trusted (each would be charged to it as a failure)."""
-    parsed = urllib.parse.urlsplit(host)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise InputError(f"--host {host} is not a URL: give http://HOST:PORT (or https://)")
-    if (error := _unreachable(host, access)) is not None:
-        raise InputError(error if error.startswith("TLS") else f"nothing answers at {host}: {error}")
-
-
-def _unreachable(url: str, access: Access) -> str | None:
-    """Why a TCP connection to the target's host and port fails, or an https target's TLS handshake
-    (a sentence of its own, starting "TLS"), or None when the connection opens."""
-    parsed = urllib.parse.urlsplit(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+def _start_worker(environment: Environment, runner: WorkerRunner, options: argparse.Namespace) -> None:
+    """A worker replays its share of the run its master chose; one that may not run stays idle (its
+    users wait, it sends nothing)."""
     try:
-        connection = socket.create_connection((parsed.hostname or "", port), timeout=TARGET_PROBE_TIMEOUT_S)
-    except OSError as exc:
-        if isinstance(exc, TimeoutError):
-            return f"no answer in {TARGET_PROBE_TIMEOUT_S:g} s"
-        reason = str(exc.strerror or exc)
-        return reason[:1].lower() + reason[1:]  # "connection refused", as part of a sentence
-    with connection:
-        return _tls_refusal(connection, parsed, access) if parsed.scheme == "https" else None
+        plan, access = RunPlan.build(plan_flags(options)), Access.from_options(options)
+        run = _process_run(plan, access, _Choice.sent(options), options)
+    except InputError as exc:
+        _refuse_start(environment, str(exc))
+        return
+    if distributed.worker_may_run(environment, runner, options, run):
+        indexes = options.llmload_worker_indexes
+        _dispatch(environment, run, index=indexes[runner.client_id], count=len(indexes))
+    STATE.run = run
 
 
-def _tls_refusal(connection: socket.socket, url: urllib.parse.SplitResult, access: Access) -> str | None:
-    """Why the target's TLS refuses this client, or None. A HEAD request follows the handshake: with TLS
-    1.3 a missing client certificate is refused only then, by an alert or (asyncio's servers: vLLM's)
-    a connection closed without a word."""
-    try:
-        with access.ssl_context().wrap_socket(connection, server_hostname=url.hostname) as tls:
-            tls.sendall(f"HEAD / HTTP/1.1\r\nHost: {url.netloc}\r\nConnection: close\r\n\r\n".encode())
-            if not tls.recv(1):
-                return (
-                    f"TLS: {url.geturl()} closed the connection after the handshake without answering: it may require"
-                    " a client certificate (--client-cert FILE, --client-key FILE)"
-                )
-    except TimeoutError:
-        return None  # the handshake went through; a slow answer is not this check's business
-    except OSError as exc:
-        reason = tls_reason(exc) or str(exc)
-        hint = " (--ca-cert FILE trusts the CA that signed it; --insecure verifies nothing)"
-        return f"TLS handshake with {url.geturl()} failed: {reason}{hint if 'verify' in reason else ''}"
-    return None
+def _choose_run(
+    environment: Environment, options: argparse.Namespace, *, check_reachable: bool
+) -> tuple[ProcessRun, _TargetFound]:
+    """The run a master or a local run starts: the target identified, the models resolved, the run's id
+    and start chosen (and passed on to the workers), its directory claimed."""
+    assert environment.host
+    plan = STATE.plan or RunPlan.build(plan_flags(options))
+    access = Access.from_options(options)
+    replicas = Replicas.parse(environment.host)
+    if check_reachable:
+        for host in replicas.hosts:
+            require_reachable(host, access)
+    server = identify(replicas.primary, access, options.server_kind)
+    cache_reset = _empty_prefix_caches(replicas, access, server) if options.reset_prefix_cache else None
+    models = _resolve_models(replicas.primary, options, plan.workload, access)
+    start_wall = time.time() + START_LEAD_S
+    # --run-id itself stays as given: a second start from the web UI names its own run
+    run_id = options.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{plan.workload.spec.name}"
+    choice = _Choice(run_id, start_wall, models, replicas, server.kind)
+    choice.send(options)
+    rundir.claim(Path(options.reports_dir) / run_id)
+    return _process_run(plan, access, choice, options), _TargetFound(server, cache_reset)
+
+
+def _empty_prefix_caches(replicas: Replicas, access: Access, server: ServerIdentity) -> PrefixCacheReset:
+    """--reset-prefix-cache: the run begins cold where the server's kind offers a reset, and says so."""
+    cache_reset = reset_prefix_caches(replicas.hosts, access, kind(server.kind))
+    done = "emptied: " if cache_reset.reset else "not emptied: "
+    log.info("llmload: prefix cache %s%s", done, cache_reset.how)
+    return cache_reset
+
+
+def _process_run(plan: RunPlan, access: Access, choice: _Choice, options: argparse.Namespace) -> ProcessRun:
+    """This process's part of the run, on the clock every process shares (the chosen start, in unix seconds)."""
+    shape = RequestShape(kind(choice.server_kind), extra=parse_extra_body(options.extra_body))
+    clock = RunClock(time.perf_counter() + (choice.start_wall - time.time()), choice.start_wall)
+    return ProcessRun(
+        plan, clock, choice.run_id, choice.models, choice.replicas, 0, access, shape, options.session_header
+    )
+
+
+def _dispatch(environment: Environment, run: ProcessRun, *, index: int, count: int) -> None:
+    """The arrivals of this process's share (all of them in a local run), flushed once a second."""
+    plan = run.plan
+    run.worker = index
+    share = WorkerShare(run.run_id, index, count, plan.flags.drain_s)
+    if isinstance(plan.arrivals, ArrivalSchedule):
+        run.dispatcher = RequestDispatcher(
+            plan.arrivals, plan.workload.sessions, run.clock, share, plan.flags.first_session
+        )
+    else:
+        run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, run.clock, share)
+    run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
+
+
+def _start_recording(
+    environment: Environment, options: argparse.Namespace, run: ProcessRun, found: _TargetFound
+) -> None:
+    """The run directory (llmload.recorder), written by a local run or the master, and its live view."""
+    plan, replicas = run.plan, run.replicas
+    manifest = plan.manifest(
+        run_id=run.run_id, replicas=replicas, models=run.models, started_at=run.clock.start_wall,
+        workers=max(1, len(run.workers)), server=found.server, access=run.access.note(replicas.primary),
+        prefix_cache_reset=found.cache_reset, session_header=options.session_header,
+    )  # fmt: skip
+    gpu = gpu_reader(options.gpu_metrics, replicas.primary)
+    if gpu is not None:
+        log.info("llmload: GPU memory and utilisation from %s", gpu.url)
+    run_dir = Path(options.reports_dir) / run.run_id
+    run.recorder = RunRecorder(
+        run_dir, plan, manifest, metrics_interval_s=options.metrics_interval, access=run.access, gpu=gpu
+    )
+    run.greenlets.append(gevent.spawn(_live_loop, environment, run))
+    what = "request arrivals" if isinstance(plan.arrivals, ArrivalSchedule) else "trace sessions"
+    warmup = plan.stages[0].duration_s if plan.stages[0].warmup else 0.0
+    log.info(
+        "llmload: run %s -> %s (%d planned %s; %g s unjudged warm-up)",
+        run.run_id, run_dir, plan.planned(), what, warmup,
+    )  # fmt: skip
+    log.info("llmload: %s", server_line(found.server, run.shape, lengths_asked=plan.workload.asks_lengths))
 
 
 def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> None:
@@ -483,7 +404,7 @@ def _flush_loop(environment: Environment, run: ProcessRun) -> None:
         run.dispatcher.end_drain(time.perf_counter())
         run.cpu_max = max(run.cpu_max, runner.current_cpu_usage)
         if isinstance(runner, WorkerRunner):
-            _send_records(runner, run)
+            distributed.send_records(runner, run)
 
 
 def _expire(environment: Environment, run: ProcessRun, now: float, *, stopping: bool = False) -> None:
@@ -494,75 +415,6 @@ def _expire(environment: Environment, run: ProcessRun, now: float, *, stopping: 
     for arrival in run.dispatcher.expire(now):
         session_id = arrival.session.session.id if arrival.session is not None else ""
         sink(environment, run, run.dispatcher.record(session_id, 0, arrival.at, None))
-
-
-def _send_records(runner: WorkerRunner, run: ProcessRun) -> None:
-    assert run.dispatcher is not None
-    batch, run.outbox = run.outbox, []
-    state = messaging.local_state(run.dispatcher, runner.user_count)
-    message = messaging.worker_message(batch, state, run.cpu_max, run.dispatcher, run.address)
-    runner.send_message(messaging.RECORDS_MESSAGE, message)
-
-
-def _on_handover(environment: Environment, msg: Any, **_: Any) -> None:
-    """The master hands this worker part of a lost worker's arrivals."""
-    run = STATE.run
-    if run is not None and run.dispatcher is not None and not run.finished:
-        run.dispatcher.adopt(msg.data["positions"])
-        log.info("llmload: took over %d arrivals of a lost worker", len(msg.data["positions"]))
-
-
-def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
-    run = STATE.run
-    if run is None or run.recorder is None or run.finished or run.fleet_ledger is None:
-        return
-    ledger = run.fleet_ledger.heard(msg.node_id, msg.data, time.time() - run.clock.start_wall)
-    if ledger is None:  # declared lost and back, or never a member: its share is already accounted for
-        return
-    records, sends = messaging.receive(run.workers, msg.node_id, msg.data)
-    run.fleet_ledger.note_records(ledger, records)
-    run.recorder.add(records)
-    run.recorder.live.add_sends(sends, until=min(worker.sends_until for worker in run.workers.values()))
-
-
-def _on_unreachable_target(environment: Environment, msg: Any, **_: Any) -> None:
-    """A worker cannot reach the target: the run ends with exit code 2, none of its share charged to the server."""
-    run, runner = STATE.run, environment.runner
-    if run is None or run.fleet_ledger is None or runner is None or run.finished:
-        return
-    reason = f"cannot reach the target {msg.data['target']}: {msg.data['error']}"
-    ledger = run.fleet_ledger.refuse(msg.node_id, reason, msg.data["address"])
-    name = ledger.name if ledger is not None else f"worker {msg.node_id} ({msg.data['address']})"
-    log.error("llmload: %s %s; ending the run (exit code 2): none of its share is charged to the server", name, reason)
-    environment.process_exit_code = 2
-    gevent.spawn(runner.stop)
-
-
-def _watch_workers(environment: Environment, run: ProcessRun) -> None:
-    """The master, each second: a worker Locust found missing (no heartbeat) is lost. Its records are
-    written here (llmload.fleet); by default the others take over its arrivals, with --on-worker-loss
-    stop the run ends with exit code 2."""
-    runner, options = environment.runner, environment.parsed_options
-    assert isinstance(runner, MasterRunner) and options is not None and run.fleet_ledger is not None
-    while True:
-        gevent.sleep(FLUSH_INTERVAL_S)
-        if runner.state not in (STATE_SPAWNING, STATE_RUNNING):  # stopping: Locust lets go of its workers
-            continue
-        for ledger in [w for w in run.fleet_ledger.workers.values() if w.active]:
-            client = runner.clients.get(ledger.node_id)
-            if client is not None and client.state != STATE_MISSING:
-                continue
-            loss = run.fleet_ledger.lose(ledger.node_id, time.time() - run.clock.start_wall, options.on_worker_loss)
-            run.workers.pop(ledger.node_id, None)
-            assert run.recorder is not None
-            run.recorder.add(loss.records)
-            run.recorder.live.note(loss.line)
-            log.warning("llmload: %s", loss.line)
-            for node_id, positions in loss.handed_over.items():
-                runner.send_message(messaging.HANDOVER_MESSAGE, {"positions": positions}, client_id=node_id)
-            if options.on_worker_loss == "stop":
-                environment.process_exit_code = 2
-                gevent.spawn(runner.stop)
 
 
 def _live_loop(environment: Environment, run: ProcessRun) -> None:
@@ -605,7 +457,7 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
     gevent.killall(run.greenlets)
     if isinstance(runner, WorkerRunner):
         if run.dispatcher is not None:
-            _send_records(runner, run)
+            distributed.send_records(runner, run)
         return
     assert run.recorder is not None
     cpu = max([run.cpu_max, *(s.cpu_max for s in run.workers.values())])

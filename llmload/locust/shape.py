@@ -10,7 +10,7 @@ from locust import LoadTestShape
 from locust.runners import STATE_SPAWNING, MasterRunner
 
 from llmload.locust.messaging import WorkerState
-from llmload.locust.process import STATE
+from llmload.locust.state import STATE
 
 log = logging.getLogger("llmload")
 

@@ -7,7 +7,8 @@ from locust import User, task
 from locust.runners import STATE_CLEANUP, STATE_STOPPED, STATE_STOPPING
 
 from llmload.client import ChatClient
-from llmload.locust.process import FLUSH_INTERVAL_S, STATE, sink
+from llmload.locust.process import sink
+from llmload.locust.state import FLUSH_INTERVAL_S, STATE
 from llmload.replay import TurnSender
 from llmload.workload.tokens import get_tokenizer
 

@@ -2,7 +2,7 @@
 
 - `metrics`: Prometheus text (vLLM, the simulator, a DCGM exporter) fetched and reduced to figures
 - `gpu`: the GPU readers (a DCGM exporter, else nvidia-smi on this machine) and `GpuSample`
-- `host`: this machine's CPU between two samples (`HostMeter`)
+- `host`: this machine's CPU between two samples (`HostMeter`), and the hypervisor's steal over a run (`StealMeter`)
 - `observer`: the loop that writes server.jsonl (`Observer`, one `ServerSample` a line)
 - `summary`: server.jsonl read back (`ServerSamples`) and summary.json's `server` block
 """

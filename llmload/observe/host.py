@@ -1,5 +1,6 @@
 """This machine's CPU beside each sample: what the run's own processes used, what the hypervisor
-took, and what other work took (a neighbour slows a client and a local target alike)."""
+took, and what other work took (a neighbour slows a client and a local target alike); and the
+steal over a whole run, for run.json."""
 
 from __future__ import annotations
 
@@ -65,3 +66,21 @@ class HostMeter:
             "host_cpu_steal": max(0.0, steal / total),
             "host_cpu_run": min(1.0, max(0.0, (run - run_then) / total)),
         }
+
+
+class StealMeter:
+    """CPU time the hypervisor gave to other guests ("steal") since creation, in % of all CPU time.
+
+    On a VM, a vCPU descheduled for a few ms delays client and target alike: latency tails that
+    neither caused. Runs record it so the report can say so; 0 on bare metal and non-Linux.
+    """
+
+    def __init__(self) -> None:
+        self._start = psutil.cpu_times()
+
+    @property
+    def percent(self) -> float:
+        now = psutil.cpu_times()
+        total = sum(now) - sum(self._start)
+        steal = getattr(now, "steal", 0.0) - getattr(self._start, "steal", 0.0)
+        return 100.0 * steal / total if total > 0 else 0.0

@@ -14,4 +14,5 @@ knows about a server is in this room:
 - ``detect``: which kind is behind a URL, from a few requests that cannot change it.
 - ``request``: the chat request a server of a given kind is sent.
 - ``cache_reset``: its prefix cache emptied before a run, where its kind offers a reset.
+- ``reach``: whether a connection to it opens (and its TLS handshake passes) before a run sends it anything.
 """

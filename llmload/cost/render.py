@@ -22,13 +22,15 @@ def energy_line(cost: CostSummary) -> str:
         seen = f" from {_gpus(cost)}" if cost.gpu_count else ""
         return f"Energy: {cost.energy_note}{seen}; no J per token."
     how = "energy counters" if cost.energy_source == "counter" else "power draw, integrated over the samples"
+    if hold.joules_per_output_token is None:
+        return (
+            f"Energy (judged stages): {fmt(hold.energy_j / 1000, 2)} kJ from the {how} of {_gpus(cost)};"
+            " no output tokens to divide it by."
+        )
     return (
         f"Energy (judged stages): {fmt(hold.energy_j / 1000, 2)} kJ over {fmt(hold.seconds, 0)} s, from the"
-        f" {how} of {_gpus(cost)}: {figure(hold.joules_per_output_token or 0)} J per output token,"
+        f" {how} of {_gpus(cost)}: {figure(hold.joules_per_output_token)} J per output token,"
         f" {fmt(hold.output_tokens_per_kj, 0)} output tokens per kJ."
-        if hold.joules_per_output_token is not None
-        else f"Energy (judged stages): {fmt(hold.energy_j / 1000, 2)} kJ from the {how} of {_gpus(cost)};"
-        " no output tokens to divide it by."
     )
 
 

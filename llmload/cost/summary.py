@@ -82,7 +82,8 @@ def cost_summary(df: pd.DataFrame, manifest: RunManifest, gpus: pd.DataFrame, ho
         energy = window_energy(gpus, start, start + stage.duration_s)
         figures = _figures(stage.duration_s, output, prompt, energy, price)
         stages.append(StageCost(name=stage.name, **figures.model_dump()))
-    judged = [s for s in stages if s.name in {j.name for j in manifest.judged_stages}]
+    judged_names = {stage.name for stage in manifest.judged_stages}
+    judged = [s for s in stages if s.name in judged_names]
     start = manifest.judged_started_at
     hold_energy = window_energy(gpus, start, start + hold_s)
     output = sum(s.output_tokens for s in judged)

@@ -374,19 +374,19 @@ def _cost_rows(
 ) -> list[Row]:
     """J per output token and $ per 1M output tokens, where both runs have them: each run's amount a
     second over its resampled output tok/s."""
+    if baseline.summary.cost is None or current.summary.cost is None:
+        return []
+    holds = (baseline.summary.cost.hold, current.summary.cost.hold)
     rows = []
     for key, amount, scale, name, unit in COST_ROWS:
-        costs = [run.summary.cost for run in (baseline, current)]
-        holds = [cost.hold if cost is not None else None for cost in costs]
-        if any(hold is None or getattr(hold, key) is None for hold in holds):
+        b, c = (getattr(hold, key) for hold in holds)
+        if b is None or c is None:
             continue
-        resampled = [
+        base, cur = (
             scale * getattr(hold, amount) / hold.seconds / boot["output_tokens_per_s"]
             for hold, boot in zip(holds, boots, strict=True)
-            if hold is not None
-        ]
-        b, c = (getattr(hold, key) for hold in holds)
-        rows.append(judge(name, unit, 1, values=(b, c), diffs=resampled[1] - resampled[0], limit=rise * b))
+        )
+        rows.append(judge(name, unit, 1, values=(b, c), diffs=cur - base, limit=rise * b))
     return rows
 
 

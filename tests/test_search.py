@@ -118,6 +118,20 @@ def test_a_marginal_drift_is_decided_by_the_next_probe_at_that_rate() -> None:
         assert failing and sorted(failing) == sorted(set(failing))
 
 
+def test_a_marginal_drift_after_a_probe_too_short_to_judge_is_still_retried() -> None:
+    """A CI run: 2 req/s on a real vLLM at 7% of its capacity, first too short to tell, then a marginal
+    p99 E2E drift; the too-short probe judged no drift, so the marginal failure gets its retry. A
+    second marginal failure at that rate counts."""
+    short = Probe(run_id="1", qps=2, passed=False, too_short=True)
+    marginal = Probe(run_id="2", qps=2, passed=False, failed_checks=MARGINAL_DRIFT, marginal=True)
+    assert next_rate(BOUNDS, [short, marginal]) == (2, "found")
+    assert boundary([short, marginal]) == (None, None)
+    retried = Probe(run_id="3", qps=2, passed=True)
+    assert boundary([short, marginal, retried]) == (2, None)
+    again = marginal.model_copy(update={"run_id": "3"})
+    assert boundary([short, marginal, again]) == (None, 2)
+
+
 def test_a_probe_too_short_for_its_answers_is_held_longer_until_it_judges_or_its_queue_shows(tmp_path: Path) -> None:
     """A probe that failed only because its E2E p99 was over a third of its hold is asked again with a
     longer hold (and a drain long enough for its answers), up to 8x --probe-duration; it is never the

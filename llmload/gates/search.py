@@ -62,9 +62,12 @@ def _verdicts(probes: Sequence[Probe]) -> tuple[dict[float, list[bool]], set[flo
     """Each judged rate's verdicts, and the rates whose last probe failed marginally (on a drift only
     its estimate put over the limit) or could not tell (INCONCLUSIVE: too short for its latencies or
     its noise): a suspicion the next, longer probe at that rate decides (its verdict counts; the
-    suspicion's does not). An INCONCLUSIVE probe at the longest hold counts as not passing."""
+    suspicion's does not). A marginal failure is retried once even after a too-short probe at its
+    rate, which judged no drift (a CI run's real vLLM at 7% of its capacity lost its 2 req/s that
+    way). An INCONCLUSIVE probe at the longest hold counts as not passing."""
     out: dict[float, list[bool]] = {}
     suspected: set[float] = set()
+    retried: set[float] = set()  # rates whose last judged probe failed marginally: its retry counts
     for probe in probes:
         if probe.passed is None:
             continue
@@ -74,10 +77,12 @@ def _verdicts(probes: Sequence[Probe]) -> tuple[dict[float, list[bool]], set[flo
         if probe.too_short:  # the next probe at this rate holds longer
             suspected.add(probe.qps)
             continue
-        if not probe.passed and probe.qps not in suspected and probe.marginal:
+        if not probe.passed and probe.marginal and probe.qps not in retried:
             suspected.add(probe.qps)
+            retried.add(probe.qps)
             continue
         suspected.discard(probe.qps)
+        retried.discard(probe.qps)
         out.setdefault(probe.qps, []).append(probe.passed)
     return out, suspected
 

@@ -721,6 +721,11 @@ class SpecDecodeSummary(BaseModel):
         description="1 + accepted / drafts: tokens a drafting step of the model emits (1 without speculation)"
     )
     accepted_tokens_per_s: float | None = Field(description="accepted tokens a second: the output the drafts gave")
+    acceptance_by_position: list[float] = Field(
+        default_factory=list,
+        description="accepted / drafts at each draft position, the first first (vLLM's per-position counters):"
+        " where a draft stops being right; empty when the server exports none",
+    )
 
 
 EnergySource = Literal["counter", "power"]

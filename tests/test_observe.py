@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from llmload.client import ChatClient, Limits, StreamResult
-from llmload.observe.metrics import VLLM, parse_metrics
+from llmload.observe.metrics import VLLM, parse_metrics, parse_positions
 from llmload.observe.observer import Observer, ServerSample
 from llmload.observe.summary import read_server, server_summary
 from llmload.rundir import SERVER_FILE
-from llmload.server.kinds import CONDITIONAL_FIELDS
+from llmload.server.kinds import CONDITIONAL_FIELDS, GENERIC, kind
 from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess
 from llmload.sweep.server import free_port
@@ -81,6 +81,27 @@ def test_parse_metrics_sums_label_sets_and_takes_the_fullest_kv_cache() -> None:
         "generation_tokens_total": 6000.0,
     }
     assert parse_metrics(OLD_VLLM_TEXT) == {"kv_cache_usage": 0.5, "running": 2.0}
+
+
+# vLLM 0.32's per-position counter as its spec_decode metrics write it (engine and model labels, then
+# position), two engines; positions may come in any order
+SPEC_TEXT = """\
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 70.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 5.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 109.0
+"""
+
+
+def test_the_per_position_acceptance_is_a_vector_by_its_position_label_summed_over_engines() -> None:
+    assert parse_positions(SPEC_TEXT, VLLM.by_position) == {"spec_accepted_by_position": [75.0, 30.0, 9.0]}
+    assert parse_positions(VLLM_TEXT, VLLM.by_position) == {}  # not speculating: nothing, not zeros
+    # the generic server reads it too, and the scalar read of the same page is unchanged
+    assert kind(GENERIC).by_position == VLLM.by_position
+    assert parse_metrics(SPEC_TEXT) == {"spec_accepted_tokens_total": 109.0}
 
 
 def observe_for(observer: Observer, seconds: float) -> list[dict[str, object]]:

@@ -226,5 +226,11 @@ def test_speculative_decoding_is_read_from_real_vllm(vllm_server_factory: VllmSe
     assert spec["drafts"] > 0 and spec["draft_tokens"] >= spec["drafts"], spec
     assert 0.5 <= spec["acceptance_rate"] <= 1 and 1 < spec["mean_acceptance_length"] <= 4, spec
     assert spec["accepted_tokens"] < run.records.output_tokens.sum()  # each step's first token is the model's
+    # per draft position (three drafted a step), read from the same scrapes: they add up to the accepted
+    # tokens, and a later position is accepted only after every earlier one was
+    by_position = spec["acceptance_by_position"]
+    assert len(by_position) == 3 and sum(by_position) * spec["drafts"] == pytest.approx(spec["accepted_tokens"])
+    assert by_position == sorted(by_position, reverse=True) and by_position[-1] > 0, by_position
+    assert "Accepted at each draft position (of the drafts): " in (run.run_dir / "report.md").read_text()
     assert any("the server speculates and the prompts are synthetic text" in w for w in run.summary["run"]["warnings"])
     assert "Speculative decoding (judged stages): " in (run.run_dir / "report.md").read_text()

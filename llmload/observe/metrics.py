@@ -12,7 +12,7 @@ from geventhttpclient import HTTPClient
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from llmload.server.kinds import MetricField, kind
+from llmload.server.kinds import MetricField, PositionField, kind
 
 VLLM = kind("vllm")  # what an observer reads when nobody says which server it watches
 
@@ -56,6 +56,23 @@ def parse_metrics(text: str, metrics: Mapping[MetricField, Sequence[str]] = VLLM
         if name is not None:
             values[field] = max(found[name]) if field == "kv_cache_usage" else sum(found[name])
     return values
+
+
+def parse_positions(text: str, by_position: Mapping[PositionField, Sequence[str]]) -> dict[str, list[float]]:
+    """The vectors of `by_position` (field -> sample names, preferred first) in a Prometheus text
+    exposition: each sample's value at the index its `position` label gives, summed over engines."""
+    wanted = frozenset(name for names in by_position.values() for name in names)
+    found: dict[str, dict[int, float]] = {}
+    for sample in samples(text, wanted):
+        if (position := sample.labels.get("position", "")).isdigit():
+            at = found.setdefault(sample.name, {})
+            at[int(position)] = at.get(int(position), 0.0) + float(sample.value)
+    vectors: dict[str, list[float]] = {}
+    for field, names in by_position.items():
+        name = next((n for n in names if n in found), None)
+        if name is not None:
+            vectors[field] = [found[name].get(i, 0.0) for i in range(max(found[name]) + 1)]
+    return vectors
 
 
 def fetch(http: HTTPClient, path: str, timeout_s: float) -> tuple[int | None, bytes]:

@@ -29,12 +29,13 @@ from llmload.cancel import released
 from llmload.models import ServerRelease
 from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
 from llmload.observe.host import HostMeter
-from llmload.observe.metrics import VLLM, fetch, parse_metrics
+from llmload.observe.metrics import VLLM, fetch, parse_metrics, parse_positions
 from llmload.server.kinds import CONDITIONAL_FIELDS, ServerKind
 
 log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 3600  # what state_at can look back over: an hour at the default interval
+Readings = dict[str, float | list[float]]  # a scrape's metrics by server.jsonl field
 LAG_WARNING_MS = 250.0  # a timer this late: the process was held off the CPU (gevent's own jitter is a few ms)
 
 
@@ -54,6 +55,9 @@ class ServerSample(BaseModel):
     spec_drafts_total: float | None = Field(default=None, description="speculative decoding: drafts proposed")
     spec_draft_tokens_total: float | None = Field(default=None, description="tokens drafted")
     spec_accepted_tokens_total: float | None = Field(default=None, description="drafted tokens the model accepted")
+    spec_accepted_by_position: list[float] | None = Field(
+        default=None, description="of them, those at each draft position (0 first): counters"
+    )
     host_cpu_busy: float | None = Field(default=None, description="this machine's CPU in use since the last sample")
     host_cpu_steal: float | None = Field(default=None, description="of it, taken by the hypervisor, 0..1")
     host_cpu_run: float | None = Field(
@@ -189,12 +193,10 @@ class Observer:
                 reading.kill(block=False)  # stopped mid-scrape: no read outlives the observer
         if source is not None and not gpus:
             missing.extend(source.names)
-        return ServerSample(
-            t=t, health=health, client_lag_ms=client_lag_ms, gpus=gpus, missing=missing, **(values or {}),
-            **self.host.read(),
-        )  # fmt: skip
+        taken = {"t": t, "health": health, "client_lag_ms": client_lag_ms, "gpus": gpus, "missing": missing}
+        return ServerSample.model_validate({**taken, **(values or {}), **self.host.read()})
 
-    def _read_server(self) -> tuple[int | None, dict[str, float] | None, list[str]]:
+    def _read_server(self) -> tuple[int | None, Readings | None, list[str]]:
         """Health's status, the server's metrics (None when unreachable or it exports none) and those missing."""
         health, _ = self._get(self.server.health_path)
         self._set_reachable(health is not None)
@@ -221,7 +223,7 @@ class Observer:
             log.warning("llmload: GPU metrics read again from %s", source.url)
         return gpus
 
-    def _read_metrics(self, path: str) -> dict[str, float] | None:
+    def _read_metrics(self, path: str) -> Readings | None:
         """The server's metrics on `path`; None when it gives no Prometheus text at all."""
         status, body = self._get(path)
         where = f"{self.url}{path}"
@@ -229,8 +231,9 @@ class Observer:
             note = f" ({self.server.metrics_note})" if self.server.metrics_note else ""
             self._note("status", f"{where} answered {status or 'nothing'}: no server metrics{note}")
             return None
+        text = body.decode(errors="replace")
         try:
-            return parse_metrics(body.decode(errors="replace"), self.server.metrics)
+            return {**parse_metrics(text, self.server.metrics), **parse_positions(text, self.server.by_position)}
         except ValueError as exc:
             self._note("parse", f"{where} is not Prometheus text ({exc}): no server metrics")
             return None
@@ -238,7 +241,7 @@ class Observer:
     def _get(self, path: str) -> tuple[int | None, bytes]:
         return fetch(self._http, self._prefix + path, self.timeout_s)
 
-    def _missing(self, values: dict[str, float]) -> list[str]:
+    def _missing(self, values: Readings) -> list[str]:
         """The names of the metrics not read; one exported only in some configurations is not missing."""
         wanted = (field for field in self.server.metrics if field not in CONDITIONAL_FIELDS)
         return [self.server.metrics[field][0] for field in wanted if field not in values and self.server.metrics[field]]

@@ -16,6 +16,8 @@ from llmload.observe.gpu import GpuSample
 from llmload.observe.observer import ServerSample
 from llmload.server.kinds import METRIC_FIELDS
 
+LIST_FIELDS = ("missing", "spec_accepted_by_position")  # server.jsonl's fields that hold lists, not figures
+
 
 def _server_lines(path: Path) -> list[dict[str, Any]]:
     """server.jsonl's samples; a line that does not parse (the run killed mid-write) is a lost sample."""
@@ -44,7 +46,7 @@ def _gpu_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def _server_frame(rows: list[dict[str, Any]], gpus: pd.DataFrame) -> pd.DataFrame:
     columns = [c for c in ServerSample.model_fields if c != "gpus"]
     frame = pd.DataFrame(rows, columns=columns)
-    numeric = [c for c in columns if c != "missing"]
+    numeric = [c for c in columns if c not in LIST_FIELDS]
     frame[numeric] = frame[numeric].astype(float)
     frame["gpu_memory_usage"] = frame.t.map(gpus.groupby("t").memory_used_fraction.max()).astype(float)
     return frame.sort_values("t", ignore_index=True)
@@ -147,4 +149,18 @@ def _spec_decode(frame: pd.DataFrame, judged_from: float) -> SpecDecodeSummary |
         acceptance_rate=accepted / tokens if tokens else None,
         mean_acceptance_length=1 + accepted / drafts if drafts else None,
         accepted_tokens_per_s=accepted / seconds if seconds > 0 else None,
+        acceptance_by_position=_by_position(frame, judged_from, drafts),
     )  # fmt: skip
+
+
+def _by_position(frame: pd.DataFrame, judged_from: float, drafts: float) -> list[float]:
+    """Each draft position's accepted tokens / drafts, counted as window_increase counts (from the last
+    sample at or before `judged_from`); empty without the vector, or where a counter fell (a restart)."""
+    seen = frame.loc[frame.spec_accepted_by_position.map(lambda v: isinstance(v, list) and len(v) > 0)]
+    if seen.empty or not drafts:
+        return []
+    before = seen.t[seen.t <= judged_from]
+    first = seen.spec_accepted_by_position[before.index[-1] if len(before) else seen.index[0]]
+    last = seen.spec_accepted_by_position.iloc[-1]
+    grown = [end - start for start, end in zip(first, last, strict=False)]
+    return [] if len(first) != len(last) or min(grown) < 0 else [g / drafts for g in grown]

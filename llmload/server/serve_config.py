@@ -52,7 +52,7 @@ def known_option(key: str, origin: str) -> tuple[str, Option]:
     )
 
 
-def _yaml_text(value: object) -> str | bool | list[str]:
+def yaml_text(value: object) -> str | bool | list[str]:
     """What vLLM's load_config_file passes to argparse for a YAML value."""
     if isinstance(value, bool):
         return value
@@ -69,7 +69,7 @@ def _file_settings(path: Path) -> Iterator[_Setting]:
     for key, value, line in yaml_entries(path, "vLLM options"):
         origin = f"{path}:{line}"
         name, option = known_option(key, origin)
-        yield _Setting(name, option, _yaml_text(value), origin)
+        yield _Setting(name, option, yaml_text(value), origin)
 
 
 def _split_command_line(command_line: str) -> tuple[list[str], str | None]:

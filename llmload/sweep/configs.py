@@ -16,7 +16,7 @@ import yaml
 
 from llmload.errors import InputError
 from llmload.models import ConfigValue
-from llmload.server.serve_config import known_option, read_serve_config
+from llmload.server.serve_config import known_option, read_serve_config, yaml_text
 from llmload.yamlfile import load_yaml_mapping
 
 CONFIG_FILE = "config.yaml"
@@ -46,28 +46,51 @@ def _mapping(path: Path) -> dict[str, Any]:
 
 
 def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """`changes` over `base`, a key written with underscores replacing its dashed twin (and back)."""
+    """`changes` over `base`, a key written with underscores replacing its dashed twin (and back); a
+    None (YAML null) takes the key out: vLLM's own default, e.g. no speculative-config."""
     canonical = {k.replace("_", "-"): k for k in base}
     out = dict(base)
     for key, value in changes.items():
         out.pop(canonical.get(key.replace("_", "-"), key), None)
-        out[key] = value
+        if value is not None:
+            out[key] = value
     return out
+
+
+def _shown(value: Any) -> ConfigValue:
+    """A varied value as the sweep's rows show it: a mapping (a speculative-config) as the JSON text vLLM
+    receives; None: not set."""
+    return yaml_text(value) if isinstance(value, dict) else value
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "config"
 
 
-def _vary(spec: str) -> tuple[str, list[ConfigValue]]:
+def _vary(spec: str) -> tuple[str, list[Any]]:
+    """KEY=V1,V2 or, for values with commas (a speculative-config), a YAML list: KEY=[{...}, null]."""
     key, sep, values = spec.partition("=")
     if not sep or not key.strip() or not values.strip():
         raise InputError(f"--vary {spec!r}: give KEY=V1,V2,... (for example max-model-len=2048,8192)")
     name, _ = known_option(key.strip(), f"--vary {spec}")
-    parsed = [yaml.safe_load(v.strip()) for v in values.split(",") if v.strip()]
+    parsed = (
+        _yaml_list(spec, values)
+        if values.strip().startswith("[")
+        else [yaml.safe_load(v.strip()) for v in values.split(",") if v.strip()]
+    )
     if len(set(map(str, parsed))) != len(parsed):
         raise InputError(f"--vary {spec!r}: a value is given twice")
     return name, parsed
+
+
+def _yaml_list(spec: str, values: str) -> list[Any]:
+    try:
+        parsed = yaml.safe_load(values)
+    except yaml.YAMLError as exc:
+        raise InputError(f"--vary {spec!r}: its values are not a YAML list: {exc}".replace("\n", " ")) from None
+    if not isinstance(parsed, list) or not parsed:
+        raise InputError(f"--vary {spec!r}: give the values as a YAML list, e.g. [2048, 8192]")
+    return parsed
 
 
 def expand(base: Path | None, vary: Sequence[str], configs: Sequence[Path]) -> list[SweepConfig]:
@@ -83,7 +106,10 @@ def expand(base: Path | None, vary: Sequence[str], configs: Sequence[Path]) -> l
         differ = sorted(
             {k for _, s in files for k in s if len({repr(other.get(k)) for _, other in files}) > 1},
         )
-        return [SweepConfig(name, {k: s.get(k) for k in differ}, s) for name, (_, s) in zip(names, files, strict=True)]
+        return [
+            SweepConfig(name, {k: _shown(s.get(k)) for k in differ}, s)
+            for name, (_, s) in zip(names, files, strict=True)
+        ]
     axes = [_vary(spec) for spec in vary]
     if len({key for key, _ in axes}) != len(axes):
         raise InputError("--vary: a key is given twice; list its values in one --vary KEY=V1,V2")
@@ -93,7 +119,10 @@ def expand(base: Path | None, vary: Sequence[str], configs: Sequence[Path]) -> l
         return [SweepConfig(_slug(base.stem), {}, settings)]
     out = []
     for values in itertools.product(*(values for _, values in axes)):
-        varied = {key: value for (key, _), value in zip(axes, values, strict=True)}
-        name = "_".join(f"{_slug(key)}-{_slug(str(value))}" for key, value in varied.items())
-        out.append(SweepConfig(name, varied, _merged(settings, varied)))
+        chosen = {key: value for (key, _), value in zip(axes, values, strict=True)}
+        varied = {key: _shown(value) for key, value in chosen.items()}
+        name = "_".join(
+            f"{_slug(key)}-{_slug('unset' if value is None else str(value))}" for key, value in varied.items()
+        )
+        out.append(SweepConfig(name, varied, _merged(settings, chosen)))
     return out

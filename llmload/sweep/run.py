@@ -228,6 +228,8 @@ def _figures(row: SweepRow, run_dir: Path, stage: str | None) -> Summary | None:
         row.kv_cache_usage_max = summary.server.kv_cache_usage_max
         row.preemptions = summary.server.preemptions
         row.gpu_memory_usage_max = summary.server.gpu_memory_usage_max
+        if (spec := summary.server.spec_decode) is not None:
+            row.spec_acceptance_rate, row.spec_acceptance_length = spec.acceptance_rate, spec.mean_acceptance_length
     return summary
 
 

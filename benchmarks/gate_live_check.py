@@ -17,8 +17,8 @@ import orjson
 
 from llmload.errorrates.runs import Hold, judge, records
 from llmload.errorrates.servers import BatchServer, Lengths
+from llmload.gates.criteria import SoakCriteria
 from llmload.gates.search import confirm_criteria
-from llmload.gates.verdict import SoakCriteria
 from llmload.records import read_records
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from llmload import rundir
 from llmload.errors import InputError
-from llmload.gates.verdict import SoakCriteria, SoakResult, evaluate
+from llmload.gates.criteria import SoakCriteria
+from llmload.gates.verdict import SoakResult, evaluate
 from llmload.models import Summary, Verdict
 from llmload.report.html import chart_window_s, render_html
 from llmload.report.markdown import render_markdown

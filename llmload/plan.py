@@ -5,30 +5,40 @@ plan's record in the run directory is run.json (`RunManifest`), written from it 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, ClassVar
 
 import numpy as np
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    ValidationError,
 )
 
+from llmload import drain
 from llmload.cancel import CancelPlan
 from llmload.client import Limits
 from llmload.cost.prices import pricing
-from llmload.drain import DEFAULT_CAP_S
-from llmload.errors import InputError, validation_message
+from llmload.errors import InputError
+from llmload.flagmodel import Flag, FlagModel
 from llmload.model_mix import ModelMix
-from llmload.models import AccessNote, GoodputSLO, PrefixCacheReset, Pricing, RunManifest, ServerIdentity, Stage
+from llmload.models import (
+    GOODPUT_SYNTAX,
+    AccessNote,
+    GoodputSLO,
+    PrefixCacheReset,
+    Pricing,
+    RunManifest,
+    ServerIdentity,
+    Stage,
+)
+from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.replicas import Replicas
 from llmload.schedule import (
     DEFAULT_STAGES,
@@ -37,6 +47,7 @@ from llmload.schedule import (
     TraceClock,
     build_stages,
     expected_arrivals,
+    parse_duration,
     parse_stage_percents,
     trace_period,
     trace_request_times,
@@ -48,54 +59,90 @@ from llmload.workload import Workload, load_workload
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 
 
-# PlanFlags fields whose flag is not `--field-name`
-FLAG_NAMES = {
-    "stage_duration_s": "stage-duration",
-    "hold_duration_s": "hold-duration",
-    "warmup_s": "warmup",
-    "drain_s": "drain-timeout",
-    "connect_s": "timeout-connect",
-    "first_token_s": "timeout-first-token",
-    "between_tokens_s": "timeout-between-tokens",
-    "total_s": "timeout-total",
-    "gpu_hour_cost": "gpu-hour-cost",
-}
-
-
-class PlanFlags(BaseModel):
-    """What the user asked for (Locust's flags, `llmload soak` and `search` pass them on), each
-    within its range: `checked` refuses a value out of it before anything starts."""
+class PlanFlags(FlagModel):
+    """What the user asked for, each within its range: `checked` refuses a value out of it before
+    anything starts. Each field is a flag of Locust's command line (llmload.flagmodel: its parser entry,
+    its reading and its text on a command line `llmload soak` and `search` start): adding a plan flag
+    is adding a field here. The fields of PER_REQUEST are listed with the requests' flags in --help."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    PER_REQUEST: ClassVar[tuple[str, ...]] = ("cancel_share", "cancel_after", "gpu_hour_cost", "gpu_prices")
 
-    workload: str
-    target_qps: PositiveFloat | None = None
-    stages: str = DEFAULT_STAGES
-    stage_duration_s: PositiveFloat = 60.0
-    hold_duration_s: PositiveFloat | None = None
-    arrival: ArrivalProcess = "poisson"
-    burstiness: PositiveFloat = 1.0
-    time_scale: PositiveFloat = 1.0
-    warmup_s: NonNegativeFloat | None = None
-    seed: NonNegativeInt = 0
-    first_session: NonNegativeInt = 0
-    drain_s: NonNegativeFloat = DEFAULT_CAP_S
-    history_turns: PositiveInt | None = None
-    max_users: PositiveInt = 2000
-    limits: Limits = Field(default_factory=Limits)
-    goodput_slo: tuple[str, ...] = ()
-    cancel_share: float = Field(default=0.0, ge=0, lt=1)
-    cancel_after: str | None = None
-    gpu_hour_cost: PositiveFloat | None = None
-    gpu_prices: str | None = None
+    workload: Annotated[str, Flag(WORKLOAD_HELP)] = str(SAMPLE_WORKLOAD)
+    target_qps: Annotated[PositiveFloat | None, Flag("100%% request rate (default: the workload's)")] = None
+    stages: Annotated[str, Flag("stage rates as %% of --target-qps")] = DEFAULT_STAGES
+    stage_duration_s: Annotated[PositiveFloat, Flag("seconds per stage", name="stage-duration")] = 60.0
+    hold_duration_s: Annotated[PositiveFloat | None, Flag("seconds of the last stage", name="hold-duration")] = None
+    arrival: Annotated[ArrivalProcess, Flag("trace: the sessions' recorded times")] = "poisson"
+    burstiness: Annotated[PositiveFloat, Flag("gamma shape: <1 burstier, 1 = Poisson")] = 1.0
+    time_scale: Annotated[PositiveFloat, Flag("trace replay speed (2 = twice as fast)")] = 1.0
+    warmup_s: Annotated[
+        NonNegativeFloat | None,
+        Flag(
+            "unjudged lead-in at the first stage's rate, e.g. 30s (default: a mean session's length for"
+            " multi-turn workloads, 0 for single-turn)",
+            name="warmup",
+            parse=functools.partial(parse_duration, allow_zero=True),
+        ),
+    ] = None
+    seed: Annotated[NonNegativeInt, Flag("seed of the arrival process")] = 0
+    first_session: Annotated[
+        NonNegativeInt,
+        Flag("replay the workload from this session on, cycling (rate modes; a search gives each probe its own)"),
+    ] = 0
+    history_turns: Annotated[PositiveInt | None, Flag("send only the last N turns of history")] = None
+    max_users: Annotated[PositiveInt, Flag("cap on concurrent sessions (users)")] = 2000
+    drain_s: Annotated[
+        NonNegativeFloat,
+        Flag(
+            f"the longest (s) in-flight requests may run on after the plan; {drain.RULE} (%(default)g)",
+            name="drain-timeout",
+        ),
+    ] = drain.DEFAULT_CAP_S
+    # the client's limits (llmload.client.Limits), flag by flag
+    timeout_connect: PositiveFloat = Limits.connect_s
+    timeout_first_token: PositiveFloat = Limits.first_token_s
+    timeout_between_tokens: PositiveFloat = Limits.between_tokens_s
+    timeout_total: PositiveFloat = Limits.total_s
+    goodput_slo: Annotated[
+        tuple[str, ...], Flag(f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}", metavar="SPEC")
+    ] = ()
+    cancel_share: Annotated[
+        float,
+        Field(ge=0, lt=1),
+        Flag(
+            "cut this share of the streams on purpose, as users who close a tab (not failures, never judged);"
+            " the verdict then checks the server lets go of what they held",
+            metavar="FRACTION",
+        ),
+    ] = 0.0
+    cancel_after: Annotated[
+        str | None,
+        Flag(
+            "where each cut stream is cut: after that many output tokens or seconds, drawn as `workload synth`"
+            " takes lengths (tokens:32, seconds:lognormal:median=2,sigma=0.5)",
+            metavar="tokens:DIST|seconds:DIST",
+        ),
+    ] = None
+    gpu_hour_cost: Annotated[
+        PositiveFloat | None,
+        Flag(
+            "the price of one GPU-hour (of the server's hour when no GPU is seen): the report gives $ per 1M"
+            " output and input tokens; without it, the GPU's entry of llmload's price table (--gpu-prices)",
+            metavar="USD",
+        ),
+    ] = None
+    gpu_prices: Annotated[
+        str | None,
+        Flag(
+            "a YAML file of USD per GPU-hour by words of the GPU's name (H100: 2.5), over llmload's table",
+            metavar="FILE",
+        ),
+    ] = None
 
-    @classmethod
-    def checked(cls, **values: Any) -> PlanFlags:
-        """The flags, or an InputError naming each flag out of its range (`--burstiness: ...`)."""
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            raise InputError(validation_message(exc, flags=FLAG_NAMES)) from None
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.timeout_connect, self.timeout_first_token, self.timeout_between_tokens, self.timeout_total)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from llmload import rundir
 from llmload.access import Access
 from llmload.cancel import RELEASE_LIMIT_S
 from llmload.conclude import conclude
-from llmload.gates.verdict import SoakCriteria
+from llmload.gates.criteria import SoakCriteria
 from llmload.live import LiveStats
 from llmload.models import FleetWorker, RequestRecord, RunManifest, Summary
 from llmload.observe.gpu import GpuReader

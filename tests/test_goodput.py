@@ -16,7 +16,7 @@ from llmload import rundir
 from llmload.conclude import conclude, judge
 from llmload.errors import InputError
 from llmload.gates import compare
-from llmload.gates.verdict import SoakCriteria
+from llmload.gates.criteria import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
 from llmload.records import RecordWriter, RunRecords
 from llmload.report.goodput import conforming, good_requests

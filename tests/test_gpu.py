@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from llmload.conclude import judge
-from llmload.gates.verdict import SoakCriteria
+from llmload.gates.criteria import SoakCriteria
 from llmload.observe.gpu import (
     DCGM_FIELDS,
     NVIDIA_SMI,

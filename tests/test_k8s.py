@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from llmload.cli import build_parser
-from llmload.gates.verdict import criteria_from_args
+from llmload.gates.criteria import criteria_from_args
 from llmload.server.arguments import serving_config
 from llmload.server.serve_config import read_serve_config
 from llmload.sim.profiles import resolve_profile

@@ -20,7 +20,7 @@ from llmload.cli import main
 from llmload.client import ChatClient
 from llmload.conclude import conclude
 from llmload.gates.compare import Thresholds, compare_runs, load_run
-from llmload.gates.verdict import SoakCriteria
+from llmload.gates.criteria import SoakCriteria
 from llmload.live import LiveStats
 from llmload.locust.views import tab_rows
 from llmload.models import Stage

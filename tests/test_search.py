@@ -11,18 +11,18 @@ import orjson
 import pytest
 
 from llmload.errors import InputError
+from llmload.gates.criteria import SoakCriteria
 from llmload.gates.passthrough import long_options, refuse_overrides
 from llmload.gates.search import (
     DRIFT_CONFIDENCE,
-    PROBE_FLAGS,
     Bounds,
     ProbeFlags,
     Searcher,
     boundary,
     next_rate,
+    probe_options,
     write_criteria,
 )
-from llmload.gates.verdict import SoakCriteria
 from llmload.models import Probe, SearchResult
 from llmload.records import read_records
 from llmload.sim.process import SimProcess
@@ -328,6 +328,14 @@ def test_bad_input_exits_2_before_any_probe(tmp_path: Path, flags: tuple[str, ..
     assert not (tmp_path / "reports" / "s").exists()
 
 
+# the flags every probe sets, derived from the fields its run fills (llmload.gates.locust_run)
+PROBE_FLAGS = (
+    "--headless", "--only-summary", "--host", "--workload", "--target-qps", "--stages", "--stage-duration", "--warmup",
+    "--drain-timeout", "--seed", "--first-session", "--run-id", "--reports-dir", "--verdict", "--criteria",
+    "--goodput-slo", "--reset-prefix-cache",
+)  # fmt: skip
+
+
 def test_every_flag_a_probe_sets_is_refused_when_passed_through(tmp_path: Path) -> None:
     """Passed through after the probe's own, a flag of PROBE_FLAGS would replace the search's value in
     every probe; Locust's other flags go through."""
@@ -337,11 +345,13 @@ def test_every_flag_a_probe_sets_is_refused_when_passed_through(tmp_path: Path) 
                           repeats=2, started_at=0)  # fmt: skip
     searcher = Searcher(flags, (), tmp_path, result)
     for confirm in (False, True):
-        assert set(long_options(searcher.locust_command(4, "probe-01-4qps", confirm=confirm))) == set(PROBE_FLAGS)
+        command = searcher.locust_run(4, "probe-01-4qps", confirm=confirm).command(flags.locustfile)
+        assert set(long_options(command)) == set(probe_options(flags)) == set(PROBE_FLAGS)
+    own = probe_options(flags)
     for name in PROBE_FLAGS:
         with pytest.raises(InputError, match=f"^{name} is set by the search"):
-            refuse_overrides(PROBE_FLAGS, ["--arrival", "constant", name, "1"], "the search")
-    refuse_overrides(PROBE_FLAGS, ["--arrival=constant", "--metrics-interval", "0.5", "--timeout-total", "60"], "-")
+            refuse_overrides(own, ["--arrival", "constant", name, "1"], "the search")
+    refuse_overrides(own, ["--arrival=constant", "--metrics-interval", "0.5", "--timeout-total", "60"], "-")
 
 
 def test_a_search_directory_in_use_is_refused_and_left_as_it_was(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 
 from llmload.gates.passthrough import long_options
-from llmload.gates.soak import SOAK_FLAGS, SoakRun
+from llmload.gates.soak import SoakRun
 from llmload.sim.process import SimProcess
 from tests.locust_runs import llmload_cli, small_workload
 
@@ -68,10 +68,17 @@ def test_a_run_id_in_use_is_refused_before_locust_starts(tmp_path: Path) -> None
     assert "PASS" not in proc.stdout and sorted(p.name for p in used.iterdir()) == ["run.json", "summary.json"]
 
 
+# the flags every soak run sets, derived from the fields SoakRun fills (llmload.gates.locust_run)
+SOAK_FLAGS = (
+    "--headless", "--only-summary", "--workload", "--stages", "--stage-duration", "--hold-duration", "--run-id",
+    "--reports-dir", "--verdict", "--host", "--target-qps",
+)  # fmt: skip
+
+
 def test_a_flag_the_soak_sets_is_refused_before_locust_starts(tmp_path: Path) -> None:
     """`--stage-d 10` abbreviates --stage-duration: passed through, it would replace the soak's ramp."""
     soak = SoakRun("loadtests/chat.py", "w.yaml", target_qps=4, ramp_stage_s=60, hold_s=300, host="http://127.0.0.1:1")
-    assert set(long_options(soak.command())) == set(SOAK_FLAGS)
+    assert set(long_options(soak.command())) == set(soak.options()) == set(SOAK_FLAGS)
     proc = llmload_cli("soak", "--reports-dir", str(tmp_path / "reports"), "--stage-d", "10", timeout=30)
     assert proc.returncode == 2, proc.stderr
     assert "--stage-d abbreviates --stage-duration, which is set by the soak" in proc.stderr

@@ -14,7 +14,8 @@ import pytest
 
 from llmload.conclude import conclude, judge
 from llmload.errors import InputError
-from llmload.gates.verdict import SoakCriteria, SoakResult, add_criteria_arguments, criteria_from_args
+from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteria_from_args
+from llmload.gates.verdict import SoakResult
 from llmload.models import RequestRecord, RunManifest
 from llmload.records import RecordWriter
 from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE

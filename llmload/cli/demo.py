@@ -7,7 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+from llmload.gates.locust_run import LocustRun
 from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, say_if_sample
+from llmload.plan import PlanFlags
 from llmload.process_group import Stopped, run_to_end
 from llmload.rundir import REPORT_FILE, read_summary
 from llmload.schedule import parse_duration
@@ -38,13 +40,10 @@ def run_demo(*, duration_s: float = 40.0, warmup_s: float | None = None, reports
             f"llmload demo: embedded target {sim.url} (pid {sim.pid}); an unjudged warm-up, then a {duration_s:g} s"
             " ramp to 150% of 4 req/s"
         )
-        command = [
-            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-            "--host", sim.url, "--workload", str(SAMPLE_WORKLOAD), "--target-qps", "4",
-            "--stage-duration", str(duration_s / 4), "--drain-timeout", "15",
-            "--run-id", run_id, "--reports-dir", reports_dir,
-            *(["--warmup", f"{warmup_s:g}"] if warmup_s is not None else []),
-        ]  # fmt: skip
+        plan = PlanFlags.checked(
+            workload=str(SAMPLE_WORKLOAD), target_qps=4, stage_duration_s=duration_s / 4, drain_s=15, warmup_s=warmup_s
+        )
+        command = LocustRun(host=sim.url, run_id=run_id, reports_dir=reports_dir, plan=plan).command(str(LOCUSTFILE))
         try:
             code, stopped = run_to_end(command), None
         except Stopped as stop:  # the embedded target is stopped on the way out, then the report read

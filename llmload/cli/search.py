@@ -10,22 +10,23 @@ from pathlib import Path
 
 from llmload import drain
 from llmload.errors import InputError
+from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import (
     PAGE_FILE,
     PROBE_DRAIN_S,
-    PROBE_FLAGS,
     Bounds,
     Interrupted,
     ProbeFlags,
     Searcher,
     bounds_from,
+    probe_options,
     search,
     write_criteria,
 )
-from llmload.gates.verdict import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.models import GOODPUT_SYNTAX, GoodputSLO, SearchResult
-from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
+from llmload.packaged import LOCUSTFILE, say_if_sample
+from llmload.plan import PlanFlags
 from llmload.schedule import parse_duration
 from llmload.sim.process import EMBEDDED_TARGET_ARGS, SimProcess
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: bool) -> None:
     """The workload, the search's range and the gate: shared with `llmload sweep`."""
-    parser.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
+    PlanFlags.add_arguments(parser, ["workload"])
     parser.add_argument(
         "--max-qps", type=float, required=max_qps_required, default=None, help="the highest rate to probe, req/s"
     )
@@ -116,8 +117,8 @@ def search_bounds(args: argparse.Namespace) -> Bounds:
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     """0: a passing rate was found (at least --require-qps; confirmed with --confirm); 1: none, or
     interrupted before one; 2: bad input; 3: no rate passed and no probe could tell (INCONCLUSIVE)."""
-    refuse_overrides(PROBE_FLAGS, passthrough, "the search")
     criteria, flags = probe_flags(args)
+    refuse_overrides(probe_options(flags), passthrough, "the search")
     goodput_slo = GoodputSLO.parse(args.goodput_slo) if args.goodput_slo else None
     bounds = search_bounds(args)
     search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")

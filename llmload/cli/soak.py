@@ -15,7 +15,8 @@ import time
 from collections.abc import Sequence
 
 from llmload.gates.soak import SoakRun, run_soak
-from llmload.packaged import LOCUSTFILE, SAMPLE_WORKLOAD, WORKLOAD_HELP, say_if_sample
+from llmload.packaged import LOCUSTFILE, say_if_sample
+from llmload.plan import PlanFlags
 from llmload.schedule import parse_duration
 
 HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
@@ -27,8 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host", default=None, help="target base URL, or replicas as URL,URL or @FILE (default: the embedded target)"
     )
-    parser.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
-    parser.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
+    PlanFlags.add_arguments(parser, ["workload", "target_qps"])
     parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")
     parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="each of 25/50/100%%")
     parser.add_argument("--locustfile", default=str(LOCUSTFILE), help="(default: the packaged one)")

@@ -17,8 +17,8 @@ from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli.search import add_search_arguments, holds_latency, probe_flags, search_bounds
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
-from llmload.gates.search import PROBE_FLAGS, write_criteria
-from llmload.gates.soak import SOAK_FLAGS, SoakRun
+from llmload.gates.search import probe_options, write_criteria
+from llmload.gates.soak import SoakRun
 from llmload.models import SweepResult, SweepRow
 from llmload.report.sweep_page import HTML_FILE
 from llmload.schedule import parse_duration
@@ -73,8 +73,10 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         raise InputError('give --serve "vllm serve --config {config} --port {port}" (or --predict-only)')
     if args.mode == "search" and args.max_qps is None:
         raise InputError("--mode search needs --max-qps, the highest rate to probe")
-    refuse_overrides(PROBE_FLAGS if args.mode == "search" else SOAK_FLAGS, passthrough, f"the sweep's {args.mode}")
     criteria, probe = probe_flags(args)
+    soak = SoakRun(args.locustfile, args.workload, args.target_qps, args.ramp_stage_duration, args.soak_duration)
+    own = probe_options(probe) if args.mode == "search" else soak.options()
+    refuse_overrides(own, passthrough, f"the sweep's {args.mode}")
     bounds = search_bounds(args) if args.mode == "search" else None
     memory = args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None)
     configs = expand(args.vllm_config, args.vary, args.configs)
@@ -82,7 +84,6 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     directory = Path(args.reports_dir) / sweep_id
     if directory.is_dir() and any(directory.iterdir()) and not args.resume:
         raise InputError(f"{directory} already holds a sweep: give --resume to go on with it, or another --sweep-id")
-    soak = SoakRun(args.locustfile, args.workload, args.target_qps, args.ramp_stage_duration, args.soak_duration)
     passes: list[tuple[str, Path]] = []
     if args.predict or args.predict_only:
         passes.append((_predictor_serve(args, memory), directory / PREDICTED_DIR))

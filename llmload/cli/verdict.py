@@ -17,7 +17,7 @@ HELP = "judge run directories again from their records: PASS, FAIL or INCONCLUSI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from llmload.gates.verdict import add_criteria_arguments
+    from llmload.gates.criteria import add_criteria_arguments
 
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     add_criteria_arguments(parser)
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from llmload import rundir
     from llmload.conclude import judge
-    from llmload.gates.verdict import criteria_from_args
+    from llmload.gates.criteria import criteria_from_args
     from llmload.models import EXIT_CODES
 
     criteria = criteria_from_args(args)

@@ -17,7 +17,7 @@ import numpy as np
 
 from llmload.errorrates.runs import HoldKind, hold_plan, judge, records
 from llmload.errorrates.servers import BatchServer, FifoServer, Lengths, Server
-from llmload.gates.verdict import KeepingUpCriteria
+from llmload.gates.criteria import KeepingUpCriteria
 from llmload.schedule import ArrivalProcess
 
 HEALTHY_LOAD = 0.85

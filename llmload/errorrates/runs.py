@@ -14,8 +14,9 @@ import pandas as pd
 
 from llmload.drain import DEFAULT_CAP_S, drain_end
 from llmload.errorrates.servers import Server
+from llmload.gates.criteria import SoakCriteria
 from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
-from llmload.gates.verdict import SoakCriteria, SoakResult, evaluate
+from llmload.gates.verdict import SoakResult, evaluate
 from llmload.models import RunManifest, Stage, Summary
 from llmload.observe.summary import read_server
 from llmload.records import FRAME_COLUMNS, RunRecords

@@ -11,8 +11,8 @@ from pathlib import Path
 from llmload.errorrates.grid import Arrivals
 from llmload.errorrates.runs import Hold, judge, records
 from llmload.errorrates.servers import Server
+from llmload.gates.criteria import SoakCriteria
 from llmload.gates.search import Bounds, ProbeFlags, Searcher, boundary, confirm_criteria, probe_criteria, search
-from llmload.gates.verdict import SoakCriteria
 from llmload.models import Probe, SearchResult
 from llmload.schedule import build_stages
 

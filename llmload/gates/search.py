@@ -19,7 +19,6 @@ reported as an interval with the checks that failed above it.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,10 @@ import orjson
 import yaml
 
 from llmload.errors import InputError
-from llmload.gates.verdict import DriftCriteria, SoakCriteria
+from llmload.gates.criteria import DriftCriteria, SoakCriteria
+from llmload.gates.locust_run import LocustRun
 from llmload.models import Probe, SearchOutcome, SearchResult, StageSummary, Verdict
+from llmload.plan import PlanFlags
 from llmload.process_group import run_to_end
 from llmload.report.search_page import render_page
 from llmload.rundir import MANIFEST_FILE, read_manifest, read_summary
@@ -147,14 +148,6 @@ class ProbeFlags:
     reset_prefix_cache: bool = True  # before each probe, where the server offers it (--keep-prefix-cache: not)
 
 
-# every probe sets these (and --goodput-slo from the search's own flag): refused among those passed through
-PROBE_FLAGS = (
-    "--headless", "--only-summary", "--host", "--workload", "--target-qps", "--stages", "--stage-duration", "--warmup",
-    "--drain-timeout", "--seed", "--first-session", "--run-id", "--reports-dir", "--verdict", "--criteria",
-    "--goodput-slo", "--reset-prefix-cache",
-)  # fmt: skip
-
-
 @dataclass
 class Searcher:
     """Runs probes as Locust subprocesses and keeps search.json and search.html up to date."""
@@ -196,29 +189,27 @@ class Searcher:
         hold = min(LONGEST_HOLD * flags.hold_s, max(2 * held, told, math.ceil(1.5 * e2e_s / E2E_SHARE_OF_HOLD)))
         return hold, max(flags.drain_s, math.ceil(2 * e2e_s))
 
-    def locust_command(self, qps: float, run_id: str, *, confirm: bool) -> list[str]:
-        """The probe's Locust run, before the flags passed through (none of PROBE_FLAGS)."""
+    def locust_run(self, qps: float, run_id: str, *, confirm: bool) -> LocustRun:
+        """The probe's Locust run: one judged stage at `qps` after the warm-up, on sessions of its own."""
         flags = self.flags
         # a repeat with the same arrivals would replay the same run on a deterministic target
         seed = flags.seed + sum(p.qps == qps and p.confirm == confirm for p in self.result.probes)
         criteria = self.directory / ("criteria-confirm.yaml" if confirm else "criteria.yaml")
         hold, drain = self.hold_and_drain(qps, confirm=confirm)
-        return [
-            sys.executable, "-m", "locust", "-f", flags.locustfile, "--headless", "--only-summary",
-            "--host", self.result.host, "--workload", flags.workload, "--target-qps", f"{qps:g}",
-            "--stages", "100", "--stage-duration", f"{hold:g}",
-            "--warmup", f"{flags.warmup_s:g}", "--drain-timeout", f"{drain:g}", "--seed", str(seed),
-            "--first-session", str(self._first_session()), "--run-id", run_id,
-            "--reports-dir", str(self.directory), "--verdict", "--criteria", str(criteria),
-            *(["--reset-prefix-cache"] if flags.reset_prefix_cache else []),
-            *(f"--goodput-slo={spec}" for spec in flags.goodput_slo),
-        ]  # fmt: skip
+        plan = PlanFlags.checked(
+            workload=flags.workload, target_qps=qps, stages="100", stage_duration_s=hold, warmup_s=flags.warmup_s,
+            drain_s=drain, seed=seed, first_session=self._first_session(), goodput_slo=flags.goodput_slo,
+        )  # fmt: skip
+        return LocustRun(
+            host=self.result.host, run_id=run_id, reports_dir=str(self.directory), verdict=True,
+            criteria=str(criteria), reset_prefix_cache=flags.reset_prefix_cache, plan=plan,
+        )  # fmt: skip
 
     def probe(self, qps: float, *, confirm: bool = False) -> Probe:
         number = len(self.result.probes) + 1
         run_id = f"{'confirm' if confirm else 'probe'}-{number:02d}-{qps:g}qps"
         hold, _ = self.hold_and_drain(qps, confirm=confirm)
-        command = [*self.locust_command(qps, run_id, confirm=confirm), *self.passthrough]
+        command = [*self.locust_run(qps, run_id, confirm=confirm).command(self.flags.locustfile), *self.passthrough]
         print(f"llmload search: probe {number} at {qps:g} req/s ({hold:g} s hold) ...", end="", flush=True)
         log = self.directory / f"{run_id}.log"
         with log.open("wb") as output:
@@ -324,6 +315,12 @@ class Searcher:
             orjson.dumps(result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
         )
         render_page(result, self.directory / PAGE_FILE)
+
+
+def probe_options(flags: ProbeFlags) -> list[str]:
+    """The flags every probe sets (a first probe's run sets them all): refused among those passed through."""
+    first = Searcher(flags, (), Path(), SearchResult.model_construct(host="", probes=[]))
+    return first.locust_run(1.0, "probe", confirm=False).options()
 
 
 def _reason(probe: Probe) -> str:

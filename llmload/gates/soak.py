@@ -7,22 +7,17 @@ criteria, timeouts, Locust's own) are passed to Locust unchanged.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmload import rundir
 from llmload.errors import InputError
+from llmload.gates.locust_run import LocustRun
 from llmload.gates.passthrough import refuse_overrides
+from llmload.plan import PlanFlags
 from llmload.process_group import run_to_end
 from llmload.schedule import DEFAULT_STAGES
-
-# every soak run sets these: refused among the flags passed through
-SOAK_FLAGS = (
-    "--headless", "--only-summary", "--workload", "--stages", "--stage-duration", "--hold-duration", "--run-id",
-    "--reports-dir", "--verdict", "--host", "--target-qps",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,26 +33,28 @@ class SoakRun:
     run_id: str = "soak"
     reports_dir: str = "reports"
 
+    def locust_run(self) -> LocustRun:
+        """The soak as a Locust run: the default stages, the ramp's and the hold's lengths, judged."""
+        plan = PlanFlags.checked(
+            workload=self.workload, target_qps=self.target_qps, stages=DEFAULT_STAGES,
+            stage_duration_s=self.ramp_stage_s, hold_duration_s=self.hold_s,
+        )  # fmt: skip
+        return LocustRun(host=self.host, run_id=self.run_id, reports_dir=self.reports_dir, verdict=True, plan=plan)
+
     def command(self) -> list[str]:
-        """Its Locust command line, before the flags passed through (none of SOAK_FLAGS)."""
-        command = [
-            sys.executable, "-m", "locust", "-f", self.locustfile, "--headless", "--only-summary",
-            "--workload", self.workload, "--stages", DEFAULT_STAGES,
-            "--stage-duration", f"{self.ramp_stage_s:g}", "--hold-duration", f"{self.hold_s:g}",
-            "--run-id", self.run_id, "--reports-dir", self.reports_dir, "--verdict",
-        ]  # fmt: skip
-        if self.host:
-            command += ["--host", self.host]
-        if self.target_qps is not None:
-            command += ["--target-qps", f"{self.target_qps:g}"]
-        return command
+        """Its Locust command line, before the flags passed through (none of `options()`)."""
+        return self.locust_run().command(self.locustfile)
+
+    def options(self) -> list[str]:
+        """The flags every soak run sets: refused among the flags passed through."""
+        return self.locust_run().options()
 
 
 def run_soak(soak: SoakRun, passthrough: Sequence[str] = ()) -> int:
     """Locust's exit code (0 PASS, 1 FAIL, 2 bad input, 3 INCONCLUSIVE), after printing the verdict and the
     report's path; interrupted (Ctrl-C, SIGTERM), what was measured is printed, marked so, and the interrupt
     raised on."""
-    refuse_overrides(SOAK_FLAGS, passthrough, "the soak")
+    refuse_overrides(soak.options(), passthrough, "the soak")
     if not Path(soak.locustfile).is_file():
         raise InputError(f"no locustfile at {soak.locustfile} (`llmload locustfile` prints the packaged one)")
     run_dir = Path(soak.reports_dir) / soak.run_id

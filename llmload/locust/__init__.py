@@ -13,6 +13,7 @@ event listeners are live; the engine it drives (plan, replay, recorder) runs wit
 - `main`: `llmload run`, Locust's main on the packaged locustfile with llmload's flags in its `--help`
 """
 
+import llmload.locust.flags  # noqa: F401  (registers llmload's flags with Locust's parser)
 from llmload.locust.shape import StagedRamp
 from llmload.locust.user import ChatUser
 

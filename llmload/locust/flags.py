@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-import functools
 from typing import Any
 
 from locust import events
 
-from llmload import drain
-from llmload.client import Limits
 from llmload.fleet import ON_WORKER_LOSS
-from llmload.gates.verdict import add_criteria_arguments
-from llmload.models import GOODPUT_SYNTAX
-from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
+from llmload.gates.criteria import add_criteria_arguments
 from llmload.plan import PlanFlags
-from llmload.schedule import ARRIVAL_PROCESSES, DEFAULT_STAGES, parse_duration
+from llmload.schedule import parse_duration
 from llmload.server.kinds import kinds
 
 
@@ -37,42 +31,7 @@ def add_arguments(parser: Any) -> None:
 
 def _add_plan_arguments(group: Any) -> None:
     """What is sent when: the workload, the stages, arrivals, limits and the goodput SLO (PlanFlags)."""
-    group.add_argument("--workload", default=str(SAMPLE_WORKLOAD), help=WORKLOAD_HELP)
-    group.add_argument("--target-qps", type=float, default=None, help="100%% request rate (default: the workload's)")
-    group.add_argument("--stages", default=DEFAULT_STAGES, help="stage rates as %% of --target-qps")
-    group.add_argument("--stage-duration", type=float, default=60.0, help="seconds per stage")
-    group.add_argument("--hold-duration", type=float, default=None, help="seconds of the last stage")
-    group.add_argument(
-        "--arrival", choices=ARRIVAL_PROCESSES, default="poisson", help="trace: the sessions' recorded times"
-    )
-    group.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: <1 burstier, 1 = Poisson")
-    group.add_argument("--time-scale", type=float, default=1.0, help="trace replay speed (2 = twice as fast)")
-    group.add_argument(
-        "--warmup",
-        type=functools.partial(parse_duration, allow_zero=True),
-        default=None,
-        help="unjudged lead-in at the first stage's rate, e.g. 30s (default: a mean session's length for"
-        " multi-turn workloads, 0 for single-turn)",
-    )
-    group.add_argument("--seed", type=int, default=0, help="seed of the arrival process")
-    group.add_argument(
-        "--first-session", type=int, default=0,
-        help="replay the workload from this session on, cycling (rate modes; a search gives each probe its own)",
-    )  # fmt: skip
-    group.add_argument("--history-turns", type=int, default=None, help="send only the last N turns of history")
-    group.add_argument("--max-users", type=int, default=2000, help="cap on concurrent sessions (users)")
-    group.add_argument(
-        "--drain-timeout", type=float, default=drain.DEFAULT_CAP_S,
-        help=f"the longest (s) in-flight requests may run on after the plan; {drain.RULE} (%(default)g)",
-    )  # fmt: skip
-    group.add_argument("--timeout-connect", type=float, default=Limits.connect_s)
-    group.add_argument("--timeout-first-token", type=float, default=Limits.first_token_s)
-    group.add_argument("--timeout-between-tokens", type=float, default=Limits.between_tokens_s)
-    group.add_argument("--timeout-total", type=float, default=Limits.total_s)
-    group.add_argument(
-        "--goodput-slo", action="append", default=[], metavar="SPEC",
-        help=f"per-request SLOs goodput counts against: {GOODPUT_SYNTAX}",
-    )  # fmt: skip
+    PlanFlags.add_arguments(group, [field for field in PlanFlags.model_fields if field not in PlanFlags.PER_REQUEST])
 
 
 def _add_request_arguments(group: Any) -> None:
@@ -82,25 +41,7 @@ def _add_request_arguments(group: Any) -> None:
         help="served model name (default: the workload's, else /v1/models); repeated with weights, each session asks"
         " for one of them (a LoRA adapter too) in proportion, e.g. --model base:0.7 --model support-lora:0.3",
     )  # fmt: skip
-    group.add_argument(
-        "--cancel-share", type=float, default=0.0, metavar="FRACTION",
-        help="cut this share of the streams on purpose, as users who close a tab (not failures, never judged);"
-        " the verdict then checks the server lets go of what they held",
-    )  # fmt: skip
-    group.add_argument(
-        "--cancel-after", default=None, metavar="tokens:DIST|seconds:DIST",
-        help="where each cut stream is cut: after that many output tokens or seconds, drawn as `workload synth`"
-        " takes lengths (tokens:32, seconds:lognormal:median=2,sigma=0.5)",
-    )  # fmt: skip
-    group.add_argument(
-        "--gpu-hour-cost", type=float, default=None, metavar="USD",
-        help="the price of one GPU-hour (of the server's hour when no GPU is seen): the report gives $ per 1M"
-        " output and input tokens; without it, the GPU's entry of llmload's price table (--gpu-prices)",
-    )  # fmt: skip
-    group.add_argument(
-        "--gpu-prices", default=None, metavar="FILE",
-        help="a YAML file of USD per GPU-hour by words of the GPU's name (H100: 2.5), over llmload's table",
-    )  # fmt: skip
+    PlanFlags.add_arguments(group, PlanFlags.PER_REQUEST)
     group.add_argument(
         "--session-header", default=None, metavar="NAME",
         help="send each session's id in this header, for a router that keeps a session on one replica"
@@ -182,35 +123,3 @@ def _add_run_arguments(group: Any) -> None:
         help="a distributed run's worker lost mid-run: the others take over its arrivals (resplit), or the run"
         " ends with exit code 2 (stop); either way what it had in flight is recorded as lost",
     )  # fmt: skip
-
-
-def plan_flags(options: argparse.Namespace) -> PlanFlags:
-    """The plan's part of the flags, typed and each within its range (InputError names the flag)."""
-    limits = {
-        "connect_s": options.timeout_connect,
-        "first_token_s": options.timeout_first_token,
-        "between_tokens_s": options.timeout_between_tokens,
-        "total_s": options.timeout_total,
-    }
-    return PlanFlags.checked(
-        workload=str(options.workload),
-        target_qps=options.target_qps,
-        stages=options.stages,
-        stage_duration_s=options.stage_duration,
-        hold_duration_s=options.hold_duration,
-        arrival=options.arrival,
-        burstiness=options.burstiness,
-        time_scale=options.time_scale,
-        warmup_s=options.warmup,
-        seed=options.seed,
-        first_session=options.first_session,
-        drain_s=options.drain_timeout,
-        history_turns=options.history_turns,
-        max_users=options.max_users,
-        limits=limits,
-        goodput_slo=tuple(options.goodput_slo),
-        cancel_share=options.cancel_share,
-        cancel_after=options.cancel_after,
-        gpu_hour_cost=options.gpu_hour_cost,
-        gpu_prices=options.gpu_prices,
-    )

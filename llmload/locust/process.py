@@ -28,15 +28,14 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 from llmload import rundir
 from llmload.access import INSECURE_WARNING, Access
 from llmload.errors import InputError
-from llmload.gates.verdict import criteria_from_args
+from llmload.gates.criteria import criteria_from_args
 from llmload.live import LiveStats
 from llmload.locust import distributed, views
-from llmload.locust.flags import plan_flags
 from llmload.locust.state import FLUSH_INTERVAL_S, STATE, ProcessRun
 from llmload.model_mix import ModelMix
 from llmload.models import EXIT_CODES, PrefixCacheReset, RequestRecord, ServerIdentity
 from llmload.observe.gpu import gpu_reader
-from llmload.plan import RunPlan
+from llmload.plan import PlanFlags, RunPlan
 from llmload.recorder import RunRecorder
 from llmload.replay import RequestDispatcher, TraceDispatcher, WorkerShare
 from llmload.replicas import Replicas
@@ -73,7 +72,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
     if options is None or isinstance(environment.runner, WorkerRunner):
         return
     try:
-        STATE.plan = RunPlan.build(plan_flags(options))
+        STATE.plan = RunPlan.build(PlanFlags.from_options(options))
         access = Access.from_options(options)  # a certificate that does not load is refused before the run
         parse_extra_body(options.extra_body)  # refused here, before Locust starts, rather than at each start
         if options.model:
@@ -278,7 +277,7 @@ def _start_worker(environment: Environment, runner: WorkerRunner, options: argpa
     """A worker replays its share of the run its master chose; one that may not run stays idle (its
     users wait, it sends nothing)."""
     try:
-        plan, access = RunPlan.build(plan_flags(options)), Access.from_options(options)
+        plan, access = RunPlan.build(PlanFlags.from_options(options)), Access.from_options(options)
         run = _process_run(plan, access, _Choice.sent(options), options)
     except InputError as exc:
         _refuse_start(environment, str(exc))
@@ -295,7 +294,7 @@ def _choose_run(
     """The run a master or a local run starts: the target identified, the models resolved, the run's id
     and start chosen (and passed on to the workers), its directory claimed."""
     assert environment.host
-    plan = STATE.plan or RunPlan.build(plan_flags(options))
+    plan = STATE.plan or RunPlan.build(PlanFlags.from_options(options))
     access = Access.from_options(options)
     replicas = Replicas.parse(environment.host)
     if check_reachable:

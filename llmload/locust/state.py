@@ -9,7 +9,7 @@ import gevent
 
 from llmload.access import Access
 from llmload.fleet import Fleet
-from llmload.gates.verdict import SoakCriteria
+from llmload.gates.criteria import SoakCriteria
 from llmload.locust import messaging
 from llmload.locust.messaging import WorkerState
 from llmload.model_mix import ModelMix

@@ -8,6 +8,7 @@ from locust import events
 
 from llmload.fleet import ON_WORKER_LOSS
 from llmload.gates.criteria import add_criteria_arguments
+from llmload.gates.locust_run import LocustRun
 from llmload.plan import PlanFlags
 from llmload.schedule import parse_duration
 from llmload.server.kinds import kinds
@@ -91,18 +92,7 @@ def _add_access_arguments(parser: Any) -> None:
 
 def _add_run_arguments(group: Any) -> None:
     """Where the run goes and what it watches: its directory, verdict, metrics and distributed workers."""
-    group.add_argument(
-        "--reset-prefix-cache", action="store_true",
-        help="empty the server's prefix cache before the run, where its kind offers that (vLLM: POST"
-        " /reset_prefix_cache, with VLLM_SERVER_DEV_MODE=1); run.json says whether it was done",
-    )  # fmt: skip
-    group.add_argument("--run-id", default=None, help="run directory name (default: time + workload)")
-    group.add_argument("--reports-dir", default="reports", help="where run directories are written")
-    group.add_argument(
-        "--verdict",
-        action="store_true",
-        help="judge the hold stage (soak criteria): exit code 0 PASS, 1 FAIL, 3 INCONCLUSIVE",
-    )
+    LocustRun.add_arguments(group, LocustRun.RUN_FLAGS)
     add_criteria_arguments(group)
     group.add_argument(
         "--metrics-interval", type=parse_duration, default=1.0, help="time between /metrics scrapes, > 0 (1s)"

@@ -62,7 +62,16 @@ def _number(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server's settings, its model, what vLLM measures, the workload, and the preflight's stages."""
     add_serving_arguments(parser, "the server's vLLM settings")
+    _add_model_arguments(parser)
+    _add_memory_arguments(parser)
+    _add_workload_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the model's shape comes from: a bundled config, a config.json, or vLLM's own startup log."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--model-config", metavar="NAME", help=f"a bundled model config: {', '.join(known_models())}")
     source.add_argument(
@@ -77,6 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--vllm-log", metavar="FILE", help="explain the KV-cache lines of a vLLM startup log (- = stdin)"
     )
+
+
+def _add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """What vLLM measures at startup rather than is told: the GPU, the weights, the overhead, the KV budget."""
     memory = parser.add_argument_group("server: what vLLM measures rather than is told")
     gpu = memory.add_mutually_exclusive_group()
     gpu.add_argument(
@@ -99,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_number(float),
         help="KV memory per GPU, instead of the budget: --kv-cache-memory-bytes in GiB",
     )
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The requests that must fit, and the preflight's: a workload at every stage of the load test."""
     workload = parser.add_argument_group("workload")
     workload.add_argument(
         "--request-tokens",
@@ -131,7 +148,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_ERROR_RATE,
         help="share of requests over max_model_len that still passes (default %(default)s, the soak's)",
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:

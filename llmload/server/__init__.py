@@ -1,6 +1,6 @@
 """The server under test, described once: the settings it runs with and the kind it is.
 
-Its settings are one `ServeConfig` (llmload/models.py), read as vLLM reads them, whatever they come
+Its settings are one `ServeConfig` (llmload/models/serving.py), read as vLLM reads them, whatever they come
 from; what a kind of server accepts, streams and exports sits beside them, so everything llmload
 knows about a server is in this room:
 

@@ -1,0 +1,118 @@
+"""The workload file's contract: its YAML spec, the JSONL sessions beside it, and the prefix its prompts could reuse."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+
+from llmload.models.strict import Strict
+
+# --------------------------------------------------------------------------- workload (v1)
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class Turn(Strict):
+    """One request of a session: the messages this turn adds to the conversation."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: PositiveInt | None = None
+    output_tokens: PositiveInt | None = Field(
+        default=None, description="forced output length (min_tokens = max_tokens = this, ignore_eos)"
+    )
+    think_time_s: NonNegativeFloat = Field(
+        default=0.0, description="pause after the previous reply before this turn is sent (a minimum in replay)"
+    )
+    at_s: NonNegativeFloat | None = Field(
+        default=None, description="when the source sent this turn, in seconds after the session's first turn"
+    )
+    prompt_tokens: PositiveInt | None = Field(
+        default=None, description="prompt length in the source (history included), for stats"
+    )
+    model: str | None = Field(
+        default=None, min_length=1, description="the model or LoRA adapter this turn asks for (default: --model's)"
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Turn:
+        """A request with no length limit would run to the server's max_model_len: never sent."""
+        if self.output_tokens is None and self.max_tokens is None:
+            raise ValueError(
+                "a turn needs output_tokens or max_tokens (without, a server generates up to max_model_len);"
+                " `llmload workload build --output-tokens DISTRIBUTION` draws them for a log that has none"
+            )
+        return self
+
+
+REPLAY_SEPARATOR = "~"
+"""A run longer than its workload replays it again: the n-th replay of session `id` is `id~n` in the records."""
+
+
+class Session(Strict):
+    id: str
+    offset_s: NonNegativeFloat | None = Field(default=None, description="arrival offset in the source")
+    turns: list[Turn] = Field(min_length=1)
+
+
+class WorkloadSource(Strict):
+    files: list[str] = Field(default_factory=list)
+    format: str
+    built_at: datetime | None = None
+    generator: dict[str, object] | None = None
+
+
+class WorkloadSpec(Strict):
+    """The YAML file a person reads and edits; sessions live in a JSONL file beside it."""
+
+    version: Literal[1]
+    name: str
+    source: WorkloadSource | None = None
+    tokenizer: str = "cl100k_base"
+    model: str | None = None
+    target_qps: float | None = Field(default=None, gt=0)
+    sessions: str = Field(description="JSONL file of sessions, relative to the YAML file")
+    history_turns: PositiveInt | None = Field(default=None, description="replay keeps only the last N turns of history")
+    stats: dict[str, object] | None = None
+
+
+# --------------------------------------------------------------------------- reusable prefix
+
+
+class TurnReuse(BaseModel):
+    """The reusable share of prompt tokens at one turn index (1 = first turn)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turn: int
+    requests: int
+    share: float | None
+
+
+ChatTemplate = Literal["chatml", "none"]
+"""How the reusable-prefix figure renders messages into a prompt (llmload/workload/prefix.py)."""
+
+
+class ReusablePrefix(BaseModel):
+    """Prompt tokens an infinite prefix cache could serve (llmload/workload/prefix.py defines it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    block_size: PositiveInt = Field(description="tokens per block; 512 for Mooncake hash_ids")
+    basis: str = Field(description="what the blocks were cut from: message text, or the log's hash_ids")
+    chat_template: ChatTemplate | None = Field(
+        default=None, description="how prompts were rendered from messages; None for hash_ids"
+    )
+    requests: int
+    prompt_tokens: int = Field(description="tokens of the prompts counted (as rendered), replies included")
+    reusable_tokens: int
+    history_tokens: int = Field(description="reusable, first sent by the same session")
+    shared_tokens: int = Field(description="reusable, first sent by another session")
+    share: float | None = Field(description="reusable / prompt tokens; None without prompt tokens")
+    history_share: float | None
+    shared_share: float | None
+    by_turn: list[TurnReuse]

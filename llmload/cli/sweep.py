@@ -20,6 +20,7 @@ from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import probe_options, write_criteria
 from llmload.gates.soak import SoakRun
 from llmload.models import SweepResult, SweepRow
+from llmload.plan import PlanFlags
 from llmload.report.sweep_page import HTML_FILE
 from llmload.schedule import parse_duration
 from llmload.sweep.configs import expand
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--configs", nargs="+", type=Path, default=[], metavar="FILE", help="one file per config")
     parser.add_argument("--mode", choices=("search", "soak"), default="search", help="(default %(default)s)")
-    parser.add_argument("--target-qps", type=float, default=None, help="soak mode: 100%% (default: the workload's)")
+    PlanFlags.add_arguments(parser, ["target_qps"])  # soak mode's 100%
     parser.add_argument("--soak-duration", type=parse_duration, default=300.0, help="soak mode: 150%% hold (5m)")
     parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="soak mode: 25/50/100%%")
     add_search_arguments(parser, max_qps_required=False)

@@ -22,7 +22,7 @@ from llmload.observe.summary import read_server
 from llmload.records import FRAME_COLUMNS, RunRecords
 from llmload.report.summary import summarize
 from llmload.rundir import Run
-from llmload.schedule import ArrivalProcess, ArrivalSchedule, build_stages
+from llmload.schedule import DEFAULT_STAGE_PERCENTS, ArrivalProcess, ArrivalSchedule, build_stages
 from llmload.stats.percentiles import percentiles
 
 HoldKind = Literal["probe", "confirm", "soak", "soak-30m"]
@@ -56,7 +56,7 @@ def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
         stages = build_stages(hold_qps, (100,), 300.0, warmup_s=10.0)
         return Hold(kind, tuple(stages), confirm_criteria(default, 300.0), PROBE_DRAIN_S)
     hold_s = 300.0 if kind == "soak" else 1800.0
-    stages = build_stages(hold_qps / 1.5, (25, 50, 100, 150), 60.0, hold_duration_s=hold_s)
+    stages = build_stages(hold_qps / 1.5, DEFAULT_STAGE_PERCENTS, 60.0, hold_duration_s=hold_s)
     return Hold(kind, tuple(stages), default, DEFAULT_CAP_S)
 
 

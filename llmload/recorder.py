@@ -45,7 +45,12 @@ class RunRecorder:
         self.writer = RecordWriter(run_dir / rundir.RECORDS_FILE)
         server = kind(manifest.server.kind) if manifest.server is not None else VLLM
         self.observer = Observer(
-            manifest.host, run_dir / rundir.SERVER_FILE, metrics_interval_s, access, gpu, server=server
+            manifest.replicas or manifest.host,
+            run_dir / rundir.SERVER_FILE,
+            metrics_interval_s,
+            access,
+            gpu,
+            server=server,
         ).start()
         self.live = LiveStats(plan.stages, plan.offsets(), manifest.started_at, manifest.server)
 

@@ -146,12 +146,14 @@ def with_health(record: RequestRecord, health: int | None) -> RequestRecord:
 
 
 def with_server_state(record: RequestRecord, sample: ServerSample | None) -> RequestRecord:
-    """A failure with the server's state when it happened (the last scrape before it)."""
+    """A failure with the server's state when it happened (the last scrape before it): in a run over several
+    replicas, the state of the replica it was sent to, whose health and queue explain it."""
     if record.status not in ("failed", "unfinished") or sample is None:
         return record
-    update: dict[str, object] = {"server_kv_cache_usage": sample.kv_cache_usage, "server_waiting": sample.waiting}
+    state = next((r for r in sample.replicas if r.host == record.host), sample)
+    update: dict[str, object] = {"server_kv_cache_usage": state.kv_cache_usage, "server_waiting": state.waiting}
     if record.server_health is None:
-        update["server_health"] = sample.health
+        update["server_health"] = state.health
     return record.model_copy(update=update)
 
 

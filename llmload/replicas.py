@@ -2,8 +2,8 @@
 
 Prefix caches are per replica, so every turn of a session goes to the same one, drawn by
 `session_split.pick` with equal shares; a router that keeps sessions on a replica by a header gets the
-session's id in `--session-header NAME`. The first replica is the run's `host`: its server kind, model
-list and /metrics stand for all of them.
+session's id in `--session-header NAME`. The first replica is the run's `host`: its server kind and model
+list stand for all of them; the observer scrapes every replica's /metrics (llmload.observe.scraper).
 """
 
 from __future__ import annotations

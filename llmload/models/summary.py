@@ -229,6 +229,16 @@ class CostSummary(Strict):
     stages: list[StageCost]
 
 
+class ReplicaServerSummary(BaseModel):
+    """One replica's server figures, in a run over several (server.jsonl's `replicas`)."""
+
+    host: str
+    kv_cache_usage_max: float | None = None
+    preemptions: float | None = Field(default=None, description="over the judged stages")
+    waiting_max: float | None = None
+    unanswered_samples: int = Field(default=0, description="samples where its /health did not answer")
+
+
 class ServerSummary(BaseModel):
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None
@@ -246,6 +256,9 @@ class ServerSummary(BaseModel):
     gpu_memory_usage_max: float | None = Field(default=None, description="the fullest GPU's memory used / total")
     gpus: list[GpuSummary] = Field(default_factory=list, description="empty when the run read no GPU")
     spec_decode: SpecDecodeSummary | None = Field(default=None, description="a server that speculates: its drafts")
+    replicas: list[ReplicaServerSummary] = Field(
+        default_factory=list, description="a run over several replicas: each one's, in --host order; else empty"
+    )
 
 
 class RunInfo(BaseModel):

@@ -1,5 +1,9 @@
 """Watch the target during a run: /metrics and /health once a second, appended to server.jsonl.
 
+A run over several replicas (`--host URL,URL`) scrapes every one each tick, at once: a sample's server
+figures are then the fleet's (llmload.observe.scraper: summed, KV usage the fullest replica's, known
+only when every replica gave it) and `replicas` holds each one's, in --host order.
+
 A run's failures only make sense next to the server's state (KV cache full? queue growing?
 engine dead?), so the observer keeps a time series a report can chart and a short in-memory
 history the run can look up when a request fails. It runs as a greenlet in the Locust process
@@ -16,12 +20,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import gevent
 import orjson
-from geventhttpclient.url import URL
 from pydantic import BaseModel, Field
 
 from llmload.access import Access
@@ -29,13 +33,13 @@ from llmload.cancel import released
 from llmload.models import ServerRelease
 from llmload.observe.gpu import GpuReader, GpuReadError, GpuSample
 from llmload.observe.host import HostMeter
-from llmload.observe.metrics import VLLM, fetch, parse_metrics, parse_positions
-from llmload.server.kinds import CONDITIONAL_FIELDS, ServerKind
+from llmload.observe.metrics import VLLM
+from llmload.observe.scraper import ReplicaSample, ReplicaScraper, Scrape, fleet
+from llmload.server.kinds import ServerKind
 
 log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 3600  # what state_at can look back over: an hour at the default interval
-Readings = dict[str, float | list[float]]  # a scrape's metrics by server.jsonl field
 LAG_WARNING_MS = 250.0  # a timer this late: the process was held off the CPU (gevent's own jitter is a few ms)
 
 
@@ -43,8 +47,12 @@ class ServerSample(BaseModel):
     """One line of server.jsonl: the server's state at unix time `t`."""
 
     t: float
-    health: int | None = Field(description="HTTP status of /health; None when the server did not answer")
-    kv_cache_usage: float | None = Field(default=None, description="0..1; the fullest engine's when several")
+    health: int | None = Field(
+        description="HTTP status of /health (the first replica's when several); None when the server did not answer"
+    )
+    kv_cache_usage: float | None = Field(
+        default=None, description="0..1; the fullest engine's (and replica's) when several"
+    )
     running: float | None = None
     waiting: float | None = None
     preemptions_total: float | None = None
@@ -72,11 +80,14 @@ class ServerSample(BaseModel):
     missing: list[str] = Field(
         default_factory=list, description="metric names this sample could not read (nvidia-smi: its name)"
     )
+    replicas: list[ReplicaSample] = Field(
+        default_factory=list, description="a run over several replicas: each one's, in --host order; else empty"
+    )
 
 
 class Observer:
-    """Scrape `base_url`'s /health and /metrics, and `gpu`'s GPUs, every `interval_s` into `out_path`
-    (JSON lines, flushed).
+    """Scrape `hosts`' /health and /metrics (one URL, or the run's replicas, the first the primary), and
+    `gpu`'s GPUs, every `interval_s` into `out_path` (JSON lines, flushed).
 
     `access` carries the key, headers and TLS trust of the run (gateways may guard /metrics). `server`:
     the kind of server watched (kinds.yaml): where its health and metrics are and what they are named.
@@ -84,7 +95,7 @@ class Observer:
 
     def __init__(
         self,
-        base_url: str,
+        hosts: str | Sequence[str],
         out_path: Path,
         interval_s: float = 1.0,
         access: Access | None = None,
@@ -92,22 +103,20 @@ class Observer:
         *,
         server: ServerKind = VLLM,
     ) -> None:
-        self.url = base_url.rstrip("/").removesuffix("/v1")  # the OpenAI base URL may be given
-        url = URL(self.url)
-        self._prefix = url.path.rstrip("/")
         self.out_path = out_path
         self.interval_s = interval_s
         self.timeout_s = max(2.0, 2 * interval_s)
-        self._http = (access or Access()).http_client(
-            url, concurrency=1, connection_timeout=self.timeout_s, network_timeout=self.timeout_s
-        )
+        self.scrapers = [
+            ReplicaScraper(host, access or Access(), self.timeout_s, server)
+            for host in ([hosts] if isinstance(hosts, str) else hosts)
+        ]
+        self.url = self.scrapers[0].url
         self.gpu = gpu
         self.server = server
         self.host = HostMeter(self.url)
         self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
         self.first: ServerSample | None = None  # the run's first sample: the server before the load
         self._noted: set[str] = set()
-        self._reachable = True
         self._file: IO[bytes] | None = None
         self._greenlet: gevent.Greenlet | None = None
 
@@ -123,7 +132,8 @@ class Observer:
         if self._file is not None:
             self._file.close()
             self._file = None
-        self._http.close()
+        for scraper in self.scrapers:
+            scraper.close()
         if self.gpu is not None:
             self.gpu.close()
 
@@ -155,7 +165,8 @@ class Observer:
 
     def release(self, limit_s: float, interval_s: float = 0.25) -> ServerRelease:
         """After the run's last request: samples until the server runs and queues nothing (and its KV usage
-        is back to the run's first sample's), or `limit_s` passed (llmload.cancel)."""
+        is back to the run's first sample's), or `limit_s` passed (llmload.cancel). Over several replicas
+        the fleet's figures: every replica must go idle."""
         self._stop_loop()  # the loop's samples would interleave with these
         before = self.first.kv_cache_usage if self.first is not None else None
         started = time.monotonic()
@@ -181,35 +192,32 @@ class Observer:
         self._file.flush()
 
     def scrape(self, client_lag_ms: float | None = None) -> ServerSample:
-        """One sample now; an unreachable server gives health None and no metrics."""
+        """One sample now, every replica read at once; an unreachable server gives health None and no metrics."""
         t = time.time()
         source = self.gpu
         reading = gevent.spawn(self._read_gpus, source) if source is not None else None  # beside the server's
         try:
-            health, values, missing = self._read_server()
+            scrapes = self._scrape_replicas()
             gpus: list[GpuSample] = reading.get() if reading is not None else []
         finally:
             if reading is not None:
                 reading.kill(block=False)  # stopped mid-scrape: no read outlives the observer
-        if source is not None and not gpus:
-            missing.extend(source.names)
-        taken = {"t": t, "health": health, "client_lag_ms": client_lag_ms, "gpus": gpus, "missing": missing}
-        return ServerSample.model_validate({**taken, **(values or {}), **self.host.read()})
+        server = fleet(scrapes)
+        missing = [*server.missing, *(source.names if source is not None and not gpus else ())]
+        replicas = [s.replica(r.host) for r, s in zip(self.scrapers, scrapes, strict=True)] if len(scrapes) > 1 else []
+        taken = {"t": t, "health": server.health, "client_lag_ms": client_lag_ms, "gpus": gpus, "missing": missing}
+        return ServerSample.model_validate({**taken, **(server.values or {}), **self.host.read(), "replicas": replicas})
 
-    def _read_server(self) -> tuple[int | None, Readings | None, list[str]]:
-        """Health's status, the server's metrics (None when unreachable or it exports none) and those missing."""
-        health, _ = self._get(self.server.health_path)
-        self._set_reachable(health is not None)
-        if not self.server.metrics_path or not self.server.metrics:
-            self._note("none", f"{self.server.label} exports no metrics llmload reads: server.jsonl holds its health")
-            return health, None, []
-        values = self._read_metrics(self.server.metrics_path) if health is not None else None
-        missing = self._missing(values or {})
-        unnoted = [name for name in missing if name not in self._noted]
-        if values is not None and unnoted:
-            self._noted.update(unnoted)
-            log.warning("llmload: %s/metrics lacks %s: those series stay empty", self.url, ", ".join(unnoted))
-        return health, values, missing
+    def _scrape_replicas(self) -> list[Scrape]:
+        """Every replica's scrape, taken at once (a slow one delays the sample by its own time, not the sum)."""
+        if len(self.scrapers) == 1:
+            return [self.scrapers[0].scrape()]
+        reads = [gevent.spawn(scraper.scrape) for scraper in self.scrapers]
+        try:
+            gevent.joinall(reads, raise_error=True)
+            return [read.value for read in reads]
+        finally:
+            gevent.killall(reads, block=False)  # stopped mid-scrape: no read outlives the observer
 
     def _read_gpus(self, source: GpuReader) -> list[GpuSample]:
         """This moment's GPUs; none when the source fails (said once, and again once it recovers)."""
@@ -223,36 +231,7 @@ class Observer:
             log.warning("llmload: GPU metrics read again from %s", source.url)
         return gpus
 
-    def _read_metrics(self, path: str) -> Readings | None:
-        """The server's metrics on `path`; None when it gives no Prometheus text at all."""
-        status, body = self._get(path)
-        where = f"{self.url}{path}"
-        if status != 200:
-            note = f" ({self.server.metrics_note})" if self.server.metrics_note else ""
-            self._note("status", f"{where} answered {status or 'nothing'}: no server metrics{note}")
-            return None
-        text = body.decode(errors="replace")
-        try:
-            return {**parse_metrics(text, self.server.metrics), **parse_positions(text, self.server.by_position)}
-        except ValueError as exc:
-            self._note("parse", f"{where} is not Prometheus text ({exc}): no server metrics")
-            return None
-
-    def _get(self, path: str) -> tuple[int | None, bytes]:
-        return fetch(self._http, self._prefix + path, self.timeout_s)
-
-    def _missing(self, values: Readings) -> list[str]:
-        """The names of the metrics not read; one exported only in some configurations is not missing."""
-        wanted = (field for field in self.server.metrics if field not in CONDITIONAL_FIELDS)
-        return [self.server.metrics[field][0] for field in wanted if field not in values and self.server.metrics[field]]
-
     def _note(self, key: str, message: str) -> None:
         if key not in self._noted:
             self._noted.add(key)
             log.warning("llmload: %s", message)
-
-    def _set_reachable(self, reachable: bool) -> None:
-        if reachable != self._reachable:
-            self._reachable = reachable
-            state = "answers again" if reachable else "does not answer /health: samples have health null"
-            log.warning("llmload: server %s %s", self.url, state)

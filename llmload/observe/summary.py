@@ -4,16 +4,17 @@ them (the fullest KV cache and GPU, preemptions, the prefix-cache hit rate over 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pandas as pd
 
-from llmload.models import GpuSummary, ReusablePrefix, ServerSummary, SpecDecodeSummary
+from llmload.models import GpuSummary, ReplicaServerSummary, ReusablePrefix, ServerSummary, SpecDecodeSummary
 from llmload.observe.gpu import GpuSample
 from llmload.observe.observer import ServerSample
+from llmload.observe.scraper import ReplicaSample
 from llmload.server.kinds import METRIC_FIELDS
 
 LIST_FIELDS = ("missing", "spec_accepted_by_position")  # server.jsonl's fields that hold lists, not figures
@@ -43,8 +44,17 @@ def _gpu_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return frame.sort_values("t", kind="stable", ignore_index=True)
 
 
+def _replica_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per replica per sample (a run over several replicas); empty otherwise."""
+    replicas = [{"t": row.get("t"), **replica} for row in rows for replica in row.get("replicas") or ()]
+    frame = pd.DataFrame(replicas, columns=["t", *ReplicaSample.model_fields])
+    numeric = [c for c in frame.columns if c != "host"]
+    frame[numeric] = frame[numeric].astype(float)
+    return frame.sort_values("t", kind="stable", ignore_index=True)
+
+
 def _server_frame(rows: list[dict[str, Any]], gpus: pd.DataFrame) -> pd.DataFrame:
-    columns = [c for c in ServerSample.model_fields if c != "gpus"]
+    columns = [c for c in ServerSample.model_fields if c not in ("gpus", "replicas")]
     frame = pd.DataFrame(rows, columns=columns)
     numeric = [c for c in columns if c not in LIST_FIELDS]
     frame[numeric] = frame[numeric].astype(float)
@@ -57,16 +67,19 @@ class ServerSamples:
     """server.jsonl read once: `frame` one row per sample sorted by `t` (health NaN = unreachable;
     `gpu_memory_usage` the fullest GPU's memory used / total, NaN without GPU data) and `gpus` one
     row per GPU per sample (t, gpu, memory_used_mib, memory_total_mib, utilization_percent,
-    memory_used_fraction); both empty when the run has no server.jsonl."""
+    memory_used_fraction); both empty when the run has no server.jsonl. `replicas`: a run over several
+    replicas, one row per replica per sample (t, host, health, kv_cache_usage, running, waiting,
+    preemptions_total); `frame`'s figures are then the fleet's."""
 
     frame: pd.DataFrame
     gpus: pd.DataFrame
+    replicas: pd.DataFrame = field(default_factory=lambda: _replica_frame([]))
 
 
 def read_server(path: Path) -> ServerSamples:
     rows = _server_lines(path)
     gpus = _gpu_frame(rows)
-    return ServerSamples(_server_frame(rows, gpus), gpus)
+    return ServerSamples(_server_frame(rows, gpus), gpus, _replica_frame(rows))
 
 
 def series_max(values: pd.Series) -> float | None:
@@ -118,7 +131,8 @@ def server_summary(
     The prefix-cache figures count from `judged_from` (the first judged stage's start), beside what
     the prompts sent could have hit (`workload_prefix`)."""
     frame, gpus = samples.frame, samples.gpus
-    if frame[list(METRIC_FIELDS)].isna().all().all() and gpus.empty:
+    replicas_read = samples.replicas[["kv_cache_usage", "running", "waiting", "preemptions_total"]].notna().any().any()
+    if frame[list(METRIC_FIELDS)].isna().all().all() and gpus.empty and not replicas_read:
         return None
     hits = window_increase(frame, "prefix_cache_hits_total", judged_from)
     queries = window_increase(frame, "prefix_cache_queries_total", judged_from)
@@ -132,7 +146,23 @@ def server_summary(
         gpu_memory_usage_max=series_max(gpus.memory_used_fraction),
         gpus=_gpu_summaries(gpus),
         spec_decode=_spec_decode(frame, judged_from),
+        replicas=_replica_summaries(samples.replicas, judged_from),
     )
+
+
+def _replica_summaries(replicas: pd.DataFrame, judged_from: float) -> list[ReplicaServerSummary]:
+    """Each replica's fullest KV cache, longest queue, preemptions over the judged stages and unanswered
+    /health: the one that runs out shows apart from the fleet's figures."""
+    return [
+        ReplicaServerSummary(
+            host=str(host),
+            kv_cache_usage_max=series_max(rows.kv_cache_usage),
+            preemptions=window_increase(rows, "preemptions_total", judged_from),
+            waiting_max=series_max(rows.waiting),
+            unanswered_samples=int(rows.health.isna().sum()),
+        )
+        for host, rows in replicas.groupby("host", sort=False)
+    ]
 
 
 def _spec_decode(frame: pd.DataFrame, judged_from: float) -> SpecDecodeSummary | None:

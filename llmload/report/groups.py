@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from llmload.format import figure
-from llmload.models import GroupFigures
+from llmload.models import GroupFigures, ReplicaServerSummary
 from llmload.stats.percentiles import quantile
 
 # A replica is called slower when its median is this much above the others' AND its sessions rank above
@@ -23,6 +23,10 @@ SLOWER_RATIO = 1.2
 SLOWER_Z = 3.29
 SLOWER_MIN_SESSIONS = 10  # each side's sessions with a successful request, below which nothing is said
 _SLOWER_METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
+# A replica whose KV cache peaked this full, at least twice as full as every other's peak, is said to run
+# out alone: a routing or sizing imbalance the fleet's figure (its fullest replica's) does not tell apart.
+FULL_KV = 0.8
+FULL_KV_RATIO = 2.0
 
 
 def group_figures(df: pd.DataFrame, column: str, elapsed_s: float, shares: Mapping[str, float]) -> list[GroupFigures]:
@@ -80,4 +84,19 @@ def slower_replicas(df: pd.DataFrame) -> list[str]:
                     f"replica {host} is slower than the others: {label} p50 {figure(p50)} ms, {p50 / others_p50:.1f}×"
                     f" theirs ({figure(others_p50)} ms; its sessions rank above theirs, p < 0.001)"
                 )
+    return warnings
+
+
+def fuller_replicas(replicas: list[ReplicaServerSummary]) -> list[str]:
+    """A warning for the replica whose KV cache ran full while the others' stayed well below it."""
+    peaks = {r.host: r.kv_cache_usage_max for r in replicas if r.kv_cache_usage_max is not None}
+    warnings = []
+    for host, peak in peaks.items():
+        others = max((p for h, p in peaks.items() if h != host), default=None)
+        if others is not None and peak >= FULL_KV and peak >= FULL_KV_RATIO * others:
+            warnings.append(
+                f"replica {host}'s KV cache peaked at {peak:.0%} while the others stayed under"
+                f" {math.ceil(others * 100 + 1e-9):.0f}%: it runs out first (its sessions' prompts, or a smaller"
+                " cache)"
+            )
     return warnings

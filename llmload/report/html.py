@@ -463,8 +463,13 @@ else "–" }}%</td><td>{{ g.sent }}</td><td>{{ g.ok }}</td><td>{{ g.failed }}{% 
 {% if s.by_model %}{{ groups("By model", "model", s.by_model,
 "each session asks for one model, drawn by its share.") }}{% endif %}
 {% if s.by_host %}{{ groups("By replica", "replica", s.by_host,
-"all turns of a session go to one replica; its server kind, model list and /metrics are the first's.") }}
-{% endif %}<h2>Latency (ms, successful requests, from send)</h2>
+"all turns of a session go to one replica; its server kind and model list are the first's.") }}
+{% endif %}{% if s.server and s.server.replicas %}<table><tr><th class="l">replica</th><th>KV cache peak</th>
+<th>preemptions</th><th>waiting peak</th><th>/health unanswered</th></tr>
+{% for r in s.server.replicas %}<tr><td class="l">{{ r.host }}</td><td>{{ r.kv_cache_usage_max | percent }}</td>
+<td>{{ r.preemptions | fmt(0) }}</td><td>{{ r.waiting_max | fmt(0) }}</td><td>{{ r.unanswered_samples }}</td></tr>
+{% endfor %}</table>
+<p class="meta">{{ notes.REPLICA_SERVER_NOTE }}</p>{% endif %}<h2>Latency (ms, successful requests, from send)</h2>
 <table><tr><th class="l">metric</th><th>p50</th><th>p95</th><th>p99</th><th>max</th><th>n</th></tr>
 {% for name, p in latency %}<tr><td class="l">{{ name }}</td><td>{{ p.p50 | fmt }}</td><td>{{ p.p95 | fmt }}</td>
 <td>{{ p.p99 | fmt }}</td><td>{{ p.max | fmt }}</td><td>{{ p.count }}</td></tr>{% endfor %}</table>

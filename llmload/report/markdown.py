@@ -9,7 +9,7 @@ from llmload.cost.render import cost_lines, cost_table
 from llmload.fleet import lost_line, worker_name
 from llmload.format import fmt, percent
 from llmload.models import AccessNote, GroupFigures, ReusablePrefix, ServerSummary, Summary
-from llmload.report.notes import ITL_NOTE, REQUESTS_NOTE, lost_note
+from llmload.report.notes import ITL_NOTE, REPLICA_SERVER_NOTE, REQUESTS_NOTE, lost_note
 from llmload.server.kinds import kind
 
 CACHE_GAP_NOTED = 0.10  # the server's hit rate this far below what the workload could hit: say why
@@ -123,6 +123,21 @@ def _gpu_lines(server: ServerSummary | None) -> list[str]:
             f"| {fmt(g.utilization_max_percent, 0)} |"
         )
     return [*lines, "", "Over the whole run, warm-up included, sampled with the server's metrics."]
+
+
+def _replica_server_markdown(server: ServerSummary | None) -> list[str]:
+    """Each replica's server figures beside its latency (By replica): the one whose KV cache runs out shows
+    apart, where the fleet's figures would hide it."""
+    if server is None or not server.replicas:
+        return []
+    header = "| replica | KV cache peak | preemptions | waiting peak | /health unanswered |"
+    lines = ["", header, "|---|---:|---:|---:|---:|"]
+    for r in server.replicas:
+        lines.append(
+            f"| `{r.host}` | {percent(r.kv_cache_usage_max)} | {fmt(r.preemptions, 0)} | {fmt(r.waiting_max, 0)} "
+            f"| {r.unanswered_samples} |"
+        )
+    return [*lines, "", REPLICA_SERVER_NOTE]
 
 
 def _groups_markdown(title: str, label: str, groups: list[GroupFigures], note: str) -> list[str]:
@@ -392,8 +407,9 @@ def render_markdown(summary: Summary) -> str:
     )
     lines += _groups_markdown(
         "By replica", "replica", summary.by_host,
-        "all turns of a session go to one replica; its server kind, model list and /metrics are the first's.",
+        "all turns of a session go to one replica; its server kind and model list are the first's.",
     )  # fmt: skip
+    lines += _replica_server_markdown(summary.server)
     lines += _workers_markdown(summary)
     lines += _goodput_markdown(summary)
     lines += _turn_lines(summary)

@@ -18,3 +18,9 @@ def lost_note(lost: int) -> str:
         f"{lost} requests were lost with a worker (in flight when it died, or due on it and never sent): never"
         " judged against the target, and the hold's achieved-rate check fails (see Workers)."
     )
+
+
+REPLICA_SERVER_NOTE = (
+    "Each replica's /metrics, scraped with the others every sample: preemptions over the judged stages, the peaks"
+    " over the whole run."
+)

@@ -39,7 +39,7 @@ from llmload.models import (
 from llmload.observe.summary import ServerSamples, series_max, server_summary, window_increase
 from llmload.records import RunRecords
 from llmload.report.goodput import good_requests
-from llmload.report.groups import group_figures, slower_replicas
+from llmload.report.groups import fuller_replicas, group_figures, slower_replicas
 from llmload.report.warnings import SHORTFALL_DELAY_MS, SHORTFALL_RATIO, SPECULATION_ON_SYNTHETIC_TEXT, run_warnings
 from llmload.rundir import Run
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
@@ -410,6 +410,7 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
         columns = ["host", "status", "ttft_ms", "tpot_ms"]
         sessions = records.frame.loc[judged, columns].assign(session_id=records.session_ids()[judged].to_numpy())
         summary.run.warnings.extend(slower_replicas(sessions))
+        summary.run.warnings.extend(fuller_replicas(summary.server.replicas if summary.server is not None else []))
     return summary, itl
 
 

@@ -160,13 +160,20 @@ def test_a_worker_killed_mid_run_is_accounted_for_and_the_others_take_over_its_s
     assert len(records) == expected_arrivals(build_stages(TARGET_QPS, STAGES, STAGE_S))
     assert lost["taken_over_at_s"] - lost["noticed_at_s"] <= 1.0 and lost["handed_over"] > 0
     assert kept["adopted"] == lost["handed_over"]
-    # the offered rate recovered at once: the 150% stage, after the loss, was sent in full by worker 0 (each
-    # of its arrivals sent, none lost or left unsent; how close to its time is the load generator's timing,
-    # measured by benchmarks, not here: on 2 cores shared by master, workers and target it slipped 2-4%)
+    # the offered rate recovered at once: the 150% stage, after the loss, was sent by worker 0 alone, none of
+    # it lost. How close to its time is the load generator's timing, measured by benchmarks, not here: on 2
+    # cores shared by master, workers and target it slipped 2-4%, and once (a CI run, p99 628 ms late) the
+    # arrivals due in the last 0.45 s were still queued when the plan ended. So an arrival left unsent must
+    # be one due within that lag of the end: a share the takeover dropped would leave gaps all through.
     hold = summary["stages"][-1]
-    assert hold["offered_qps"] == hold["target_qps"] and hold["lost"] == hold["not_sent"] == 0, hold
+    assert hold["offered_qps"] == hold["target_qps"] and hold["lost"] == 0, hold
     held = records[records.stage == "150%"]
-    assert held.sent_at.notna().all() and (held.worker == kept["index"]).all()
+    sent = held[held.sent_at.notna()]
+    assert (held.status.isin(["ok", "not_sent"])).all() and (sent.worker == kept["index"]).all()
+    lag_s = float((sent.sent_at - sent.scheduled_at).max())
+    unsent = held[held.sent_at.isna()]
+    assert lag_s < 2.0 and (unsent.scheduled_at >= held.scheduled_at.max() - lag_s).all(), (lag_s, len(unsent))
+    assert hold["not_sent"] == len(unsent) <= 0.1 * len(held), hold
     # the arrivals it never sent were due in the 100% stage (a request in flight may have been scheduled before)
     unsent = records[(records.status == "lost") & records.sent_at.isna()]
     assert set(unsent.stage) == {"100%"}

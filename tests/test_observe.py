@@ -186,6 +186,25 @@ def test_dead_port_gives_null_health_and_stops_cleanly(tmp_path: Path) -> None:
     assert time.monotonic() - started < 1
 
 
+def test_acceptance_by_position_counts_each_positions_growth_over_the_judged_stages(tmp_path: Path) -> None:
+    """Each position's counter grows from the last sample at or before the judged stages, as the scalar
+    counters do: 100 drafts there, 80, 40 and 10 accepted at positions 0, 1, 2 (the 130 accepted in all)."""
+
+    def sample(t: float, drafts: float, by_position: list[float]) -> ServerSample:
+        return ServerSample(
+            t=t, health=200, spec_drafts_total=drafts, spec_draft_tokens_total=3 * drafts,
+            spec_accepted_tokens_total=sum(by_position), spec_accepted_by_position=by_position,
+        )  # fmt: skip
+
+    rows = [sample(100, 10, [8, 4, 1]), sample(101, 20, [16, 8, 2]), sample(102, 120, [96, 48, 12])]
+    path = tmp_path / "server.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r.model_dump(), option=orjson.OPT_APPEND_NEWLINE) for r in rows))
+    summary = server_summary(read_server(path), judged_from=101.5)
+    assert summary is not None and summary.spec_decode is not None
+    assert summary.spec_decode.drafts == 100 and summary.spec_decode.accepted_tokens == 130
+    assert summary.spec_decode.acceptance_by_position == pytest.approx([0.8, 0.4, 0.1])
+
+
 def test_state_at_and_summary_over_a_counter_reset(tmp_path: Path) -> None:
     path = tmp_path / "server.jsonl"
     rows = [

@@ -112,7 +112,6 @@ class Observer:
         ]
         self.url = self.scrapers[0].url
         self.gpu = gpu
-        self.server = server
         self.host = HostMeter(self.url)
         self._history: deque[ServerSample] = deque(maxlen=HISTORY_SAMPLES)
         self.first: ServerSample | None = None  # the run's first sample: the server before the load

@@ -184,13 +184,11 @@ def _spec_decode(frame: pd.DataFrame, judged_from: float) -> SpecDecodeSummary |
 
 
 def _by_position(frame: pd.DataFrame, judged_from: float, drafts: float) -> list[float]:
-    """Each draft position's accepted tokens / drafts, counted as window_increase counts (from the last
-    sample at or before `judged_from`); empty without the vector, or where a counter fell (a restart)."""
+    """Each draft position's accepted tokens / drafts, each position's counter grown as window_increase
+    counts the others; empty without the vector."""
     seen = frame.loc[frame.spec_accepted_by_position.map(lambda v: isinstance(v, list) and len(v) > 0)]
     if seen.empty or not drafts:
         return []
-    before = seen.t[seen.t <= judged_from]
-    first = seen.spec_accepted_by_position[before.index[-1] if len(before) else seen.index[0]]
-    last = seen.spec_accepted_by_position.iloc[-1]
-    grown = [end - start for start, end in zip(first, last, strict=False)]
-    return [] if len(first) != len(last) or min(grown) < 0 else [g / drafts for g in grown]
+    positions = pd.DataFrame(seen.spec_accepted_by_position.tolist(), index=seen.index).rename(columns=str)
+    grown = [window_increase(positions.assign(t=seen.t), k, judged_from) for k in positions.columns]
+    return [] if None in grown else [g / drafts for g in grown if g is not None]

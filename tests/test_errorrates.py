@@ -14,6 +14,7 @@ from llmload.drain import drain_end
 from llmload.errorrates.compare import compare_pair, write_run
 from llmload.errorrates.grid import SERVERS, Arrivals, Cell, tally
 from llmload.errorrates.runs import Hold, hold_plan, judge, records
+from llmload.errorrates.search import run_search
 from llmload.errorrates.servers import BatchServer, FifoServer, Lengths
 from llmload.errorrates.walk import calm_quantiles
 from llmload.gates.verdict import WALK_CALM_QUANTILE, WALK_CALM_WINDOWS
@@ -126,6 +127,17 @@ def test_a_one_slot_server_just_over_its_capacity_never_passes() -> None:
     for hold in ("probe", "confirm", "soak"):
         result = tally(Cell(server, hold, Arrivals("constant"), 1.13), range(20))  # type: ignore[arg-type]
         assert result.share("pass") == 0.0, (hold, result.outcomes, result.reasons)
+
+
+def test_a_search_whose_passing_rate_is_over_the_capacity_answers_below_it() -> None:
+    """A probe passes once it rules out a 10% overload, so a rate 3% over the capacity passed twice in
+    these two searches (8 slots, 0.5 s answers, Poisson): the answer, what those holds show the
+    server serves, is within [0.85, 1.0] of the capacity all the same."""
+    server = SERVERS["fifo-8x0.5s-σ0.9"]
+    for seed in (17, 30):
+        outcome = run_search(server, Arrivals("poisson"), seed)
+        assert outcome.passing is not None and outcome.passing > server.capacity_qps, (seed, outcome)
+        assert outcome.answer is not None and 0.85 <= outcome.answer / server.capacity_qps <= 1.0, (seed, outcome)
 
 
 def test_a_hold_too_short_to_tell_is_inconclusive_and_names_the_hold_it_needs() -> None:

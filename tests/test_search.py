@@ -21,6 +21,7 @@ from llmload.gates.search import (
     boundary,
     next_rate,
     probe_options,
+    vouched,
     write_criteria,
 )
 from llmload.models import Probe, SearchResult
@@ -132,6 +133,31 @@ def test_a_marginal_drift_after_a_probe_too_short_to_judge_is_still_retried() ->
     assert boundary([short, marginal, again]) == (None, 2)
 
 
+def test_the_answer_is_what_the_passing_holds_show_the_server_serves_not_the_rate_itself() -> None:
+    """A hold passes while it rules out a 10% overload, so a rate up to 10% over the capacity can pass:
+    the answer is keeping up's lower bound at the passing rate, the lowest of its probes', the confirm's
+    where one passed (its longer hold tells more), rounded down to three digits, never above the rate."""
+
+    def at(qps: float, served: float | None, *, passed: bool = True, confirm: bool = False) -> Probe:
+        return Probe(run_id=f"{served}", qps=qps, passed=passed, served_low_qps=served, confirm=confirm)
+
+    probes = [at(10, 9.61234), at(10, 9.3), at(10.5, 9.9, passed=False), at(5, 4.9)]
+    assert vouched(probes, 10) == 9.3
+    assert vouched([*probes, at(10, 9.8765, confirm=True)], 10) == 9.87
+    assert vouched([at(2, 2.4)], 2) == 2  # a draining server's bound is capped at the rate it held
+    assert vouched([at(2, None)], 2) == 2  # probes of an earlier llmload: the rate itself
+    assert vouched(probes, None) is None
+    result = SearchResult(
+        search_id="s", host="h", workload="w", max_qps=20, probe_s=30, repeats=2, started_at=0, probes=probes,
+        outcome="found", passing_qps=10, answer_qps=9.3, failing_qps=10.5, failing_reason="keeping up: grew",
+    )  # fmt: skip
+    assert result.answer == "≥ 9.3 req/s"
+    assert result.conclusion.startswith("Keeps up with ≥ 9.3 req/s (what its holds at 10 req/s, the highest rate")
+    assert "boundary lies between 10 and 10.5 req/s. It fails at 10.5 req/s: keeping up: grew." in result.conclusion
+    capped = result.model_copy(update={"outcome": "capped", "answer_qps": 10.0, "failing_qps": None})
+    assert capped.answer == "≥ 10 req/s (the cap, --max-qps)"
+
+
 def test_a_probe_too_short_for_its_answers_is_held_longer_until_it_judges_or_its_queue_shows(tmp_path: Path) -> None:
     """A probe that failed only because its E2E p99 was over a third of its hold is asked again with a
     longer hold (and a drain long enough for its answers), up to 8x --probe-duration; it is never the
@@ -221,7 +247,9 @@ def test_the_rate_found_is_the_simulators_saturation_rate_and_a_longer_run_there
     assert ground.holds(), (found, ground)
     assert failing > found and result["outcome"] == "found"
     assert any(word in result["failing_reason"] for word in ("keeping up", "finished", "drift")), output[-3000:]
-    assert f"highest passing rate is {found:g} req/s" in output
+    answer = result["answer_qps"]  # what the confirm's hold shows the engine serves: at most its capacity
+    assert 0.8 * truth <= answer <= min(found, truth), (answer, found, truth)
+    assert f"Keeps up with ≥ {answer:g} req/s" in output
     assert "No latency SLO was given, so this is the highest rate the server keeps up with" in output
     # the answer passed twice, failing at most marginally where its next probe outvoted, or too short
     # to tell (held longer next); every probe is an ordinary run with its report
@@ -307,7 +335,9 @@ def test_a_rate_below_require_qps_exits_1(tmp_path: Path) -> None:
     # a shared server's cache left as it is, and said
     assert result["prefix_cache_kept"] and all(p["cache_reset"] is None for p in result["probes"])
     assert "The prefix cache was kept between probes (--keep-prefix-cache)" in output
-    assert "below --require-qps 5" in output and "Keeps up with ≥ 3 req/s (the cap, --max-qps)" in output
+    answer = result["answer_qps"]  # what 4 s at 3 req/s show a server with no limit serves
+    assert 0 < answer <= 3 and f"{answer:g} req/s is below --require-qps 5" in output
+    assert f"Keeps up with ≥ {answer:g} req/s" in output and "its limit may lie above" in output
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     if result.cache_note:
         print(f"  {result.cache_note}")
     print(f"page: {directory / PAGE_FILE}")
-    answer = result.passing_qps if result.outcome in ("found", "capped", "interrupted") else None
+    answer = result.answer_qps if result.outcome in ("found", "capped", "interrupted") else None
     judged = [p for p in result.probes if p.passed is not None]
     if answer is None and judged and all(p.inconclusive for p in judged if not p.passed):
         print("llmload search: INCONCLUSIVE: no probe could tell, even held the longest (raise --probe-duration)")

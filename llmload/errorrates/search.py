@@ -12,7 +12,7 @@ from llmload.errorrates.grid import Arrivals
 from llmload.errorrates.runs import Hold, judge, records
 from llmload.errorrates.servers import Server
 from llmload.gates.criteria import SoakCriteria
-from llmload.gates.search import Bounds, ProbeFlags, Searcher, boundary, confirm_criteria, probe_criteria, search
+from llmload.gates.search import Bounds, ProbeFlags, Searcher, confirm_criteria, probe_criteria, search
 from llmload.models import Probe, SearchResult
 from llmload.schedule import build_stages
 
@@ -47,12 +47,13 @@ class SimulatedSearcher(Searcher):
         return probe
 
     def save(self) -> None:
-        self.result.passing_qps, self.result.failing_qps = boundary(self.result.probes)
+        self.conclude()
 
 
 @dataclass(frozen=True)
 class SearchOutcome:
-    answer: float | None
+    answer: float | None  # what the search vouches for (`answer_qps`)
+    passing: float | None  # the highest rate that passed (`passing_qps`)
     probes: int
     held_s: float
 
@@ -67,9 +68,9 @@ def run_search(server: Server, arrivals: Arrivals, seed: int, *, confirm: bool =
     )
     searcher = SimulatedSearcher(flags, (), Path("."), result, server=server, arrivals=arrivals, seed=seed)
     outcome = search(searcher, bounds)
-    answer = result.passing_qps if outcome in ("found", "capped") and result.confirmed is not False else None
+    answered = outcome in ("found", "capped") and result.confirmed is not False
     held = sum(WARMUP_S + (p.hold_s or PROBE_S) for p in result.probes)
-    return SearchOutcome(answer, len(result.probes), held)
+    return SearchOutcome(result.answer_qps if answered else None, result.passing_qps, len(result.probes), held)
 
 
 @dataclass

@@ -97,6 +97,26 @@ def boundary(probes: Sequence[Probe]) -> tuple[float | None, float | None]:
     return lo, hi
 
 
+def vouched(probes: Sequence[Probe], rate: float | None) -> float | None:
+    """The rate the search vouches for: what the passing holds at `rate` show the server serves
+    (keeping up's lower bound, at its pass confidence), the confirm's where it ran (its hold is the
+    longest), else the lowest of the probes'. A probe passes while an overload of up to 10% cannot be
+    ruled in, so the rate itself may lie above the capacity; this bound does in under 1% of searches
+    (docs/gates.md). The rate itself for probes judged before the bound was recorded."""
+    if rate is None:
+        return None
+    confirms: list[float] = []
+    probed: list[float] = []
+    for probe in probes:
+        if probe.qps == rate and probe.passed and probe.served_low_qps is not None:
+            (confirms if probe.confirm else probed).append(probe.served_low_qps)
+    if not confirms and not probed:
+        return rate
+    low = confirms[-1] if confirms else min(probed)
+    digits = 2 - math.floor(math.log10(low)) if low > 0 else 0  # three significant digits, rounded down
+    return min(math.floor(low * 10**digits) / 10**digits, rate)
+
+
 def _round(qps: float) -> float:
     """Rates as people write them: three significant digits."""
     return float(f"{qps:.3g}")
@@ -269,6 +289,7 @@ class Searcher:
             marginal=verdict.marginal,
             inconclusive=unsure and queue is None,
             hold_needed_s=verdict.hold_needed_s,
+            served_low_qps=verdict.served_low_qps,
             too_short=unsure and queue is None and not confirm and hold_s < LONGEST_HOLD * self.flags.hold_s,
             sent=hold.ok + hold.failed + hold.unfinished,
             unfinished=hold.unfinished,
@@ -304,17 +325,22 @@ class Searcher:
 
     def save(self) -> None:
         """search.json and search.html as they stand: an interrupted search keeps what it learned."""
+        self.conclude()
+        (self.directory / RESULT_FILE).write_bytes(
+            orjson.dumps(self.result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
+        )
+        render_page(self.result, self.directory / PAGE_FILE)
+
+    def conclude(self) -> None:
+        """The answer, the boundary and why it fails above, from the probes so far."""
         result = self.result
         lo, hi = boundary(result.probes)
         result.passing_qps = lo
+        result.answer_qps = vouched(result.probes, lo)
         result.failing_qps = hi
         # the probe that decided it (a failed confirm too), not a suspicion asked again (a hold too short)
         failing = [p for p in result.probes if p.qps == hi and p.passed is False and not p.too_short]
         result.failing_reason = _reason(failing[-1]) if failing else None
-        (self.directory / RESULT_FILE).write_bytes(
-            orjson.dumps(result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)
-        )
-        render_page(result, self.directory / PAGE_FILE)
 
 
 def probe_options(flags: ProbeFlags) -> list[str]:

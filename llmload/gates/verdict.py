@@ -58,6 +58,8 @@ class Check(BaseModel):
     low end of its confidence interval (overload drifts past the limit at both)."""
     hold_needed_s: float | None = None
     """INCONCLUSIVE: about how long a hold would tell."""
+    served_low_qps: float | None = None
+    """Keeping up: the rate the server is shown to serve at the check's pass confidence."""
 
     @property
     def line(self) -> str:
@@ -80,6 +82,7 @@ class SoakResult(BaseModel):
             inconclusive_kinds=[c.kind for c in unsure],
             hold_needed_s=max((c.hold_needed_s or 0.0 for c in unsure), default=0.0) or None,
             marginal=bool(failed) and all(c.marginal for c in failed),
+            served_low_qps=next((c.served_low_qps for c in self.checks if c.kind == "keeping_up"), None),
         )
 
     @property
@@ -270,10 +273,16 @@ def _keeping_up(hold: Hold, drift: DriftCriteria, criteria: KeepingUpCriteria) -
 
 
 def _keeping_up_check(
-    status: Literal["pass", "fail", "inconclusive"], detail: str, hold_needed_s: float | None = None
+    status: Literal["pass", "fail", "inconclusive"],
+    detail: str,
+    hold_needed_s: float | None = None,
+    served_low_qps: float | None = None,
 ) -> Check:
     """One of keeping up's outcomes, each under the check's one name and kind."""
-    return Check(name="keeping up", kind="keeping_up", status=status, detail=detail, hold_needed_s=hold_needed_s)
+    return Check(
+        name="keeping up", kind="keeping_up", status=status, detail=detail, hold_needed_s=hold_needed_s,
+        served_low_qps=served_low_qps,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -371,23 +380,28 @@ def _growth_check(
     gives is ruled out, else INCONCLUSIVE with the hold that would tell."""
     story, numbers, rate = flight.story, growth.words(flight), flight.rate
     tell = 1 - 1 / (1 + criteria.overload)  # the growth an overload of `overload` gives
+    served = rate * (1 - max(growth.high, 0.0))  # what the server is shown to serve, at pass confidence
     if growth.low > 0 and growth.trend.slope * flight.judged_s > drift.min_rise.in_flight:
         return _keeping_up_check(
             "fail",
             detail=f"{story.replace('went from', 'grew from', 1)}; {numbers}: requests pile up (above 0 at"
             f" {criteria.fail_confidence:.1%}), the server does not keep up at {figure(rate)} req/s",
+            served_low_qps=served,
         )
     if growth.high < tell:
         return _keeping_up_check(
             "pass",
             detail=f"{story}; {numbers}: rules out an overload of {criteria.overload:.0%} (growth {tell:.1%}) at"
             f" {criteria.pass_confidence:.1%}",
+            served_low_qps=served,
         )
     tells, needed = _detectable(
         growth.error, growth.trend.dof, rate, criteria, judged_s=flight.judged_s, hold_s=hold.duration_s,
         walk=growth.by_walk,
     )  # fmt: skip
-    return _keeping_up_check("inconclusive", detail=f"{story}; {numbers}: {tells}", hold_needed_s=needed)
+    return _keeping_up_check(
+        "inconclusive", detail=f"{story}; {numbers}: {tells}", hold_needed_s=needed, served_low_qps=served
+    )
 
 
 # The 0.5% quantile of a saturated queue's calm: the variance of its per-window means about their

@@ -35,6 +35,9 @@ class Probe(BaseModel):
     failed_kinds: list[CheckKind] = Field(default_factory=list, description="the kind of each check that failed")
     marginal: bool = Field(default=False, description="failed only on checks a second hold may reverse")
     hold_needed_s: float | None = Field(default=None, description="INCONCLUSIVE: about the hold that would tell")
+    served_low_qps: float | None = Field(
+        default=None, description="the rate its hold shows the server serves (keeping up's lower bound)"
+    )
     inconclusive: bool = Field(default=False, description="its verdict was INCONCLUSIVE: never a pass")
     too_short: bool = Field(
         default=False,
@@ -80,7 +83,12 @@ class SearchResult(BaseModel):
     goodput_slo: GoodputSLO | None = None
     probes: list[Probe] = Field(default_factory=list)
     outcome: SearchOutcome = "interrupted"
-    passing_qps: float | None = Field(default=None, description="the answer: every probe at it passed")
+    passing_qps: float | None = Field(default=None, description="the highest rate every probe at it passed")
+    answer_qps: float | None = Field(
+        default=None,
+        description="the answer: the rate the passing holds at passing_qps show the server serves, at keeping up's"
+        " pass confidence (gates.search.vouched)",
+    )
     failing_qps: float | None = Field(default=None, description="the lowest failing rate above the answer")
     failing_reason: str | None = None
     confirmed: bool | None = Field(default=None, description="the --confirm soak passed; None: not run")
@@ -124,7 +132,25 @@ class SearchResult(BaseModel):
 
     @property
     def answer(self) -> str:
-        return answer_words(self.passing_qps, self.outcome)
+        """`≥ 9.3 req/s`: what the search vouches for (answer_qps; a search.json of an earlier llmload has
+        only its passing rate), at --max-qps said as the cap."""
+        qps = self.answer_qps if self.answer_qps is not None else self.passing_qps
+        if qps is None:
+            return "no passing rate"
+        at_cap = qps == self.passing_qps and self.outcome == "capped"
+        return f"≥ {qps:g} req/s" + (" (the cap, --max-qps)" if at_cap else "")
+
+    @property
+    def shown(self) -> str:
+        """How the answer was found: the holds at the passing rate, when they vouch for less than it."""
+        lo = self.passing_qps
+        if lo is None or self.answer_qps is None or self.answer_qps >= lo:
+            return ""
+        where = "the cap, --max-qps" if self.outcome == "capped" else "the highest rate that passed"
+        return (
+            f" (what its holds at {lo:g} req/s, {where}, show it serves at 99%; a hold passes once it rules out an"
+            " overload of 10%, so a rate up to 10% over the limit can pass)"
+        )
 
     @property
     def conclusion(self) -> str:
@@ -132,13 +158,13 @@ class SearchResult(BaseModel):
         lo, hi = self.passing_qps, self.failing_qps
         boundary = f" It fails at {hi:g} req/s: {self.failing_reason}." if hi is not None else ""
         if self.outcome == "capped":
-            return f"Keeps up with {self.answer}: its limit lies above the highest rate probed."
+            return f"Keeps up with {self.answer}{self.shown}: the highest rate probed passed, its limit may lie above."
         if lo is None:
             what = {"none": "No probed rate passed", "interrupted": "Interrupted before any rate passed"}
             return f"{what.get(self.outcome, 'The search stopped before any rate passed')}.{boundary}"
-        found = f"The highest passing rate is {lo:g} req/s"
+        found = f"Keeps up with {self.answer}{self.shown}"
         if hi is not None:
-            found += f" (boundary between {lo:g} and {hi:g} req/s)"
+            found += f"; the boundary lies between {lo:g} and {hi:g} req/s"
         suffix = {"interrupted": " (interrupted: what was learned so far)", "aborted": " (the search was aborted)"}
         return f"{found}{suffix.get(self.outcome, '')}.{boundary}"
 

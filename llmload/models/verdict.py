@@ -26,6 +26,11 @@ class Verdict(BaseModel):
         default_factory=list, description="the kind of each check that could not tell (a longer hold would)"
     )
     hold_needed_s: float | None = Field(default=None, description="INCONCLUSIVE: about the hold that would tell")
+    served_low_qps: float | None = Field(
+        default=None,
+        description="the rate the hold shows the server serves: its rate × (1 − the in-flight growth's upper bound)"
+        " at keeping up's pass confidence; None where keeping up was not judged",
+    )
     marginal: bool = Field(
         default=False,
         description="failed only on checks a second hold may reverse: a drift past its limit at the slope's "

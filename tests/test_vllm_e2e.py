@@ -168,6 +168,7 @@ def test_a_short_search_against_real_vllm(vllm_server: VllmServer, tmp_path: Pat
     result = orjson.loads((reports / "vllm" / "search.json").read_bytes())
     found = result["passing_qps"]
     assert result["outcome"] in ("found", "capped") and 2 <= found <= 16, output[-3000:]
+    assert 0 < result["answer_qps"] <= found  # what the holds at it show the server serves
     # every probe at the answer that could tell passed (one too short to tell was held longer)
     at_answer = [p for p in result["probes"] if p["qps"] == found and not p["confirm"] and not p["too_short"]]
     assert len(at_answer) == 2 and all(p["passed"] for p in at_answer), at_answer

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 
 from llmload.errors import InputError
-from llmload.models import CancelNote, ServerRelease
+from llmload.models import CancelNote, CutAftermath, ServerRelease
 from llmload.session_split import pick
 from llmload.workload.distributions import Distribution, parse_distribution
 
@@ -97,6 +98,29 @@ def held_excess(
     return float(np.median(held[busy] - in_flight[busy])) if busy.any() else None
 
 
+def aftermath(judged: pd.DataFrame) -> CutAftermath | None:
+    """The judged stages' successful requests sent within an E2E p50 after a cut (a cut stream would
+    have run on for about that long), against the rest; None when the run cut nothing or none succeeded."""
+    cuts = np.sort(judged.finished_at[(judged.status == "abandoned").to_numpy(dtype=bool)].dropna().to_numpy())
+    ok = judged.loc[(judged.status == "ok").to_numpy(dtype=bool), ["sent_at", "ttft_ms", "tpot_ms", "e2e_ms"]]
+    if not len(cuts) or ok.empty:
+        return None
+    window_s = float(ok.e2e_ms.median()) / 1000
+    sent = ok.sent_at.to_numpy()
+    follows = np.searchsorted(cuts, sent, side="left") > np.searchsorted(cuts, sent - window_s, side="left")
+    after, rest = ok[follows], ok[~follows]
+
+    def p50(rows: pd.DataFrame, column: str) -> float | None:
+        values = rows[column].dropna()
+        return float(values.median()) if len(values) else None
+
+    return CutAftermath(
+        window_s=window_s, after=len(after), rest=len(rest),
+        ttft_p50_after_ms=p50(after, "ttft_ms"), ttft_p50_rest_ms=p50(rest, "ttft_ms"),
+        tpot_p50_after_ms=p50(after, "tpot_ms"), tpot_p50_rest_ms=p50(rest, "tpot_ms"),
+    )  # fmt: skip
+
+
 def released(running: float | None, waiting: float | None, kv_before: float | None, kv_after: float | None) -> bool:
     """Nothing running or queued, and the KV cache back where it was (when both usages are known)."""
     idle = (running or 0.0) + (waiting or 0.0) == 0
@@ -104,12 +128,39 @@ def released(running: float | None, waiting: float | None, kv_before: float | No
     return idle and kv_back
 
 
-def cut_line(note: CancelNote, abandoned: int, release: ServerRelease | None) -> str:
-    """What the plan cut, and whether the server let go, for the reports."""
+def cut_line(note: CancelNote, abandoned: int, release: ServerRelease | None, after: CutAftermath | None = None) -> str:
+    """What the plan cut, whether the server let go, and whether the requests after a cut were slower,
+    for the reports."""
     told = f" After the run, {release_line(release)}." if release is not None else ""
     return (
         f"Cut by the plan: {abandoned} streams (--cancel-share {note.share:g}, --cancel-after {note.after}), as users"
-        f" who close a tab: not failures, never judged.{told}"
+        f" who close a tab: not failures, never judged.{told}{aftermath_line(after) if after is not None else ''}"
+    )
+
+
+def aftermath_line(after: CutAftermath) -> str:
+    """The requests sent after a cut against the rest, as sentences that follow cut_line's: their TTFT
+    and TPOT p50; "" when neither group has them."""
+
+    def versus(name: str, mine: float | None, theirs: float | None) -> str | None:
+        if mine is None or theirs is None:
+            return None
+        change = f" ({mine / theirs - 1:+.0%})" if theirs > 0 else ""
+        return f"{name} p50 {mine:,.1f} ms against {theirs:,.1f} ms{change}"
+
+    figures = [
+        line
+        for line in (
+            versus("TTFT", after.ttft_p50_after_ms, after.ttft_p50_rest_ms),
+            versus("TPOT", after.tpot_p50_after_ms, after.tpot_p50_rest_ms),
+        )
+        if line is not None
+    ]
+    if not figures:
+        return ""
+    return (
+        f" The {after.after} requests sent within {after.window_s:.1f} s after a cut (an E2E p50) against the other"
+        f" {after.rest}: {', '.join(figures)}."
     )
 
 

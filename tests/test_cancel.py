@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from llmload.cancel import CancelPlan, held_excess
@@ -76,6 +77,28 @@ def _release_check(run: LocustRun) -> str:
     return next(line for line in run.summary["verdict"]["reasons"] if " release after cancelled streams: " in line)
 
 
+def _followers(records: pd.DataFrame) -> pd.Series:
+    """Which successful requests were sent within an E2E p50 after a cut stream ended, counted pair by pair."""
+    ok = records[records.status == "ok"]
+    cuts = records.finished_at[records.status == "abandoned"].to_numpy()
+    window = ok.e2e_ms.median() / 1000
+    return ok.sent_at.apply(lambda sent: bool(((cuts >= sent - window) & (cuts < sent)).any()))
+
+
+def _aftermath_holds(run: LocustRun) -> dict:
+    """summary.json's cut_aftermath against a recount from the records."""
+    after = run.summary["cut_aftermath"]
+    follows = _followers(run.records)
+    ok = run.records[run.records.status == "ok"]
+    assert after["after"] == int(follows.sum()) > 0 and after["rest"] == int((~follows).sum()), after
+    assert after["tpot_p50_after_ms"] == pytest.approx(ok.tpot_ms[follows].median())
+    if after["rest"]:
+        assert after["ttft_p50_rest_ms"] == pytest.approx(ok.ttft_ms[~follows].median())
+    else:  # every request followed a cut: nothing to hold them against, and no figure for the rest
+        assert after["ttft_p50_rest_ms"] is None
+    return after
+
+
 def test_cut_streams_are_abandoned_and_a_server_that_aborts_them_lets_go(tmp_path: Path) -> None:
     run, server = _cut_run(tmp_path, output_tokens=120)
     records = run.records
@@ -92,7 +115,10 @@ def test_cut_streams_are_abandoned_and_a_server_that_aborts_them_lets_go(tmp_pat
     assert release["released"] is True and release["running"] == 0
     check = _release_check(run)
     assert check.startswith("PASS "), check
-    assert "Cut by the plan: " in (run.run_dir / "report.md").read_text()
+    after = _aftermath_holds(run)
+    assert after["rest"] > 0
+    report = (run.run_dir / "report.md").read_text()
+    assert "Cut by the plan: " in report and f"The {after['after']} requests sent within " in report
 
 
 def test_a_server_that_generates_on_for_cut_streams_fails(tmp_path: Path) -> None:
@@ -101,3 +127,4 @@ def test_a_server_that_generates_on_for_cut_streams_fails(tmp_path: Path) -> Non
     check = _release_check(run)
     assert check.startswith("FAIL ") and "beyond the run's own in flight" in check, check
     assert run.summary["verdict"]["outcome"] == "fail"
+    _aftermath_holds(run)  # 2.4 cuts a second, each followed for a 2 s E2E: every request follows one

@@ -325,6 +325,19 @@ class GroupFigures(BaseModel):
     output_tokens_per_s: float
 
 
+class CutAftermath(BaseModel):
+    """The successful requests sent soon after a cut stream against the rest: a server that generates on
+    for a client that left serves the next requests beside it, so they wait longer and stream slower."""
+
+    window_s: float = Field(description="a request follows a cut made at most this long before it was sent: an E2E p50")
+    after: int = Field(description="successful requests that followed a cut")
+    rest: int
+    ttft_p50_after_ms: float | None = None
+    ttft_p50_rest_ms: float | None = None
+    tpot_p50_after_ms: float | None = None
+    tpot_p50_rest_ms: float | None = None
+
+
 class Summary(BaseModel):
     run: RunInfo
     requests: RequestCounts
@@ -342,5 +355,8 @@ class Summary(BaseModel):
     by_host: list[GroupFigures] = Field(default_factory=list, description="a run over several replicas: each one's")
     cancel: CancelNote | None = Field(default=None, description="streams cut on purpose (run.json's)")
     server_release: ServerRelease | None = Field(default=None, description="with `cancel` (run.json's)")
+    cut_aftermath: CutAftermath | None = Field(
+        default=None, description="with `cancel`: the requests that followed a cut against the rest"
+    )
     cost: CostSummary | None = Field(default=None, description="energy and price per token; None: no server samples")
     verdict: Verdict | None = None

@@ -300,7 +300,7 @@ def _requests_lines(summary: Summary) -> list[str]:
     if req.lost:
         lines += ["", f"**{lost_note(req.lost)}**"]
     if summary.cancel:
-        lines += ["", cut_line(summary.cancel, req.abandoned, summary.server_release)]
+        lines += ["", cut_line(summary.cancel, req.abandoned, summary.server_release, summary.cut_aftermath)]
     return lines
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from llmload.cancel import aftermath
 from llmload.cost.summary import cost_summary
 from llmload.models import (
     ANSWERED_STATUSES,
@@ -217,6 +218,7 @@ def summarize(
         else [],
         cancel=manifest.cancel,
         server_release=manifest.server_release,
+        cut_aftermath=aftermath(judged) if manifest.cancel is not None else None,
         cost=cost_summary(df, manifest, server.gpus, elapsed),
         by_host=group_figures(judged, "host", elapsed, dict.fromkeys(manifest.replicas, 1 / len(manifest.replicas)))
         if manifest.replicas

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from llmload.errors import InputError
-from llmload.models import CancelNote, CutAftermath, ServerRelease
+from llmload.models import CancelNote, CutAftermath, ServerRelease, Summary
 from llmload.session_split import pick
 from llmload.workload.distributions import Distribution, parse_distribution
 
@@ -128,13 +128,17 @@ def released(running: float | None, waiting: float | None, kv_before: float | No
     return idle and kv_back
 
 
-def cut_line(note: CancelNote, abandoned: int, release: ServerRelease | None, after: CutAftermath | None = None) -> str:
+def cut_line(summary: Summary) -> str | None:
     """What the plan cut, whether the server let go, and whether the requests after a cut were slower,
-    for the reports."""
+    for the reports; None for a run that cut nothing."""
+    note, release, after = summary.cancel, summary.server_release, summary.cut_aftermath
+    if note is None:
+        return None
     told = f" After the run, {release_line(release)}." if release is not None else ""
     return (
-        f"Cut by the plan: {abandoned} streams (--cancel-share {note.share:g}, --cancel-after {note.after}), as users"
-        f" who close a tab: not failures, never judged.{told}{aftermath_line(after) if after is not None else ''}"
+        f"Cut by the plan: {summary.requests.abandoned} streams (--cancel-share {note.share:g}, --cancel-after"
+        f" {note.after}), as users who close a tab: not failures, never judged.{told}"
+        f"{aftermath_line(after) if after is not None else ''}"
     )
 
 

@@ -564,11 +564,7 @@ def render_html(finished: FinishedRun, summary: Summary, itl: RunItl) -> Path:
         server_facts=server_facts(run.summary),
         worker_lines=[lost_line(w) for w in run.summary.workers if w.lost_at_s is not None]
         + [f"{worker_name(w)} sent nothing: {w.refused}" for w in run.summary.workers if w.refused],
-        cancel_line=cut_line(
-            run.summary.cancel, run.summary.requests.abandoned, run.summary.server_release, run.summary.cut_aftermath
-        )
-        if run.summary.cancel
-        else None,
+        cancel_line=cut_line(run.summary),
         notes=notes,
     )
     path = finished.path / HTML_FILE

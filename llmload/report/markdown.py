@@ -299,8 +299,8 @@ def _requests_lines(summary: Summary) -> list[str]:
     ]
     if req.lost:
         lines += ["", f"**{lost_note(req.lost)}**"]
-    if summary.cancel:
-        lines += ["", cut_line(summary.cancel, req.abandoned, summary.server_release, summary.cut_aftermath)]
+    if cut := cut_line(summary):
+        lines += ["", cut]
     return lines
 
 

@@ -241,7 +241,7 @@ CASES = [
     Case(
         "synth-target-qps",
         llmload("workload", "synth", "-o", "{dir}/s.yaml", "--target-qps", "-1"),
-        "argument --target-qps: must be positive, not -1",
+        "--target-qps: Input should be greater than 0",
     ),
     Case(
         "stats-max-tokens",

@@ -194,6 +194,19 @@ def test_preflight_says_which_stage_stops_fitting(tmp_path: Path, capsys: pytest
     assert rc == 1 and last["outcome"] == "preemptions" and last["kv_tokens"] == 8192
 
 
+def test_preflight_without_target_qps_takes_the_workloads_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sample workload's file says 4 req/s: the stages are percents of that, as the load test's are."""
+    workload = str(REPO / "workloads" / "chat-multiturn.yaml")
+    config = str(tiny(tmp_path, 4096, "64M", seqs=32))
+    rc, out, _ = capacity(capsys, "--vllm-config", config, "--workload", workload, "--json")
+    assert rc in (0, 1)
+    assert [s["qps"] for s in json.loads(out)["preflight"]["stages"]] == [1.0, 2.0, 4.0, 6.0]
+    rc, _, err = capacity(capsys, "--vllm-config", config, "--workload", workload, "--target-qps", "-1")
+    assert rc == 2 and "--target-qps: Input should be greater than 0" in err
+
+
 def test_preflight_counts_context_refusals_per_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """max-model-len 2048: late turns of the sample workload carry more history than that."""
     workload = str(REPO / "workloads" / "chat-multiturn.yaml")

@@ -26,6 +26,7 @@ from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli.aliases import DeprecatedAlias
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
+from llmload.plan import PlanFlags
 from llmload.preflight.memory import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_TPOT_MS,
@@ -128,7 +129,7 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     check = parser.add_argument_group("preflight: does a workload fit at every stage? (docs/capacity.md)")
     check.add_argument("--workload", metavar="FILE.yaml", help="a workload file: its requests, turn by turn")
-    check.add_argument("--target-qps", metavar="RPS", type=_number(float), help="the target rate (100%%)")
+    PlanFlags.add_arguments(check, ["target_qps"])
     check.add_argument(
         "--stages",
         type=parse_stage_percents,
@@ -188,15 +189,17 @@ def _preflight(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, 
     from llmload.workload.files import load_workload
     from llmload.workload.stats import request_table, workload_stats
 
-    if args.target_qps is None:
-        raise InputError("--workload needs --target-qps (the 100% rate the stages are percents of)")
-    table = request_table(load_workload(args.workload))
+    workload = load_workload(args.workload)
+    target_qps = PlanFlags.checked(target_qps=args.target_qps).target_qps or workload.spec.target_qps
+    if target_qps is None:
+        raise InputError("--workload needs --target-qps (the 100% rate the stages are percents of): its file has none")
+    table = request_table(workload)
     recommended_len = workload_stats(table).recommended_max_model_len
     recommended = (
         _plan(args, config.model_copy(update={"max_model_len": recommended_len}), model) if recommended_len else None
     )
     try:
-        stages = build_stages(args.target_qps, args.stages)
+        stages = build_stages(target_qps, args.stages)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     measured: dict[str, TimingBasis] = {}
@@ -210,7 +213,7 @@ def _preflight(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, 
         recommended,
         [(stage.name, stage.qps, measured.get(stage.name, overall)) for stage in stages],
         max_num_seqs=config.max_num_seqs,
-        target_qps=args.target_qps,
+        target_qps=target_qps,
         max_error_rate=args.max_error_rate,
     )
 

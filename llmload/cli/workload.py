@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import ReusablePrefix
+from llmload.plan import PlanFlags
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import Workload, load_workload, save_workload
@@ -226,6 +227,7 @@ def _synth_options(args: argparse.Namespace, **extra: object) -> SynthOptions:
 def _synth(args: argparse.Namespace) -> int:
     out = Path(args.output)
     name = out.name.removesuffix(".yaml").removesuffix(".yml")
+    target_qps = PlanFlags.checked(target_qps=args.target_qps).target_qps
     if args.like is None:
         options = _synth_options(args)
         spec, sessions = synthesize_workload(name, options)
@@ -252,8 +254,8 @@ def _synth(args: argparse.Namespace) -> int:
             name, options, shapes=shapes, prefix_in_first_turn=True, generator=generator
         )
         spec = spec.model_copy(update={"target_qps": real.requests_per_s})
-    if args.target_qps:
-        spec = spec.model_copy(update={"target_qps": args.target_qps})
+    if target_qps is not None:
+        spec = spec.model_copy(update={"target_qps": target_qps})
     save_workload(spec, sessions, out)
     requests = sum(len(s.turns) for s in sessions)
     print(
@@ -302,7 +304,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     synth.add_argument("--prefix-popularity", help="zipf:S (default zipf:1.1) or uniform")
     synth.add_argument("--prefix-sessions", type=float, help="share of sessions that start with prefixes (default 1)")
-    synth.add_argument("--target-qps", type=_positive(float), default=None, help="the workload's 100%% request rate")
+    PlanFlags.add_arguments(synth, ["target_qps"])
     synth.set_defaults(workload_run=_synth)
     _add_build_and_stats(commands)
 

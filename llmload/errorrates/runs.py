@@ -5,6 +5,7 @@ the verdict's own code."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,7 +19,7 @@ from llmload.gates.criteria import SoakCriteria
 from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
 from llmload.gates.verdict import SoakResult, evaluate
 from llmload.models import RunManifest, Stage, Summary
-from llmload.observe.summary import read_server
+from llmload.observe.summary import ServerSamples, read_server
 from llmload.records import FRAME_COLUMNS, RunRecords
 from llmload.report.summary import summarize
 from llmload.rundir import Run
@@ -117,10 +118,16 @@ def records(
     return manifest, frame
 
 
+@functools.cache
+def _no_server() -> ServerSamples:
+    """What a run without a server.jsonl reads, read once: the same for every run judged."""
+    return read_server(NO_SERVER_FILE)
+
+
 def judge(manifest: RunManifest, frame: pd.DataFrame, criteria: SoakCriteria) -> tuple[SoakResult, Summary]:
     """The soak verdict of a generated run, through the code `llmload verdict` runs: the summary
     (`summarize`), then `evaluate`. Only the ITL histograms, which no check reads, are left out."""
-    server = read_server(NO_SERVER_FILE)
+    server = _no_server()
     summary = summarize(
         frame, manifest, itl=percentiles([]), stage_itl_p50=None, server=server, good=None, workload_prefix=None
     )

@@ -244,6 +244,7 @@ class RunPlan:
             prefix_cache_reset=prefix_cache_reset,
             cancel=self.cancel.note() if self.cancel is not None else None,
             pricing=self.pricing,
+            flags=self.flags.model_dump(mode="json"),
         )
 
     def planned(self) -> int:

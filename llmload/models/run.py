@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, ValidationError, model_validator
 
@@ -221,6 +221,11 @@ class RunManifest(Strict):
     )
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
     pricing: Pricing | None = Field(default=None, description="what a GPU-hour costs; None: runs before prices")
+    flags: dict[str, Any] = Field(
+        default_factory=dict,
+        description="every plan flag as the run had it (llmload.plan.PlanFlags, by field): a flag added there is"
+        " recorded here with no edit; {} in runs before it",
+    )
 
     @property
     def judged_stages(self) -> list[Stage]:

@@ -124,6 +124,14 @@ class PlanFlags(FlagModel):
             metavar="tokens:DIST|seconds:DIST",
         ),
     ] = None
+    cache_bust: Annotated[
+        bool,
+        Flag(
+            "open every play of a session with a marker of the run and the play, so that replays of the workload"
+            " (in this run, a search's other probes, an earlier run) find none of each other's prefixes in the"
+            " server's cache; the sessions of one play still share theirs"
+        ),
+    ] = False
     gpu_hour_cost: Annotated[
         PositiveFloat | None,
         Flag(

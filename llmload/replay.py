@@ -35,6 +35,7 @@ from llmload.records import request_record, with_health
 from llmload.replicas import Replicas
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
 from llmload.server.request import RequestShape
+from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.tokens import Tokenizer
 
 RecordSink = Callable[[RequestRecord], None]
@@ -75,12 +76,14 @@ class InFlight:
     turn: int
 
 
-def _session_copy(sessions: Sequence[Session], index: int) -> Session:
-    """The workload's `index`-th session, cycling the workload with unique ids."""
+def _session_copy(sessions: Sequence[Session], index: int, bust_run: str | None = None) -> Session:
+    """The workload's `index`-th session, cycling the workload with unique ids; with `bust_run` (the
+    run's id, --cache-bust) its first message opens with its play's marker."""
     session = sessions[index % len(sessions)]
-    if index >= len(sessions):
-        session = session.model_copy(update={"id": f"{session.id}{REPLAY_SEPARATOR}{index // len(sessions)}"})
-    return session
+    play = index // len(sessions)
+    if play:
+        session = session.model_copy(update={"id": f"{session.id}{REPLAY_SEPARATOR}{play}"})
+    return marked(session, play_marker(bust_run, play)) if bust_run is not None else session
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class WorkerShare:
     index: int = 0
     count: int = 1
     drain_s: float = drain.DEFAULT_CAP_S
+    cache_bust: bool = False  # every play of a session opens with its own marker (llmload.workload.cache_bust)
 
 
 class Dispatcher:
@@ -100,6 +104,7 @@ class Dispatcher:
     def __init__(self, stages: Sequence[Stage], plan: ArrivalPlan, clock: RunClock, share: WorkerShare) -> None:
         self.clock = clock
         self.run_id = share.run_id
+        self.bust_run = share.run_id if share.cache_bust else None
         self.stages = list(stages)
         self.plan = plan
         self._index = share.index
@@ -229,7 +234,7 @@ class RequestDispatcher(Dispatcher):
             return heapq.heappop(self._ready)[2]
         index = self._first + self._index + self._opened * self._count
         self._opened += 1
-        return LiveSession(_session_copy(self._sessions, index))
+        return LiveSession(_session_copy(self._sessions, index, self.bust_run))
 
     def release(self, live: LiveSession, ok: bool) -> None:
         """A turn is back: the session waits out its next think time, or ends (done, or broken by a failure)."""
@@ -264,7 +269,7 @@ class TraceDispatcher(Dispatcher):
         position = int(self._positions[j])
         assert self.plan.trace_starts is not None
         index, start = int(self.plan.keys[position]), float(self.plan.trace_starts[position])
-        live = LiveSession(_session_copy(self._sessions, index), trace_start=start)
+        live = LiveSession(_session_copy(self._sessions, index, self.bust_run), trace_start=start)
         return Arrival(position, float(self._times[j]), live)
 
     def due(self, live: LiveSession, reply_at: float) -> float:

@@ -26,7 +26,9 @@ from llmload.locust.views import tab_rows
 from llmload.models import Stage
 from llmload.observe.observer import ServerSample
 from llmload.sim.process import SimProcess
-from llmload.workload.files import load_workload
+from llmload.workload.cache_bust import marked, play_marker
+from llmload.workload.files import load_workload, save_workload
+from llmload.workload.synth import PrefixPool, SynthOptions, synthesize_workload
 from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 from tests.locust_runs import LocustRun, run_locust, small_workload
 
@@ -105,14 +107,22 @@ def _naive_reusable_share(run: LocustRun, block: int = 16) -> float:
     """The reusable share computed the slow, obvious way: each sent prompt laid out flat as ChatML
     renders it (each message's piece, each reply's assistant message with tokens of its own, then
     the generation prompt), in send order; a block is reusable when an earlier request held the same
-    tokens up to its end, in its prompt or its reply but the last token. Counted over the judged stages' requests."""
+    tokens up to its end, in its prompt or its reply but the last token. Counted over the judged stages' requests.
+    A --cache-bust run's session `id~k` opens with play k's marker (`id`: play 0)."""
     workload = load_workload(run.manifest["workload"])
     encode = get_tokenizer(workload.spec.tokenizer).encode
-    turns = {
-        s.id: [[t for m in turn.messages for t in encode(chatml_message(m.role, m.content))] for turn in s.turns]
-        for s in workload.sessions
-    }
+    busted = run.manifest["flags"]["cache_bust"]
+    sessions = {s.id: s for s in workload.sessions}
+
+    def text_of(session_id: str) -> list[list[int]]:
+        base, _, play = session_id.partition("~")
+        session = sessions[base]
+        if busted:
+            session = marked(session, play_marker(run.manifest["run_id"], int(play or 0)))
+        return [[t for m in turn.messages for t in encode(chatml_message(m.role, m.content))] for turn in session.turns]
+
     records = run.records
+    turns = {name: text_of(name) for name in records.session_id.unique()}
     sent = records[records.status != "not_sent"].sort_values("sent_at", kind="stable")
     replies = {(r.session_id, r.turn): int(np.nan_to_num(r.output_tokens)) for r in sent.itertuples()}
     seen: set[tuple[object, ...]] = set()
@@ -151,6 +161,44 @@ def test_the_report_puts_what_the_workload_could_hit_beside_what_the_server_hit(
     assert f"the workload could hit {100 * small['workload_prefix']['share']:.1f}% (ChatML template, block 16" in report
     assert f"the server hit {100 * small['prefix_cache_hit_rate']:.1f}%" in report
     assert "the workload could hit" in (runs["on"].run_dir / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
+    """Four two-turn sessions sharing one system prompt, played about nine times each, with and
+    without --cache-bust, against the engine's ample prefix cache."""
+    directory = tmp_path_factory.mktemp("replays")
+    options = SynthOptions(sessions=4, seed=5, max_turns=2, shared_prefixes=[PrefixPool(count=1, tokens=60)])
+    spec, sessions = synthesize_workload("four", options)
+    workload = save_workload(spec, sessions, directory / "four.yaml")
+    with SimProcess(*ENGINE) as sim:
+        return {
+            name: _run(sim.url, workload, directory / "reports", name, *extra)
+            for name, extra in (("again", ()), ("busted", ("--cache-bust",)))
+        }
+
+
+def test_cache_bust_keeps_replays_of_a_session_from_warming_each_other(replays: dict[str, LocustRun]) -> None:
+    """Replayed plainly, a play's prompts are the last play's text and the server serves them from its
+    cache; busted, each play opens with its own marker and only what one play shares is reused (the
+    system prompt between its sessions, the history between turns). The report's ceiling follows,
+    counted naively as the test above counts it. Busted, the server hits no more than it; replayed
+    plainly it hits more, as the simulator's replies are the same words whatever was asked, while the
+    figure counts a reply as the request's own: one more way replays warm each other."""
+    again, busted = replays["again"], replays["busted"]
+    assert again.manifest["flags"]["cache_bust"] is False and busted.manifest["flags"]["cache_bust"] is True
+    plays = busted.records.session_id.str.partition("~")[2].replace("", "0").astype(int)
+    assert plays.max() >= 5  # the workload was replayed over and over
+    ceilings = {}
+    for name, run in replays.items():
+        server = run.summary["server"]
+        ceilings[name] = server["workload_prefix"]["share"]
+        assert ceilings[name] == pytest.approx(_naive_reusable_share(run), abs=1e-12)
+        print(f"{name}: server {server['prefix_cache_hit_rate']:.4f}, ceiling {ceilings[name]:.4f}")
+    hit = {name: run.summary["server"]["prefix_cache_hit_rate"] for name, run in replays.items()}
+    assert hit["busted"] <= ceilings["busted"]
+    assert ceilings["again"] > 0.7 and 0.1 < ceilings["busted"] < ceilings["again"] - 0.2
+    assert hit["busted"] < hit["again"] - 0.2
 
 
 def test_the_live_hit_rate_counts_from_the_runs_start() -> None:

@@ -226,3 +226,21 @@ def test_a_trace_repeats_with_unique_ids_when_the_plan_is_longer() -> None:
     dispatcher = TraceDispatcher(trace, sessions, RunClock.now(), WorkerShare("t"))
     arrivals = list(iter(dispatcher.claim, None))
     assert [a.session.session.id for a in arrivals if a.session] == ["s0", "s1", "s0~1", "s1~1", "s0~2"]
+
+
+def test_cache_bust_opens_each_play_with_its_own_marker_and_one_play_shares_it() -> None:
+    """Two sessions played three times: with --cache-bust a session's plays differ from their first
+    character, while the sessions of one play open alike; plainly, every play is the same text."""
+    sessions = [_session(2, name="a"), _session(2, name="b")]
+
+    def openings(**kw: Any) -> dict[str, str]:
+        dispatcher = _dispatcher(sessions, qps=1.0, seconds=1.0, **kw)
+        played = [dispatcher.session_for(0.0).session for _ in range(6)]
+        assert [p.id for p in played] == ["a", "b", "a~1", "b~1", "a~2", "b~2"]
+        assert all(p.turns[1:] == sessions[0].turns[1:] for p in played)  # later turns carry it in history
+        return {p.id: p.turns[0].messages[0].content for p in played}
+
+    plain, busted = openings(), openings(cache_bust=True)
+    assert set(plain.values()) == {"question 0"}
+    assert len(set(busted.values())) == 3 and all(text.endswith("question 0") for text in busted.values())
+    assert busted["a"] == busted["b"] and busted["a~2"] == busted["b~2"] == "[t play 2]\nquestion 0"

@@ -333,7 +333,7 @@ def _dispatch(environment: Environment, run: ProcessRun, *, index: int, count: i
     """The arrivals of this process's share (all of them in a local run), flushed once a second."""
     plan = run.plan
     run.worker = index
-    share = WorkerShare(run.run_id, index, count, plan.flags.drain_s)
+    share = WorkerShare(run.run_id, index, count, plan.flags.drain_s, plan.flags.cache_bust)
     if isinstance(plan.arrivals, ArrivalSchedule):
         run.dispatcher = RequestDispatcher(
             plan.arrivals, plan.workload.sessions, run.clock, share, plan.flags.first_session

@@ -438,5 +438,6 @@ def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:
         session_id=run.records.session_ids()[sent].to_numpy(),
         counted=frame.stage[sent].isin([stage.name for stage in run.manifest.judged_stages]).to_numpy(dtype=bool),
     )
-    prefix = sent_prefix(workload, rows, template="chatml")
+    bust_run = run.manifest.run_id if run.manifest.flags.get("cache_bust") else None
+    prefix = sent_prefix(workload, rows, template="chatml", bust_run=bust_run)
     return prefix if isinstance(prefix, ReusablePrefix) else None

@@ -1,7 +1,8 @@
 """Workloads: the file format (v1) and loading (`files`), synthesis (`synth`) from
 distributions (`distributions`) or like a real workload (`like`), building from request logs
 (`formats`, `build`), statistics (`stats`), the reusable prefix an infinite prefix cache could
-serve (`prefix`) and token counts (`tokens`); the `workload`
+serve (`prefix`), token counts (`tokens`) and the markers that keep replays of a session from
+warming each other's cache (`cache_bust`); the `workload`
 commands are in llmload/cli/workload.py.
 
 Only the file API is imported here, so that loading a workload stays light."""

@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from llmload.models import REPLAY_SEPARATOR, ChatTemplate, ReusablePrefix, Session, TurnReuse
+from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.files import Workload
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
 from llmload.workload.stats import request_table
@@ -316,6 +317,7 @@ def sent_prefix(
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
     template: ChatTemplate = DEFAULT_CHAT_TEMPLATE,
+    bust_run: str | None = None,
 ) -> ReusablePrefix | str:
     """The reusable prefix of what a run sent: `sent` has one row per request sent (session_id,
     turn, sent_at, output_tokens, and `counted`: whether the figure counts it), in any order.
@@ -323,9 +325,9 @@ def sent_prefix(
     Each replayed session is a session of the figure, its turns at their send times and its replies
     their real lengths (a turn it never sent: no arrival, no reply). A workload session replayed
     again (`id~n`, a run longer than the workload) is a session of its own with the same text, so its
-    turns reuse the first replay's blocks as shared ones, up to its first reply, which is its own.
-    Each workload session is tokenized once however often it was replayed. A string says why there
-    is no figure."""
+    turns reuse the first replay's blocks as shared ones, up to its first reply, which is its own;
+    unless the run was `bust_run` (its id, --cache-bust), whose plays open with their own markers.
+    Each workload session is tokenized once per marker. A string says why there is no figure."""
     if sent.empty:
         return "the run sent no request"
     index = {session.id: number for number, session in enumerate(workload.sessions)}
@@ -349,11 +351,13 @@ def sent_prefix(
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     counted: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
-    tokenized = -1
+    tokenized = (-1, -1)
     for rows in np.split(order, starts[1:]):
-        if session[rows[0]] != tokenized:  # sorted by session: its replays follow one another
-            tokenized = int(session[rows[0]])
-            tokens = layout.session_turns(workload.sessions[tokenized])
+        text_of = (int(session[rows[0]]), int(lap[rows[0]]) if bust_run is not None else 0)
+        if text_of != tokenized:  # sorted by session: its replays follow one another
+            tokenized = text_of
+            text = workload.sessions[text_of[0]]
+            tokens = layout.session_turns(marked(text, play_marker(bust_run, text_of[1])) if bust_run else text)
         depth = int(turn[rows].max()) + 1
         arrival, reply, mask = np.full(depth, np.nan), np.zeros(depth, dtype=np.int64), np.zeros(depth, dtype=bool)
         arrival[turn[rows]], reply[turn[rows]], mask[turn[rows]] = sent_at[rows], replies[rows], is_counted[rows]

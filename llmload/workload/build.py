@@ -47,7 +47,9 @@ from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
 
 PROGRESS_EVERY = 100_000
 _FINISH_BATCH = 512
-_TEXT_CACHE = 16_384  # blocks of 512 tokens: 8M tokens, more than any KV cache holds
+_TEXT_CACHE = 16_384  # texts drawn again only when a key comes back after this many others
+_BLOCK, _REDACTED = 0, 1  # what a text's key names: a trace's prefix block, or a redacted message
+_KEY_SPAN = 2**64  # a key is non-negative: a message's hash, or a hash id, modulo this
 _ISSUES_KEPT = 1_000
 
 
@@ -333,9 +335,10 @@ class _Finisher:
         return TextSynthesizer(self.tokenizer, self.seed)
 
     @cached_property
-    def _keyed_text(self) -> Callable[[object, int], str]:
-        """Text by key: the same Mooncake hash id, or the same redacted message, gets the same text."""
-        return lru_cache(maxsize=_TEXT_CACHE)(lambda _key, n_tokens: self._synth.text(n_tokens))
+    def _keyed_text(self) -> Callable[[tuple[int, ...], int], str]:
+        """Text by key, a function of the key alone (the same Mooncake hash id, or the same redacted
+        message, gets the same text however far apart they come); the cache only saves drawing it again."""
+        return lru_cache(maxsize=_TEXT_CACHE)(self._synth.keyed_text)
 
     @cached_property
     def _template_tokens(self) -> int:
@@ -487,7 +490,7 @@ class _Finisher:
         if not self.redact:
             return request.messages
         return [
-            {"role": m["role"], "content": self._keyed_text(hash(m["content"]), n)}
+            {"role": m["role"], "content": self._keyed_text((_REDACTED, hash(m["content"]) % _KEY_SPAN), n)}
             for m, n in zip(request.messages, counts, strict=True)
         ]
 
@@ -501,7 +504,7 @@ class _Finisher:
             size = min(MOONCAKE_BLOCK_TOKENS, wanted - position * MOONCAKE_BLOCK_TOKENS)
             if size <= 0:
                 break
-            block = self._keyed_text(("block", hash_id), MOONCAKE_BLOCK_TOKENS)
+            block = self._keyed_text((_BLOCK, hash_id % _KEY_SPAN), MOONCAKE_BLOCK_TOKENS)
             if size < MOONCAKE_BLOCK_TOKENS:
                 block = self.tokenizer.decode(self.tokenizer.encode(block)[:size])
             parts.append(block)

@@ -41,6 +41,7 @@ class TextSynthesizer:
 
     def __init__(self, tokenizer: Tokenizer, seed: int = 0) -> None:
         self.tokenizer = tokenizer
+        self._seed = seed
         self._rng = np.random.default_rng(seed)
         single = [w for w in dict.fromkeys(_WORDS) if len(tokenizer.encode(" " + w)) == 1]
         if len(single) < 20:
@@ -48,9 +49,19 @@ class TextSynthesizer:
         self._vocab = np.array([" " + w for w in single])
 
     def text(self, n_tokens: int) -> str:
+        """The next text of the synthesizer's stream."""
+        return self._draw(self._rng, n_tokens)
+
+    def keyed_text(self, key: tuple[int, ...], n_tokens: int) -> str:
+        """Text that is a function of `key` (non-negative integers) and the seed alone: the same key
+        gives the same text whenever it is asked for, so texts named by an id (a trace's prefix block)
+        are shared exactly however many other texts came between."""
+        return self._draw(np.random.default_rng([self._seed, *key]), n_tokens)
+
+    def _draw(self, rng: np.random.Generator, n_tokens: int) -> str:
         if n_tokens <= 0:
             return ""
-        words = self._vocab[self._rng.integers(0, len(self._vocab), n_tokens)]
+        words = self._vocab[rng.integers(0, len(self._vocab), n_tokens)]
         text = "".join(words.tolist())
         counted = self.tokenizer.count(text)
         if counted != n_tokens:  # a tokenizer that merges across words: trim or pad until exact
@@ -58,7 +69,7 @@ class TextSynthesizer:
                 text = text[: text.rfind(" ")]
                 counted = self.tokenizer.count(text)
             while counted < n_tokens:
-                text += str(self._vocab[self._rng.integers(0, len(self._vocab))])
+                text += str(self._vocab[rng.integers(0, len(self._vocab))])
                 counted = self.tokenizer.count(text)
         return text
 

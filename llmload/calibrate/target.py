@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmload.capacity.kv import KVLayout, kv_layout
+from llmload.capacity.kv import KVLayout
 from llmload.capacity.model import ModelSpec, known_models, load_model
 from llmload.capacity.serving import model_reference, serve_inputs
 from llmload.capacity.vllm_log import LogExplanation, explain_vllm_log
@@ -204,16 +204,7 @@ def _kv_pool(url: str, log: LogExplanation | None, logged: ServeConfig, default_
 
 def _layout(facts: ServerFacts, spec: ModelSpec, dtype: str) -> KVLayout:
     """The server's KV layout were its model run in `dtype` (its dtype settings checked as capacity checks them)."""
-    inputs = serve_inputs(facts.serving.model_copy(update={"dtype": dtype}))
-    vllm = inputs.serving.resolved()
-    return kv_layout(
-        spec,
-        tensor_parallel_size=vllm.tensor_parallel_size,
-        pipeline_parallel_size=vllm.pipeline_parallel_size,
-        dtype=inputs.dtype,
-        kv_cache_dtype=inputs.kv_cache_dtype,
-        block_size=vllm.block_size,
-    )
+    return serve_inputs(facts.serving.model_copy(update={"dtype": dtype})).layout(spec)
 
 
 def sized_serving(facts: ServerFacts) -> ServeConfig:

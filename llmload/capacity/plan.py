@@ -76,6 +76,19 @@ class CapacityInputs(Strict):
             )
         return str(value)
 
+    def layout(self, model: ModelSpec) -> KVLayout:
+        """`model`'s KV page geometry under these settings (parallelism, dtypes, block size): the one
+        place the serving settings become a `kv_layout`, for the plan and for a calibration's sizing alike."""
+        vllm = self.serving.resolved()
+        return kv_layout(
+            model,
+            tensor_parallel_size=vllm.tensor_parallel_size,
+            pipeline_parallel_size=vllm.pipeline_parallel_size,
+            dtype=self.dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
+            block_size=vllm.block_size,
+        )
+
     def changed(self, **settings: object) -> CapacityInputs:
         """These inputs with some vLLM settings changed (what-if advice)."""
         return self.model_copy(update={"serving": self.serving.model_copy(update=settings)})
@@ -145,15 +158,7 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
 
 
 def _pool(model: ModelSpec, inputs: CapacityInputs) -> tuple[KVLayout, MemoryBudget, KVCache]:
-    vllm = inputs.serving.resolved()
-    layout = kv_layout(
-        model,
-        tensor_parallel_size=vllm.tensor_parallel_size,
-        pipeline_parallel_size=vllm.pipeline_parallel_size,
-        dtype=inputs.dtype,
-        kv_cache_dtype=inputs.kv_cache_dtype,
-        block_size=vllm.block_size,
-    )
+    layout = inputs.layout(model)
     budget = _budget(model, inputs)
     return layout, budget, kv_cache_pool(layout, math.floor(budget.kv_cache_gib * GIB))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from llmload import drain
 from llmload.errors import InputError
 from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteria_from_args
+from llmload.gates.locust_run import add_host_argument
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import (
     PAGE_FILE,
@@ -36,9 +37,7 @@ STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host", default=None, help="target base URL, or replicas as URL,URL or @FILE (default: the embedded target)"
-    )
+    add_host_argument(parser)
     add_search_arguments(parser, max_qps_required=True)
     parser.add_argument("--search-id", default=None, help="directory under --reports-dir (default: search-TIME)")
     parser.add_argument("--reports-dir", default="reports")

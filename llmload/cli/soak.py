@@ -14,6 +14,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
+from llmload.gates.locust_run import add_host_argument
 from llmload.gates.soak import SoakRun, run_soak
 from llmload.packaged import LOCUSTFILE, say_if_sample
 from llmload.plan import PlanFlags
@@ -25,9 +26,7 @@ STOPS_CLEANLY = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host", default=None, help="target base URL, or replicas as URL,URL or @FILE (default: the embedded target)"
-    )
+    add_host_argument(parser)
     PlanFlags.add_arguments(parser, ["workload", "target_qps"])
     parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")
     parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="each of 25/50/100%%")

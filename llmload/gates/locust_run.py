@@ -4,6 +4,7 @@ may not pass through again (llmload.gates.passthrough)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Annotated, ClassVar
 
@@ -13,6 +14,14 @@ from llmload.flagmodel import Flag, FlagModel
 from llmload.plan import PlanFlags
 
 HEADLESS = ("--headless", "--only-summary")  # every gate's run: no web UI, the summary only
+
+
+def add_host_argument(parser: argparse.ArgumentParser) -> None:
+    """A gate's `--host` (soak, search): the target its runs load, None when not given, and the gate
+    then starts the embedded target (`LocustRun.host`)."""
+    parser.add_argument(
+        "--host", default=None, help="target base URL, or replicas as URL,URL or @FILE (default: the embedded target)"
+    )
 
 
 class LocustRun(FlagModel):

@@ -55,6 +55,7 @@ from llmload.schedule import (
     trace_stages,
 )
 from llmload.workload import Workload, load_workload
+from llmload.workload.blocks import BlockText
 
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 
@@ -204,6 +205,11 @@ class RunPlan:
         cancel = CancelPlan.parse(flags.cancel_share, flags.cancel_after)
         prices = pricing(flags.gpu_hour_cost, flags.gpu_prices)
         return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel, prices)
+
+    @functools.cached_property
+    def block_text(self) -> BlockText | None:
+        """The text of the workload's block turns: one per process, so its users share its cache."""
+        return BlockText.of(self.workload.spec)
 
     @property
     def end_s(self) -> float:

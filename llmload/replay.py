@@ -30,11 +30,12 @@ from llmload.cancel import CancelPlan
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.model_mix import ModelMix
-from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage
+from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage, Turn
 from llmload.records import request_record, with_health
 from llmload.replicas import Replicas
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
 from llmload.server.request import RequestShape
+from llmload.workload.blocks import BlockText
 from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.tokens import Tokenizer
 
@@ -301,14 +302,16 @@ class TurnSender:
         history_turns: int | None = None,
         session_header: str | None = None,
         cancel: CancelPlan | None = None,
+        block_text: BlockText | None = None,
     ) -> None:
         """`clients`: one per replica, keyed by its URL (`Replicas.hosts`); `session_header`: the header that
         carries the session's id, for a router that keeps a session on one replica; `cancel`: the streams cut
-        on purpose."""
+        on purpose; `block_text`: the text of a workload whose turns are prefix blocks."""
         self.clients = clients
         self.replicas = Replicas(tuple(clients))
         self.session_header = session_header
         self.cancel = cancel
+        self.block_text = block_text
         self.dispatcher = dispatcher
         self.sink = sink
         self.models = models
@@ -373,7 +376,8 @@ class TurnSender:
         the first try shows as schedule delay). In flight from its send until its record is handed on."""
         index = live.next_turn
         turn = live.session.turns[index]
-        messages = [*flatten_history(live.history, self.history_turns), *turn.messages]
+        new = self._prompt(turn)
+        messages = new if turn.blocks is not None else [*flatten_history(live.history, self.history_turns), *new]
         flight = self.dispatcher.take_off(seq, scheduled, live.session.id, index)
         model = turn.model or self.models.for_session(live.session.id)
         host = self.replicas.for_session(live.session.id)
@@ -410,5 +414,13 @@ class TurnSender:
         self.dispatcher.land(flight, result.finished_at - result.sent_at if result.ok else None)
         live.next_turn += 1
         if result.ok:
-            live.history.append([*turn.messages, Message(role="assistant", content=result.text)])
+            live.history.append([*new, Message(role="assistant", content=result.text)])
         return result
+
+    def _prompt(self, turn: Turn) -> list[Message]:
+        """The messages a turn adds: its own, or its blocks' text (its whole prompt, history included)."""
+        if turn.blocks is None:
+            return turn.messages
+        if self.block_text is None:
+            raise ValueError("a turn of blocks needs the workload's block text (BlockText.of its spec)")
+        return self.block_text.messages(turn)

@@ -23,14 +23,14 @@ from llmload.gates.compare import Thresholds, compare_runs, load_run
 from llmload.gates.criteria import SoakCriteria
 from llmload.live import LiveStats
 from llmload.locust.views import tab_rows
-from llmload.models import Stage
+from llmload.models import Session, Stage, Turn
 from llmload.observe.observer import ServerSample
 from llmload.sim.process import SimProcess
 from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.files import load_workload, save_workload
 from llmload.workload.synth import PrefixPool, SynthOptions, synthesize_workload
 from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
-from tests.locust_runs import LocustRun, run_locust, small_workload
+from tests.locust_runs import LocustRun, run_locust, small_workload, write_workload
 
 ENGINE = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--enable-prompt-tokens-details")
 
@@ -199,6 +199,43 @@ def test_cache_bust_keeps_replays_of_a_session_from_warming_each_other(replays: 
     assert hit["busted"] <= ceilings["busted"]
     assert ceilings["again"] > 0.7 and 0.1 < ceilings["busted"] < ceilings["again"] - 0.2
     assert hit["busted"] < hit["again"] - 0.2
+
+
+def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(tmp_path: Path) -> None:
+    """150 single-turn requests given as 64-token block ids, each continuing one of a few conversations
+    and ending in a partial block of its own, as a trace's hash ids do (a block's id hashes its content,
+    so a partial block is never a later prompt's full one). Sent as the text each id always gives, the
+    engine's own prefix cache hits what the ids share: at most the figure the report computes from the
+    ids (which counts a prefix cached from its first request's send; the engine, once its prefill is
+    done), and close to it."""
+    rng = np.random.default_rng(8)
+    conversations: list[list[int]] = []
+    sessions, next_id = [], 0
+    for k in range(150):
+        if conversations and rng.random() < 0.75:
+            ids = conversations[int(rng.integers(len(conversations)))]
+        else:
+            ids = []
+            conversations.append(ids)
+        if len(ids) > 8:
+            del ids[2:]  # a conversation cut back to its system prompt and first question
+        grown = int(rng.integers(0, 3))  # full blocks since its last request, then a partial one of its own
+        ids += range(next_id, next_id + grown)
+        tail = next_id + grown
+        next_id += grown + 1
+        tokens = 64 * len(ids) + int(rng.integers(8, 64))
+        turn = Turn(blocks=[*ids, tail], prompt_tokens=tokens, output_tokens=4)
+        sessions.append(Session(id=f"r{k}", turns=[turn]))
+    workload = write_workload(tmp_path, "blocks", sessions, block_size=64)
+    with SimProcess(*ENGINE) as sim:
+        run = _run(sim.url, workload, tmp_path / "reports", "blocks")
+    assert run.records.session_id.str.contains("~").sum() == 0  # no request sent twice
+    server = run.summary["server"]
+    reuse = server["workload_prefix"]
+    assert reuse["block_size"] == 64 and "block ids" in reuse["basis"]
+    print(f"server {server['prefix_cache_hit_rate']:.4f}, ceiling {reuse['share']:.4f}")
+    assert reuse["share"] > 0.3
+    assert reuse["share"] - 0.08 <= server["prefix_cache_hit_rate"] <= reuse["share"]  # measured 0.515 of 0.560
 
 
 def test_the_live_hit_rate_counts_from_the_runs_start() -> None:

@@ -18,6 +18,7 @@ from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnS
 from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
 from llmload.server.kinds import kind
 from llmload.server.request import RequestShape
+from llmload.workload.blocks import BlockText
 from llmload.workload.tokens import get_tokenizer
 from tests.locust_runs import small_workload
 from tests.wire_server import canned_server, chat_stream
@@ -244,3 +245,43 @@ def test_cache_bust_opens_each_play_with_its_own_marker_and_one_play_shares_it()
     assert set(plain.values()) == {"question 0"}
     assert len(set(busted.values())) == 3 and all(text.endswith("question 0") for text in busted.values())
     assert busted["a"] == busted["b"] and busted["a~2"] == busted["b~2"] == "[t play 2]\nquestion 0"
+
+
+def test_a_turn_of_blocks_sends_its_ids_text_as_its_whole_prompt() -> None:
+    """Two sessions of two block turns each (a trace's ids cover the whole prompt): every request is
+    one user message, the history is not added again, the first 512 tokens of a and b are the same
+    text (id 7) and the rest differ."""
+
+    def turn(ids: list[int], tokens: int) -> Turn:
+        return Turn(blocks=ids, prompt_tokens=tokens, output_tokens=2)
+
+    sessions = [
+        Session(id="a", turns=[turn([7, 1], 700), turn([7, 1, 2], 1200)]),
+        Session(id="b", turns=[turn([7, 3], 900), turn([7, 3, 4], 1400)]),
+    ]
+    text = BlockText(get_tokenizer(), 512)
+    with canned_server(_reply) as (url, bodies):
+        records = _play_all(_dispatcher(sessions, qps=8.0, seconds=0.5), url, block_text=text)
+    assert [r.status for r in records] == ["ok"] * 4
+    assert all(len(body["messages"]) == 1 and body["messages"][0]["role"] == "user" for body in bodies)
+    tokenizer = get_tokenizer()
+    sent = {
+        (r.session_id, r.turn): tokenizer.encode(b["messages"][0]["content"])
+        for r, b in zip(records, bodies, strict=True)
+    }
+    chat = lambda tokens: tokenizer.count_chat([{"role": "user", "content": tokenizer.decode(tokens)}])  # noqa: E731
+    assert [chat(sent[key]) for key in (("a", 0), ("a", 1), ("b", 0), ("b", 1))] == [700, 1200, 900, 1400]
+    assert sent["a", 0][:512] == sent["b", 0][:512] and sent["a", 0][512:600] != sent["b", 0][512:600]
+    assert sent["a", 1][: len(sent["a", 0])] == sent["a", 0]  # turn 2's ids extend turn 1's
+
+
+def test_cache_bust_renames_a_plays_block_ids_alike_for_its_sessions() -> None:
+    sessions = [
+        Session(id=name, turns=[Turn(blocks=[7, k], prompt_tokens=1024, output_tokens=2)])
+        for k, name in enumerate("ab")
+    ]
+    dispatcher = _dispatcher(sessions, qps=1.0, seconds=1.0, cache_bust=True)
+    played = [dispatcher.session_for(0.0).session.turns[0].blocks for _ in range(4)]
+    assert played[0] is not None and played[2] is not None
+    assert played[0][0] == played[1][0] != played[2][0] == played[3][0]  # id 7, renamed per play
+    assert len({ids[1] for ids in played if ids}) == 4

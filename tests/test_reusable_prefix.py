@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -162,3 +163,33 @@ def test_a_log_of_lengths_only_has_no_figure_and_says_why(tmp_path: Path, capsys
     assert stats["reusable_prefix_absent"] == "the log carries no text or hashes"
     assert main(["workload", "stats", str(log)]) == 0
     assert "Reusable prefix: none (the log carries no text or hashes)." in capsys.readouterr().out
+
+
+def test_a_built_trace_keeps_its_ids_and_its_figure_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Mooncake-style trace of 400 lines, each continuing one of 40 conversations (so ids recur at
+    the same prefix) or opening a new one: the workload built from it holds the ids, and its reusable
+    prefix is the trace's, token for token."""
+    rng = np.random.default_rng(3)
+    conversations: list[list[int]] = []
+    lines, next_id = [], 0
+    for k in range(400):
+        if conversations and rng.random() < 0.7:
+            ids = conversations[int(rng.integers(len(conversations)))]
+        else:
+            ids = []
+            conversations.append(ids)
+        grown = int(rng.integers(1, 4))
+        ids += range(next_id, next_id + grown)
+        next_id += grown
+        length = 512 * (len(ids) - 1) + int(rng.integers(1, 513))
+        lines.append({"timestamp": 100 * k, "input_length": length, "output_length": 9, "hash_ids": list(ids)})
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    assert main(["workload", "build", str(trace), "-o", str(tmp_path / "built.yaml")]) == 0
+    capsys.readouterr()
+    built = load_workload(tmp_path / "built.yaml")
+    assert [s.turns[0].blocks for s in built.sessions] == [line["hash_ids"] for line in lines]
+    from_trace = _stats(capsys, str(trace))["reusable_prefix"]
+    from_built = _stats(capsys, str(tmp_path / "built.yaml"))["reusable_prefix"]
+    assert isinstance(from_trace, dict) and from_trace["share"] > 0.3
+    assert from_built == from_trace

@@ -16,7 +16,9 @@ import pytest
 
 from llmload.cli import main
 from llmload.errors import InputError
+from llmload.models import Turn
 from llmload.workload import Workload, load_workload
+from llmload.workload.blocks import BlockText
 from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.formats import detect_format, read_log, sharegpt
 from llmload.workload.tokens import get_tokenizer
@@ -337,12 +339,23 @@ def test_length_only_prompt_leaves_room_for_the_chat_template(tmp_path: Path) ->
         assert tokenizer.count_chat([m.model_dump() for m in turn.messages]) == turn.prompt_tokens
 
 
-def test_mooncake_hash_ids_become_shared_text_prefixes(tmp_path: Path) -> None:
+def test_mooncake_hash_ids_become_blocks_whose_text_shares_exactly_their_prefix(tmp_path: Path) -> None:
+    """The trace's ids are kept as ids (the file stays the trace's size); sent, each id is the same
+    512 tokens of text, so lines that share ids share exactly that prefix, and each chat prompt is as
+    long as the trace says."""
     workload = build(tmp_path, "mooncake.jsonl")
-    encode = get_tokenizer("cl100k_base").encode
-    tokens = [encode(s.turns[0].messages[0].content) for s in workload.sessions]
-    assert [len(t) for t in tokens] == [1100, 1030, 300, 600]
+    assert workload.spec.block_size == 512
+    assert [s.turns[0].blocks for s in workload.sessions] == [[1, 2, 3], [1, 2, 4], [5], [1, 6]]
     assert [s.turns[0].output_tokens for s in workload.sessions] == [20, 10, 5, 7]
+    assert [s.offset_s for s in workload.sessions] == [0.0, 0.5, 1.5, 2.0]
+    text = BlockText.of(workload.spec)
+    assert text is not None
+    tokenizer = get_tokenizer("cl100k_base")
+    sent = [text.messages(s.turns[0]) for s in workload.sessions]
+    assert [tokenizer.count_chat([m.model_dump() for m in messages]) for messages in sent] == [
+        s.turns[0].prompt_tokens for s in workload.sessions
+    ]
+    tokens = [tokenizer.encode(messages[0].content) for messages in sent]
 
     def shared(a: list[int], b: list[int]) -> int:
         return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
@@ -350,28 +363,20 @@ def test_mooncake_hash_ids_become_shared_text_prefixes(tmp_path: Path) -> None:
     assert shared(tokens[0], tokens[1]) == 1024  # hash ids [1, 2] in common
     assert shared(tokens[0], tokens[3]) == 512  # [1]
     assert shared(tokens[0], tokens[2]) < 16  # nothing in common
-    assert [s.offset_s for s in workload.sessions] == [0.0, 0.5, 1.5, 2.0]
 
 
-def test_a_hash_id_that_comes_back_after_many_others_gets_its_text_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A block's text is a function of its id, not of what the text cache still holds: here the cache
-    keeps 2 texts, and id 1 returns after 4 others (the real conversation trace has 182,790 ids; a
-    16,384-text cache once turned its 37.3% reusable into 27.0%)."""
-    monkeypatch.setattr("llmload.workload.build._TEXT_CACHE", 2)
-    log = tmp_path / "trace.jsonl"
-    lines = [(0, [1, 2]), (100, [3, 4]), (200, [5, 6]), (300, [1, 7])]
-    log.write_text(
-        "".join(
-            json.dumps({"timestamp": t, "input_length": 1024, "output_length": 5, "hash_ids": h}) + "\n"
-            for t, h in lines
-        )
-    )
-    workload = build(tmp_path, log)
+def test_a_block_id_that_comes_back_after_many_others_gets_its_text_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's text is a function of its id, not of what a cache still holds: here the cache keeps
+    2 texts, and id 1 returns after 4 others (the real conversation trace has 182,790 ids; a text cache
+    of 16,384 once turned its 37.3% reusable into 27.0%)."""
+    monkeypatch.setattr("llmload.workload.blocks._CACHED_BLOCKS", 2)
+    text = BlockText(get_tokenizer("cl100k_base"), 512)
+    turns = [Turn(blocks=ids, prompt_tokens=1024, output_tokens=5) for ids in ([1, 2], [3, 4], [5, 6], [1, 7])]
+    first, *_, last = (text.messages(turn)[0].content for turn in turns)
     encode = get_tokenizer("cl100k_base").encode
-    first, *_, last = (encode(s.turns[0].messages[0].content) for s in workload.sessions)
-    assert first[:512] == last[:512] and first[512:1000] != last[512:1000]
+    assert encode(first)[:512] == encode(last)[:512] and encode(first)[512:900] != encode(last)[512:900]
+    fresh = BlockText(get_tokenizer("cl100k_base"), 512)  # another process, another order
+    assert fresh.messages(turns[3])[0].content == last
 
 
 def test_redact_keeps_structure_lengths_and_shared_text(tmp_path: Path) -> None:

@@ -64,3 +64,35 @@ def test_bad_session_line_names_file_and_line(tmp_path: Path) -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match=r"nope\.yaml: cannot read"):
         load_workload(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("yaml_extra", "turn", "message"),
+    [
+        (
+            "",
+            '{"blocks": [1], "prompt_tokens": 100, "output_tokens": 5}',
+            "s.sessions.jsonl:2: turn 1 gives its prompt as blocks, and the workload's YAML names no block_size",
+        ),
+        (
+            "block_size: 64\n",
+            '{"blocks": [1], "prompt_tokens": 100, "output_tokens": 5}',
+            "s.sessions.jsonl:2: turn 1 has 1 blocks for prompt_tokens 100 (2 of 64 tokens, the last may be partial)",
+        ),
+        (
+            "block_size: 64\n",
+            '{"blocks": [1], "output_tokens": 5}',
+            "s.sessions.jsonl:2: turns.0: a turn of blocks needs prompt_tokens",
+        ),
+        ("", '{"output_tokens": 5}', "s.sessions.jsonl:2: turns.0: a turn has messages or blocks"),
+    ],
+)
+def test_a_turn_of_blocks_is_checked_against_the_spec_with_its_line(
+    tmp_path: Path, yaml_extra: str, turn: str, message: str
+) -> None:
+    (tmp_path / "s.yaml").write_text(f"version: 1\nname: s\nsessions: s.sessions.jsonl\n{yaml_extra}")
+    good = '{"id": "a", "turns": [{"messages": [{"role": "user", "content": "hi"}], "output_tokens": 5}]}'
+    (tmp_path / "s.sessions.jsonl").write_text(f'{good}\n{{"id": "b", "turns": [{turn}]}}\n')
+    with pytest.raises(WorkloadError) as caught:
+        load_workload(tmp_path / "s.yaml")
+    assert message in str(caught.value)

@@ -35,6 +35,7 @@ class ChatUser(User):
             history_turns=plan.history_turns,
             session_header=run.session_header,
             cancel=plan.cancel,
+            block_text=plan.block_text,
         )
 
     @task

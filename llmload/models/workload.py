@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
 from llmload.models.strict import Strict
 
@@ -18,9 +18,15 @@ class Message(Strict):
 
 
 class Turn(Strict):
-    """One request of a session: the messages this turn adds to the conversation."""
+    """One request of a session: the messages this turn adds to the conversation, or its whole prompt
+    as prefix blocks (a trace's hash ids: llmload/workload/blocks.py)."""
 
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(default_factory=list)
+    blocks: list[NonNegativeInt] | None = Field(
+        default=None,
+        description="the whole prompt, history included, as ids of the spec's block_size-token blocks (the last"
+        " may be partial); sent as one user message whose text each id gives, with no history added",
+    )
     max_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = Field(
         default=None, description="forced output length (min_tokens = max_tokens = this, ignore_eos)"
@@ -40,7 +46,14 @@ class Turn(Strict):
 
     @model_validator(mode="after")
     def _bounded(self) -> Turn:
-        """A request with no length limit would run to the server's max_model_len: never sent."""
+        """A request with no length limit would run to the server's max_model_len: never sent. A
+        prompt is messages or blocks, and blocks say how long it is."""
+        if (self.blocks is None) == (not self.messages):
+            raise ValueError("a turn has messages or blocks (a prompt as prefix block ids), one of the two")
+        if self.blocks is not None and self.prompt_tokens is None:
+            raise ValueError(
+                "a turn of blocks needs prompt_tokens: how long its prompt is (its last block may be partial)"
+            )
         if self.output_tokens is None and self.max_tokens is None:
             raise ValueError(
                 "a turn needs output_tokens or max_tokens (without, a server generates up to max_model_len);"
@@ -77,6 +90,9 @@ class WorkloadSpec(Strict):
     target_qps: float | None = Field(default=None, gt=0)
     sessions: str = Field(description="JSONL file of sessions, relative to the YAML file")
     history_turns: PositiveInt | None = Field(default=None, description="replay keeps only the last N turns of history")
+    block_size: PositiveInt | None = Field(
+        default=None, description="tokens per prefix block of the turns given as `blocks` (512 for Mooncake)"
+    )
     stats: dict[str, object] | None = None
 
 

@@ -48,8 +48,7 @@ from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
 PROGRESS_EVERY = 100_000
 _FINISH_BATCH = 512
 _TEXT_CACHE = 16_384  # texts drawn again only when a key comes back after this many others
-_BLOCK, _REDACTED = 0, 1  # what a text's key names: a trace's prefix block, or a redacted message
-_KEY_SPAN = 2**64  # a key is non-negative: a message's hash, or a hash id, modulo this
+_KEY_SPAN = 2**64  # a key is non-negative: a redacted message's hash modulo this
 _ISSUES_KEPT = 1_000
 
 
@@ -336,8 +335,8 @@ class _Finisher:
 
     @cached_property
     def _keyed_text(self) -> Callable[[tuple[int, ...], int], str]:
-        """Text by key, a function of the key alone (the same Mooncake hash id, or the same redacted
-        message, gets the same text however far apart they come); the cache only saves drawing it again."""
+        """A redacted message's text, a function of its content alone (the same message gets the same
+        text however far apart it comes); the cache only saves drawing it again."""
         return lru_cache(maxsize=_TEXT_CACHE)(self._synth.keyed_text)
 
     @cached_property
@@ -445,7 +444,11 @@ class _Finisher:
                 session.index, index, offset=offset, think=think, prompt=prompt, output=output, limit=request.max_tokens
             )
             if self.write:
-                turn: Record = {"messages": self._messages(request, message_counts)}
+                turn: Record = (
+                    {"blocks": request.hash_ids}
+                    if request.hash_ids
+                    else {"messages": self._messages(request, message_counts)}
+                )
                 if request.max_tokens is not None:
                     turn["max_tokens"] = request.max_tokens
                 if output:
@@ -490,25 +493,13 @@ class _Finisher:
         if not self.redact:
             return request.messages
         return [
-            {"role": m["role"], "content": self._keyed_text((_REDACTED, hash(m["content"]) % _KEY_SPAN), n)}
+            {"role": m["role"], "content": self._keyed_text((hash(m["content"]) % _KEY_SPAN,), n)}
             for m, n in zip(request.messages, counts, strict=True)
         ]
 
     def _length_only_text(self, request: LogRequest) -> str:
-        """Text whose chat prompt has the trace's length; shared hash ids give shared prefixes."""
-        wanted = max(1, (request.prompt_tokens or 1) - self._template_tokens)
-        if not request.hash_ids:
-            return self._synth.text(wanted)
-        parts = []
-        for position, hash_id in enumerate(request.hash_ids):
-            size = min(MOONCAKE_BLOCK_TOKENS, wanted - position * MOONCAKE_BLOCK_TOKENS)
-            if size <= 0:
-                break
-            block = self._keyed_text((_BLOCK, hash_id % _KEY_SPAN), MOONCAKE_BLOCK_TOKENS)
-            if size < MOONCAKE_BLOCK_TOKENS:
-                block = self.tokenizer.decode(self.tokenizer.encode(block)[:size])
-            parts.append(block)
-        return "".join(parts)
+        """Text whose chat prompt has the log's length (a log of lengths without hash ids)."""
+        return self._synth.text(max(1, (request.prompt_tokens or 1) - self._template_tokens))
 
 
 # --------------------------------------------------------------------------- the pass
@@ -688,6 +679,7 @@ def build_workload(
             model=options.model,
             target_qps=stats.requests_per_s or None,
             sessions=sessions_path.name,
+            block_size=MOONCAKE_BLOCK_TOKENS if log.format == "mooncake" else None,
             stats=stats.model_dump(mode="json"),
         )
         os.replace(partial, sessions_path)

@@ -52,13 +52,29 @@ def load_workload(path: str | Path) -> Workload:
             ) from None
         raise
     sessions_path = path.parent / spec.sessions
-    sessions = list(_read_sessions(sessions_path))
+    sessions = list(_read_sessions(sessions_path, spec.block_size))
     if not sessions:
         raise WorkloadError(f"{sessions_path}: no sessions")
     return Workload(spec, sessions, path)
 
 
-def _read_sessions(path: Path) -> Iterable[Session]:
+def _block_problem(session: Session, block_size: int | None) -> str | None:
+    """Why a session's turns of blocks cannot be sent: no block size, or ids that do not cover the prompt."""
+    for index, turn in enumerate(session.turns, start=1):
+        if turn.blocks is None:
+            continue
+        if block_size is None:
+            return f"turn {index} gives its prompt as blocks, and the workload's YAML names no block_size"
+        needed = -(-(turn.prompt_tokens or 0) // block_size)
+        if len(turn.blocks) != needed:
+            return (
+                f"turn {index} has {len(turn.blocks)} blocks for prompt_tokens {turn.prompt_tokens}"
+                f" ({needed} of {block_size} tokens, the last may be partial)"
+            )
+    return None
+
+
+def _read_sessions(path: Path, block_size: int | None) -> Iterable[Session]:
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -68,11 +84,14 @@ def _read_sessions(path: Path) -> Iterable[Session]:
             if not line.strip():
                 continue
             try:
-                yield Session.model_validate(orjson.loads(line))
+                session = Session.model_validate(orjson.loads(line))
             except orjson.JSONDecodeError as exc:
                 raise WorkloadError(f"{path}:{number}: not valid JSON: {exc}") from None
             except ValidationError as exc:
                 raise WorkloadError(f"{path}:{number}: {validation_message(exc)}") from None
+            if (problem := _block_problem(session, block_size)) is not None:
+                raise WorkloadError(f"{path}:{number}: {problem}")
+            yield session
 
 
 def save_workload(spec: WorkloadSpec, sessions: Iterable[Session], path: str | Path) -> Path:

@@ -117,10 +117,11 @@ class PrefixBlocks:
         return blocks
 
     @classmethod
-    def from_hash_ids(cls) -> PrefixBlocks:
-        """Blocks from Mooncake `hash_ids`: one element per 512-token block."""
-        blocks = cls(1, basis="the log's hash_ids (Mooncake, 512-token blocks)")
-        blocks._unit_tokens = MOONCAKE_BLOCK_TOKENS
+    def from_hash_ids(cls, block_size: int = MOONCAKE_BLOCK_TOKENS) -> PrefixBlocks:
+        """Blocks from a trace's hash ids (Mooncake's `hash_ids`, a workload's `blocks`): one element
+        per `block_size`-token block."""
+        blocks = cls(1, basis=f"the prompts' block ids ({block_size}-token blocks, as the trace's hash_ids)")
+        blocks._unit_tokens = block_size
         return blocks
 
     def add_session(
@@ -298,6 +299,8 @@ def workload_prefix(
     """The reusable prefix of a workload file: its requests at the request table's arrivals, a reply
     as long as the turn's `output_tokens` (else `max_tokens`, else 0). What a run sent: `sent_prefix`."""
     arrivals = request_table(workload)["arrival_s"].to_numpy()
+    if workload.spec.block_size is not None:
+        return _block_prefix(workload, arrivals)
     layout = PromptLayout(workload.spec.tokenizer, template)
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     request = 0
@@ -308,6 +311,17 @@ def workload_prefix(
             list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)], layout.reply_end
         )
         request += len(tokens)
+    return blocks.result()
+
+
+def _block_prefix(workload: Workload, arrivals: np.ndarray) -> ReusablePrefix:
+    """A workload of block turns: the figure from its ids, as its trace's is (each request its own
+    session; a turn of messages has no ids and reuses nothing)."""
+    assert workload.spec.block_size is not None
+    blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
+    turns = (turn for session in workload.sessions for turn in session.turns)
+    for turn, arrival in zip(turns, arrivals, strict=True):
+        blocks.add_hashed(turn.blocks or [], turn.prompt_tokens or 0, float(arrival))
     return blocks.result()
 
 
@@ -345,6 +359,8 @@ def sent_prefix(
     sent_at = sent.sent_at.to_numpy(dtype=float)
     replies = np.nan_to_num(sent.output_tokens.to_numpy(dtype=float)).astype(np.int64)
     is_counted = sent.counted.to_numpy(dtype=bool)
+    if workload.spec.block_size is not None:
+        return _sent_blocks(workload, (session, lap, turn), sent_at, bust_run).result(is_counted)
     order = np.lexsort((turn, lap, session))
     starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
     layout = PromptLayout(workload.spec.tokenizer, template)
@@ -364,6 +380,26 @@ def sent_prefix(
         blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival, layout.reply_end)
         counted.append(mask)
     return blocks.result(np.concatenate(counted))
+
+
+def _sent_blocks(
+    workload: Workload, requests: tuple[np.ndarray, np.ndarray, np.ndarray], sent_at: np.ndarray, bust_run: str | None
+) -> PrefixBlocks:
+    """What a run of a workload of block turns sent, by the ids each request's text came from (a
+    --cache-bust play's renamed ones), each request its own session, at its send time."""
+    assert workload.spec.block_size is not None
+    blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
+    plays: dict[tuple[int, int], Session] = {}
+    session, lap, turn = (column.tolist() for column in requests)
+    for number, play, index, at in zip(session, lap, turn, sent_at.tolist(), strict=True):
+        played = workload.sessions[number]
+        if bust_run is not None:
+            if (number, play) not in plays:
+                plays[number, play] = marked(played, play_marker(bust_run, play))
+            played = plays[number, play]
+        sent = played.turns[index]
+        blocks.add_hashed(sent.blocks or [], sent.prompt_tokens or 0, at)
+    return blocks
 
 
 def _played_session(name: str, index: dict[str, int]) -> tuple[int, int] | None:

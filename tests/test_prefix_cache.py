@@ -238,6 +238,46 @@ def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(tmp_path: P
     assert reuse["share"] - 0.08 <= server["prefix_cache_hit_rate"] <= reuse["share"]  # measured 0.515 of 0.560
 
 
+def test_agentic_traces_are_replayed_with_their_subagents_and_served_as_their_ids_say(tmp_path: Path) -> None:
+    """Three small agentic traces (kv-cache-tester's format), each a main agent whose prompt grows by a
+    tool result a turn and a subagent that opens with the parent's first blocks: built, their agents and
+    subagents are sessions replayed side by side, and the engine's prefix cache hits what the ids
+    share, at most the figure of what the run sent and close to it."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    rng = np.random.default_rng(4)
+    for number in range(3):
+        ids, next_id, requests = [1, 2], 3, []
+        for k in range(6):
+            grown = int(rng.integers(1, 3))
+            ids = [*ids, *range(next_id, next_id + grown)]
+            next_id += grown
+            tokens = 64 * len(ids) + int(rng.integers(0, 64))
+            requests.append({"t": 2.0 * k, "in": tokens, "out": 6, "hash_ids": ids, "api_time": 0.5, "think_time": 0.2})
+            if k == 2:
+                sub = [1, 2, next_id]
+                next_id += 1
+                requests.append({"t": 2.0 * k + 0.5, "type": "subagent", "agent_id": "agent_001", "requests": [
+                    {"t": 0.0, "in": 64 * len(sub) + 10, "out": 6, "hash_ids": sub, "api_time": 0.5, "think_time": 0.0},
+                    {"t": 1.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
+                     "think_time": 0.2},
+                ]})  # fmt: skip
+                next_id += 1
+        trace = {"id": f"t{number}", "block_size": 64, "hash_id_scope": "local", "requests": requests}
+        (traces / f"t{number}.json").write_bytes(orjson.dumps(trace))
+    assert main(["workload", "build", str(traces), "-o", str(tmp_path / "agents.yaml")]) == 0
+    assert len(load_workload(tmp_path / "agents.yaml").sessions) == 6
+    with SimProcess(*ENGINE) as sim:
+        run = _run(sim.url, tmp_path / "agents.yaml", tmp_path / "reports", "agents")
+    sent = run.records[run.records.status == "ok"]
+    assert sent.session_id.str.contains("/agent_001").any() and sent.session_id.str.startswith("t0").any()
+    server = run.summary["server"]
+    reuse = server["workload_prefix"]
+    print(f"server {server['prefix_cache_hit_rate']:.4f}, ceiling {reuse['share']:.4f}")
+    assert reuse["block_size"] == 64 and reuse["share"] > 0.5
+    assert reuse["share"] - 0.08 <= server["prefix_cache_hit_rate"] <= reuse["share"]
+
+
 def test_the_live_hit_rate_counts_from_the_runs_start() -> None:
     live = LiveStats([Stage(name="100%", percent=100, qps=1, start_s=0, duration_s=10)], np.zeros(0), 0)
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import orjson
 import pytest
 
 from llmload.cli import main
@@ -21,6 +22,7 @@ from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
 from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.formats import detect_format, read_log, sharegpt
+from llmload.workload.prefix import workload_prefix
 from llmload.workload.tokens import get_tokenizer
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -537,3 +539,72 @@ def test_server_tokenizer_matches_vllm(vllm_server: object) -> None:
     ]
     assert [server.count_chat(c) for c in chats] == [local.count_chat(c) for c in chats]
     assert server.count("the model server queue") == local.count("the model server queue")
+
+
+def _weka_trace(name: str, requests: list[dict[str, object]], scope: str = "local") -> dict[str, object]:
+    return {"id": name, "models": ["m"], "block_size": 64, "hash_id_scope": scope, "requests": requests}
+
+
+def _weka_request(t: float, ids: list[int], tokens: int, think: float = 0.0) -> dict[str, object]:
+    return {"t": t, "type": "n", "in": tokens, "out": 20, "hash_ids": ids, "api_time": 2.0, "think_time": think}
+
+
+def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path: Path) -> None:
+    """Two traces of a directory, both counting their local ids from 1: each main agent is a session
+    and its subagent one of its own from the entry's time; ids are the trace's own (a's 1 is not b's);
+    think times are the gaps less the recorded API time; the figure is a plain recount of leading ids
+    an earlier request (by time) already sent under the same trace."""
+    sub = {"t": 9.0, "type": "subagent", "agent_id": "agent_001", "requests": [
+        _weka_request(0.0, [1, 2, 7], 200), _weka_request(4.0, [1, 2, 7, 8], 260, think=2.0)]}  # fmt: skip
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    a = [_weka_request(0.0, [1, 2], 150), _weka_request(5.0, [1, 2, 3], 200, think=3.0), sub,
+         _weka_request(30.0, [1, 2, 3, 4, 5], 330, think=1.0)]  # fmt: skip
+    b = [_weka_request(0.0, [1, 2, 3], 192), _weka_request(3.0, [1, 9, 10], 200, think=1.0)]
+    (traces / "a.json").write_bytes(orjson.dumps(_weka_trace("a", a)))
+    (traces / "b.json").write_bytes(orjson.dumps(_weka_trace("b", b)))
+    workload = build(tmp_path, traces)
+    assert workload.spec.block_size == 64 and workload.spec.source is not None
+    assert workload.spec.source.format == "weka"
+    by_id = {s.id: s for s in workload.sessions}
+    assert sorted(by_id) == ["a", "a/agent_001", "b"]
+    assert by_id["a/agent_001"].offset_s == 9.0 and by_id["b"].offset_s == 0.0
+    assert [t.think_time_s for t in by_id["a"].turns] == [0.0, 3.0, 23.0]
+    assert [t.think_time_s for t in by_id["a/agent_001"].turns] == [0.0, 2.0]
+    first_a, first_b = by_id["a"].turns[0].blocks, by_id["b"].turns[0].blocks
+    assert first_a is not None and first_b is not None and first_a[0] != first_b[0]
+    assert [len(t.blocks or []) for s in workload.sessions for t in s.turns] == [2, 3, 5, 3, 4, 3, 3]
+    # the recount: requests by time, a block reusable when an earlier one held the same leading ids
+    sent = [("a", 0.0, [1, 2], 150), ("b", 0.0, [1, 2, 3], 192), ("b", 3.0, [1, 9, 10], 200),
+            ("a", 5.0, [1, 2, 3], 200), ("a", 9.0, [1, 2, 7], 200), ("a", 13.0, [1, 2, 7, 8], 260),
+            ("a", 30.0, [1, 2, 3, 4, 5], 330)]  # fmt: skip
+    seen: set[tuple[object, ...]] = set()
+    reusable = 0
+    for trace, _, ids, tokens in sent:
+        prefixes = [(trace, *ids[: k + 1]) for k in range(min(len(ids), tokens // 64))]
+        reusable += 64 * next((k for k, p in enumerate(prefixes) if p not in seen), len(prefixes))
+        seen.update(prefixes)
+    reuse = workload_prefix(workload)
+    assert reuse.block_size == 64 and reuse.prompt_tokens == sum(t for *_, t in sent)
+    assert reuse.reusable_tokens == reusable == 64 * (0 + 0 + 1 + 2 + 2 + 3 + 3)
+
+
+@pytest.mark.parametrize(
+    ("trace", "reason"),
+    [
+        ({"id": "x", "block_size": 32, "requests": []}, "block_size 32: llmload reads traces of 64-token blocks"),
+        (
+            _weka_trace("x", [_weka_request(0.0, [1], 200)]),
+            "bad.json.requests[0].hash_ids: 1 blocks for in 200 (64 tokens per block)",
+        ),
+        (_weka_trace("x", [_weka_request(0.0, [1], 64)], scope="team"), "bad hash_id_scope 'team'"),
+    ],
+)
+def test_a_bad_weka_trace_is_refused_naming_the_file_and_request(
+    tmp_path: Path, trace: dict[str, object], reason: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(orjson.dumps(trace))
+    with pytest.raises(BuildError) as caught:
+        build_workload([path], tmp_path / "out.yaml", BuildOptions(format="weka"), progress=None)
+    assert reason in str(caught.value) and str(path) in str(caught.value)

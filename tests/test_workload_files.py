@@ -76,8 +76,8 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
         ),
         (
             "block_size: 64\n",
-            '{"blocks": [1], "prompt_tokens": 100, "output_tokens": 5}',
-            "s.sessions.jsonl:2: turn 1 has 1 blocks for prompt_tokens 100 (2 of 64 tokens, the last may be partial)",
+            '{"blocks": [1], "prompt_tokens": 200, "output_tokens": 5}',
+            "s.sessions.jsonl:2: turn 1 has 1 blocks for prompt_tokens 200 (4 of 64 tokens, the last may be partial)",
         ),
         (
             "block_size: 64\n",

@@ -5,6 +5,8 @@ from the id alone (`TextSynthesizer.keyed_text`), so requests that share ids sha
 prefix on the wire and requests that do not share none. A turn of blocks is its whole prompt,
 history included (a trace's ids already cover the conversation so far): it is sent as one user
 message, cut to the turn's `prompt_tokens` less what the chat template adds, with no history added.
+A partial last block with no id of its own (WEKA traces name full blocks only) is text no other
+request shares.
 A file of ids stays the size of its trace (the Mooncake conversation trace: 3 MB, where its text
 was 810 MB), and its reusable prefix is the trace's own, from the ids.
 """
@@ -28,6 +30,7 @@ class BlockText:
         self._tokenizer = tokenizer
         self._template_tokens = tokenizer.count_chat([{"role": "user", "content": ""}])
         synth = TextSynthesizer(tokenizer)
+        self._unshared = TextSynthesizer(tokenizer, seed=1)  # a stream: no two tails alike
         self._block = lru_cache(maxsize=_CACHED_BLOCKS)(lambda block_id: synth.keyed_text((block_id,), block_size))
 
     @classmethod
@@ -50,4 +53,7 @@ class BlockText:
             parts.append(
                 text if size == self.block_size else self._tokenizer.decode(self._tokenizer.encode(text)[:size])
             )
+        tail = wanted - len(turn.blocks) * self.block_size
+        if tail > 0:  # a partial last block the trace gave no id: text of this request's own
+            parts.append(self._unshared.text(tail))
         return [Message(role="user", content="".join(parts))]

@@ -38,8 +38,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, Posit
 from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, WorkloadSpec
 from llmload.workload.distributions import Distribution
 from llmload.workload.files import WorkloadError
-from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, read_log
-from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
+from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, format_named, read_log
 from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, NO_TEXT, PrefixBlocks, PromptLayout
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
 from llmload.workload.synth import TextSynthesizer, draw_tokens
@@ -154,26 +153,30 @@ class _Sessions:
         if request.timestamp is not None:
             self._expire(request.timestamp)
         messages = request.messages
-        if messages is None:  # length-only trace: a session of its own
+        if messages is None and request.session is None:  # length-only trace: a session of its own
             self._close(self._start(request))
             return
-        if request.session is not None:  # explicit conversation (ShareGPT): the reply follows the last request
+        if (
+            request.session is not None
+        ):  # explicit conversation (ShareGPT, an agent's): the reply follows the last request
             keys: tuple[Key, ...] = (request.session,)
             found = self._take(request.session)
             split = found.n_messages if found is not None else None
         else:
+            assert messages is not None
             found, split, keys = self._match(messages, request.reply)
         if found is None or split is None:
             found = self._start(request)
         else:
-            previous = found.turns[-1]
-            if previous.reply is None:
-                previous.reply = messages[split]["content"]
-            request.messages = messages[split + 1 :]
+            if messages is not None:  # the reply, then this request's new messages
+                previous = found.turns[-1]
+                if previous.reply is None:
+                    previous.reply = messages[split]["content"]
+                request.messages = messages[split + 1 :]
             found.turns.append(request)
             del self._active[found.index]
             self._active[found.index] = found
-        found.n_messages = len(messages)
+        found.n_messages = len(messages or ())
         found.last_seen = request.timestamp
         found.keys = keys
         for key in keys:
@@ -539,19 +542,21 @@ def _run(
     progress: TextIO | None = None,
 ) -> LogTable:
     """Read, group and finish every request; finished sessions go to `out` as JSONL when given."""
+    sources = [path for source in sources for path in (sorted(source.glob("*.json")) if source.is_dir() else [source])]
     for path in sources:
         if not path.is_file():
             raise WorkloadError(f"{path}: no such file")
     if not sources:
         raise WorkloadError("no source files")
     fmt = _format(sources, options.format)
+    hashed = format_named(fmt).hash_block_tokens
     try:
         tokenizer = get_tokenizer(options.tokenizer)
     except TokenizerError as exc:
         raise WorkloadError(str(exc)) from None
     prefix = (
-        PrefixBlocks.from_hash_ids()
-        if fmt == "mooncake"
+        PrefixBlocks.from_hash_ids(hashed)
+        if hashed is not None
         else PrefixBlocks.from_text(options.block_size, options.tokenizer, options.chat_template)
     )
     layout = PromptLayout(options.tokenizer, options.chat_template)
@@ -679,7 +684,7 @@ def build_workload(
             model=options.model,
             target_qps=stats.requests_per_s or None,
             sessions=sessions_path.name,
-            block_size=MOONCAKE_BLOCK_TOKENS if log.format == "mooncake" else None,
+            block_size=format_named(log.format).hash_block_tokens,
             stats=stats.model_dump(mode="json"),
         )
         os.replace(partial, sessions_path)

@@ -65,11 +65,11 @@ def _block_problem(session: Session, block_size: int | None) -> str | None:
             continue
         if block_size is None:
             return f"turn {index} gives its prompt as blocks, and the workload's YAML names no block_size"
-        needed = -(-(turn.prompt_tokens or 0) // block_size)
-        if len(turn.blocks) != needed:
+        full, needed = divmod(turn.prompt_tokens or 0, block_size)
+        if len(turn.blocks) not in (full, full + (needed > 0)):
             return (
                 f"turn {index} has {len(turn.blocks)} blocks for prompt_tokens {turn.prompt_tokens}"
-                f" ({needed} of {block_size} tokens, the last may be partial)"
+                f" ({full + (needed > 0)} of {block_size} tokens, the last may be partial)"
             )
     return None
 

@@ -8,7 +8,7 @@ sessions and synthesis are the builder's job (`llmload.workload.build`).
 
 Each format is one module declaring its `FORMAT` (name, sniff, parser); `FORMATS` lists them in
 the order `--format` offers them. Adding a format is one new module and one entry in `FORMATS`.
-Today: `openai_jsonl`, `sharegpt`, `vllm_log`, `azure_trace` and `mooncake`, over the shared
+Today: `openai_jsonl`, `sharegpt`, `vllm_log`, `azure_trace`, `mooncake` and `weka`, over the shared
 types and JSON-line helpers of `common`.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from llmload.workload.formats import azure_trace, mooncake, openai_jsonl, sharegpt, vllm_log
+from llmload.workload.formats import azure_trace, mooncake, openai_jsonl, sharegpt, vllm_log, weka
 from llmload.workload.formats.common import (
     DETECT_BYTES,
     FormatError,
@@ -41,6 +41,7 @@ __all__ = [
     "LogRequest",
     "Parsed",
     "detect_format",
+    "format_named",
     "log_format",
     "read_log",
 ]
@@ -51,6 +52,7 @@ FORMATS: tuple[LogFormat, ...] = (
     vllm_log.FORMAT,
     azure_trace.FORMAT,
     mooncake.FORMAT,
+    weka.FORMAT,
 )
 FORMAT_NAMES = tuple(f.name for f in FORMATS)
 _BY_NAME = {f.name: f for f in FORMATS}
@@ -85,6 +87,11 @@ def _sniff(path: Path) -> tuple[LogFormat | None, dict[str, Any] | None]:
             raise FormatError(f"{path}:1: first line is not a JSON object; use --format") from None
     seen = Head(first_line=first, record=record, text=head.decode("utf-8", errors="replace"))
     return next((fmt for fmt in _SNIFF_ORDER if fmt.sniff(seen)), None), record
+
+
+def format_named(name: str) -> LogFormat:
+    """The format of a `--format` name (one of FORMAT_NAMES)."""
+    return _BY_NAME[name]
 
 
 def detect_format(path: Path) -> str:

@@ -42,7 +42,7 @@ class LogRequest:
     last: bool = False
     """The conversation's last request: its session can be closed now."""
     hash_ids: list[int] | None = None
-    """Mooncake prefix blocks (512 tokens each, the last one may be partial)."""
+    """Prefix block ids of the format's `hash_block_tokens` tokens each (the last one may be partial)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,8 @@ class LogFormat:
     fallback: bool = False
     """The sniff is loose (any request body, any vLLM-looking line): it is asked only after every
     other format declined, so that a more specific format with the same sign wins."""
+    hash_block_tokens: int | None = None
+    """Tokens per hash id, for a format whose requests carry prefix block ids (Mooncake 512, WEKA 64)."""
 
 
 # --------------------------------------------------------------------------- shared helpers

@@ -55,4 +55,10 @@ def _sniff(head: Head) -> bool:
     return head.record is not None and ("hash_ids" in head.record or "input_length" in head.record)
 
 
-FORMAT = LogFormat(name="mooncake", title="a Mooncake trace", sniff=_sniff, parse=parse_mooncake)
+FORMAT = LogFormat(
+    name="mooncake",
+    title="a Mooncake trace",
+    sniff=_sniff,
+    parse=parse_mooncake,
+    hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
+)

@@ -1,0 +1,110 @@
+"""`weka`: agentic coding traces as the kv-cache-tester corpus writes them (one JSON object a trace:
+`block_size`, `hash_id_scope`, `requests` of `t`, `in`, `out`, `hash_ids`, `think_time`, `api_time`,
+and `type: "subagent"` entries that nest their own `requests`). Lengths and prefix blocks only.
+
+The main agent is a session, named by the trace's `id`; each subagent is a session of its own,
+`{id}/{agent_id}`, starting at its entry's `t`. A request's `finished` is `t + api_time`, so the
+builder takes the recorded think time out of the gap, not the recorded server's speed. Ids of a
+`local` scope are the trace's own: they are put in a namespace of the trace, so two traces' id 1 are
+two blocks; `global` ids are kept, shared between traces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from llmload.workload.formats.common import BadLine, Head, Issue, LogFormat, LogRequest, Parsed, integer
+
+WEKA_BLOCK_TOKENS = 64
+_LOCAL_ID_BITS = 31  # a local id below 2^31, under a 32-bit namespace of its trace
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadLine(f"bad {what}: {value!r} is not a number of seconds")
+    return float(value)
+
+
+def _ids(value: object, namespace: int | None, length: int, at: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
+        raise BadLine(f"bad {at}.hash_ids: not a list of integers")
+    if len(value) not in (length // WEKA_BLOCK_TOKENS, -(-length // WEKA_BLOCK_TOKENS)):
+        raise BadLine(f"bad {at}.hash_ids: {len(value)} blocks for in {length} ({WEKA_BLOCK_TOKENS} tokens per block)")
+    if namespace is None:
+        return value
+    if any(h < 0 or h >= 1 << _LOCAL_ID_BITS for h in value):
+        raise BadLine(f"bad {at}.hash_ids: a local id outside [0, 2^{_LOCAL_ID_BITS})")
+    return [namespace << _LOCAL_ID_BITS | h for h in value]
+
+
+def _requests(where: str, entries: object, session: str, start: float, namespace: int | None) -> Iterator[LogRequest]:
+    """One agent's requests, then each of its subagents' where their entry stands."""
+    if not isinstance(entries, list):
+        raise BadLine(f"{where}: requests is not a list")
+    own = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("type") != "subagent"]
+    for index, entry in enumerate(entries):
+        at = f"{where}.requests[{index}]"
+        if not isinstance(entry, dict):
+            raise BadLine(f"{at}: not an object")
+        t = start + _number(entry.get("t"), f"{at}.t")
+        if entry.get("type") == "subagent":
+            agent = entry.get("agent_id")
+            if not isinstance(agent, str) or not agent:
+                raise BadLine(f"{at}: a subagent without an agent_id")
+            yield from _requests(at, entry.get("requests"), f"{session}/{agent}", t, namespace)
+            continue
+        length = integer(entry.get("in"), f"{at}.in", minimum=1)
+        api = entry.get("api_time")
+        yield LogRequest(
+            where=at,
+            timestamp=t,
+            finished=None if api is None else t + _number(api, f"{at}.api_time"),
+            prompt_tokens=length,
+            output_tokens=integer(entry.get("out"), f"{at}.out", minimum=1),
+            session=session,
+            label=session,
+            last=index == own[-1],
+            hash_ids=_ids(entry.get("hash_ids"), namespace, length, at),
+        )
+
+
+def parse_weka(path: Path) -> Iterator[Parsed]:
+    """One trace file: its main agent's requests and its subagents', in file order."""
+    try:
+        trace = orjson.loads(path.read_bytes())
+        if not isinstance(trace, dict):
+            raise BadLine("not a JSON object")
+        name = trace.get("id")
+        if not isinstance(name, str) or not name:
+            raise BadLine("no trace id")
+        if trace.get("block_size") != WEKA_BLOCK_TOKENS:
+            raise BadLine(
+                f"block_size {trace.get('block_size')!r}: llmload reads traces of {WEKA_BLOCK_TOKENS}-token blocks"
+            )
+        scope = trace.get("hash_id_scope", "local")
+        if scope not in ("local", "global"):
+            raise BadLine(f"bad hash_id_scope {scope!r}: local or global")
+        namespace = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest()) if scope == "local" else None
+        yield from _requests(path.name, trace.get("requests"), name, 0.0, namespace)
+    except orjson.JSONDecodeError as exc:
+        yield Issue(str(path), f"not valid JSON: {exc}")
+    except BadLine as exc:
+        yield Issue(str(path), str(exc))
+
+
+def _sniff(head: Head) -> bool:
+    """A JSON object with a trace's `block_size` and `requests`."""
+    return head.record is not None and "block_size" in head.record and "requests" in head.record
+
+
+FORMAT = LogFormat(
+    name="weka",
+    title="an agentic trace (kv-cache-tester's WEKA format)",
+    sniff=_sniff,
+    parse=parse_weka,
+    hash_block_tokens=WEKA_BLOCK_TOKENS,
+)

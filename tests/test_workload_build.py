@@ -560,7 +560,7 @@ def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path:
     traces.mkdir()
     a = [_weka_request(0.0, [1, 2], 150), _weka_request(5.0, [1, 2, 3], 200, think=3.0), sub,
          _weka_request(30.0, [1, 2, 3, 4, 5], 330, think=1.0)]  # fmt: skip
-    b = [_weka_request(0.0, [1, 2, 3], 192), _weka_request(3.0, [1, 9, 10], 200, think=1.0)]
+    b = [_weka_request(0.0, [1, 2, 3], 192), {**_weka_request(3.0, [1, 9, 10], 200, think=1.0), "out": 0}]
     (traces / "a.json").write_bytes(orjson.dumps(_weka_trace("a", a)))
     (traces / "b.json").write_bytes(orjson.dumps(_weka_trace("b", b)))
     workload = build(tmp_path, traces)
@@ -571,6 +571,7 @@ def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path:
     assert by_id["a/agent_001"].offset_s == 9.0 and by_id["b"].offset_s == 0.0
     assert [t.think_time_s for t in by_id["a"].turns] == [0.0, 3.0, 23.0]
     assert [t.think_time_s for t in by_id["a/agent_001"].turns] == [0.0, 2.0]
+    assert [t.output_tokens for t in by_id["b"].turns] == [20, 1]  # cut off with no answer: its prefill
     first_a, first_b = by_id["a"].turns[0].blocks, by_id["b"].turns[0].blocks
     assert first_a is not None and first_b is not None and first_a[0] != first_b[0]
     assert [len(t.blocks or []) for s in workload.sessions for t in s.turns] == [2, 3, 5, 3, 4, 3, 3]

@@ -4,7 +4,8 @@ and `type: "subagent"` entries that nest their own `requests`). Lengths and pref
 
 The main agent is a session, named by the trace's `id`; each subagent is a session of its own,
 `{id}/{agent_id}`, starting at its entry's `t`. A request's `finished` is `t + api_time`, so the
-builder takes the recorded think time out of the gap, not the recorded server's speed. Ids of a
+builder takes the recorded think time out of the gap, not the recorded server's speed. A request
+that answered nothing (`out` 0: cut off) is sent for one token, its prefill being what it cost. Ids of a
 `local` scope are the trace's own: they are put in a namespace of the trace, so two traces' id 1 are
 two blocks; `global` ids are kept, shared between traces.
 """
@@ -64,7 +65,7 @@ def _requests(where: str, entries: object, session: str, start: float, namespace
             timestamp=t,
             finished=None if api is None else t + _number(api, f"{at}.api_time"),
             prompt_tokens=length,
-            output_tokens=integer(entry.get("out"), f"{at}.out", minimum=1),
+            output_tokens=max(1, integer(entry.get("out"), f"{at}.out")),  # out 0 (cut off): its prefill, 1 token
             session=session,
             label=session,
             last=index == own[-1],

@@ -56,6 +56,7 @@ from llmload.schedule import (
 )
 from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
+from llmload.workload.scale import scaled
 
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 
@@ -133,6 +134,15 @@ class PlanFlags(FlagModel):
             " server's cache; the sessions of one play still share theirs"
         ),
     ] = False
+    scale_tokens: Annotated[
+        float,
+        Field(gt=0, le=1),
+        Flag(
+            "send every length of the workload (prompts, their prefix blocks, outputs) times F, keeping its shared"
+            " prefixes and growth per turn: a trace of long prompts replayed on a small model",
+            metavar="F",
+        ),
+    ] = 1.0
     gpu_hour_cost: Annotated[
         PositiveFloat | None,
         Flag(
@@ -169,7 +179,7 @@ class RunPlan:
 
     @classmethod
     def build(cls, flags: PlanFlags) -> RunPlan:
-        workload = load_workload(flags.workload)
+        workload = scaled(load_workload(flags.workload), flags.scale_tokens)
         trace = flags.arrival == "trace"
         target: float | None
         if trace:

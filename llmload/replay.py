@@ -419,8 +419,8 @@ class TurnSender:
 
     def _prompt(self, turn: Turn) -> list[Message]:
         """The messages a turn adds: its own, or its blocks' text (its whole prompt, history included)."""
-        if turn.blocks is None:
-            return turn.messages
-        if self.block_text is None:
+        if self.block_text is not None:
+            return self.block_text.messages(turn)
+        if turn.blocks is not None:
             raise ValueError("a turn of blocks needs the workload's block text (BlockText.of its spec)")
-        return self.block_text.messages(turn)
+        return turn.messages

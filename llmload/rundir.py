@@ -19,6 +19,7 @@ from llmload.models import RunManifest, Summary, Verdict
 from llmload.observe.summary import ServerSamples, read_server
 from llmload.records import RunRecords
 from llmload.workload.files import Workload, WorkloadError, load_workload
+from llmload.workload.scale import scaled
 
 MANIFEST_FILE = "run.json"
 RECORDS_FILE = "requests.jsonl"
@@ -99,9 +100,10 @@ class Run:
         return self.manifest.finished_at or float(self.records.frame.finished_at.max())
 
     def workload(self) -> Workload | None:
-        """The workload file the run replayed, where run.json names it; None when it is gone or unreadable."""
+        """The workload the run replayed (its file, scaled as the run's --scale-tokens), where run.json
+        names it; None when it is gone or unreadable."""
         try:
-            return load_workload(self.manifest.workload)
+            return scaled(load_workload(self.manifest.workload), self.manifest.flags.get("scale_tokens", 1.0))
         except (OSError, WorkloadError):
             return None
 

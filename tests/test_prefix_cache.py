@@ -30,6 +30,7 @@ from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.files import load_workload, save_workload
 from llmload.workload.synth import PrefixPool, SynthOptions, synthesize_workload
 from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
+from tests.agentic import write_agentic_traces
 from tests.locust_runs import LocustRun, run_locust, small_workload, write_workload
 
 ENGINE = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--enable-prompt-tokens-details")
@@ -243,28 +244,7 @@ def test_agentic_traces_are_replayed_with_their_subagents_and_served_as_their_id
     tool result a turn and a subagent that opens with the parent's first blocks: built, their agents and
     subagents are sessions replayed side by side, and the engine's prefix cache hits what the ids
     share, at most the figure of what the run sent and close to it."""
-    traces = tmp_path / "traces"
-    traces.mkdir()
-    rng = np.random.default_rng(4)
-    for number in range(3):
-        ids, next_id, requests = [1, 2], 3, []
-        for k in range(6):
-            grown = int(rng.integers(1, 3))
-            ids = [*ids, *range(next_id, next_id + grown)]
-            next_id += grown
-            tokens = 64 * len(ids) + int(rng.integers(0, 64))
-            requests.append({"t": 2.0 * k, "in": tokens, "out": 6, "hash_ids": ids, "api_time": 0.5, "think_time": 0.2})
-            if k == 2:
-                sub = [1, 2, next_id]
-                next_id += 1
-                requests.append({"t": 2.0 * k + 0.5, "type": "subagent", "agent_id": "agent_001", "requests": [
-                    {"t": 0.0, "in": 64 * len(sub) + 10, "out": 6, "hash_ids": sub, "api_time": 0.5, "think_time": 0.0},
-                    {"t": 1.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
-                     "think_time": 0.2},
-                ]})  # fmt: skip
-                next_id += 1
-        trace = {"id": f"t{number}", "block_size": 64, "hash_id_scope": "local", "requests": requests}
-        (traces / f"t{number}.json").write_bytes(orjson.dumps(trace))
+    traces = write_agentic_traces(tmp_path / "traces")
     assert main(["workload", "build", str(traces), "-o", str(tmp_path / "agents.yaml")]) == 0
     assert len(load_workload(tmp_path / "agents.yaml").sessions) == 6
     with SimProcess(*ENGINE) as sim:

@@ -469,6 +469,9 @@ def test_cli_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"wrote {out} (2 sessions, 2 requests" in captured.out and "Recommended max_model_len" in captured.out
     assert run_cli("build", str(tmp_path / "missing.jsonl"), "-o", str(out)) == 2
     assert "missing.jsonl: no such file" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert run_cli("build", str(tmp_path / "empty"), "-o", str(out)) == 2
+    assert f"{tmp_path / 'empty'}: a directory with no *.json file to read" in capsys.readouterr().err
     assert run_cli("build", str(LOGS / "openai.jsonl"), "-o", str(out), "--tokenizer", "hf:/nowhere") == 2
     assert "/nowhere not found (give a tokenizer.json or a directory holding one)" in capsys.readouterr().err
     mixed = [str(LOGS / "openai.jsonl"), str(LOGS / "mooncake.jsonl")]

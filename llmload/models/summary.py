@@ -266,6 +266,9 @@ class RunInfo(BaseModel):
     host: str
     model: str | None
     workload: str
+    token_scale: float = Field(
+        default=1.0, description="every length of the workload was sent times this (--scale-tokens); 1 unscaled"
+    )
     arrival: str
     target_qps: float
     started_at: float

@@ -269,11 +269,12 @@ def _header_lines(summary: Summary) -> list[str]:
     mix = ", ".join(f"`{g.name}` {percent(g.share)}" for g in summary.by_model if g.share is not None)
     models = f"models {mix}" if mix else f"model `{run.model or '?'}`"
     hosts = f"replicas {', '.join(f'`{g.name}`' for g in summary.by_host)}" if summary.by_host else f"`{run.host}`"
+    scaled = f" with every length ×{run.token_scale:g} (--scale-tokens)" if run.token_scale != 1 else ""
     lines = [
         f"# llmload run `{run.run_id}`",
         "",
         f"Target {hosts}{f', {run.server.name}' if run.server else ''} ({models}), workload"
-        f" `{run.workload}`, {run.arrival} arrivals, "
+        f" `{run.workload}`{scaled}, {run.arrival} arrivals, "
         f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
         f"{run.finished_at - run.started_at:.0f} s.",
         "",

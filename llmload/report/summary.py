@@ -232,6 +232,7 @@ def _run_info(manifest: RunManifest, *, finished: float, lag_max_ms: float | Non
         host=manifest.host,
         model=manifest.model,
         workload=manifest.workload,
+        token_scale=manifest.flags.get("scale_tokens", 1.0),
         arrival=manifest.arrival,
         target_qps=manifest.target_qps,
         started_at=manifest.started_at,

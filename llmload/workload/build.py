@@ -156,9 +156,8 @@ class _Sessions:
         if messages is None and request.session is None:  # length-only trace: a session of its own
             self._close(self._start(request))
             return
-        if (
-            request.session is not None
-        ):  # explicit conversation (ShareGPT, an agent's): the reply follows the last request
+        # an explicit conversation (ShareGPT, an agent's): the reply follows the last request
+        if request.session is not None:
             keys: tuple[Key, ...] = (request.session,)
             found = self._take(request.session)
             split = found.n_messages if found is not None else None
@@ -542,12 +541,18 @@ def _run(
     progress: TextIO | None = None,
 ) -> LogTable:
     """Read, group and finish every request; finished sessions go to `out` as JSONL when given."""
-    sources = [path for source in sources for path in (sorted(source.glob("*.json")) if source.is_dir() else [source])]
-    for path in sources:
+    expanded = []
+    for source in sources:
+        found = sorted(source.glob("*.json")) if source.is_dir() else [source]
+        if not found:
+            raise WorkloadError(f"{source}: a directory with no *.json file to read")
+        expanded += found
+    for path in expanded:
         if not path.is_file():
             raise WorkloadError(f"{path}: no such file")
-    if not sources:
+    if not expanded:
         raise WorkloadError("no source files")
+    sources = expanded
     fmt = _format(sources, options.format)
     hashed = format_named(fmt).hash_block_tokens
     try:

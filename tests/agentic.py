@@ -1,0 +1,37 @@
+"""Small agentic traces in kv-cache-tester's format (`workload build --format weka`): a main agent whose
+prompt grows by a tool result a turn, and a subagent that opens with the parent's first blocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+
+def write_agentic_traces(directory: Path, *, traces: int = 3, opening_blocks: int = 2, seed: int = 4) -> Path:
+    """`traces` traces of six 64-token-block requests each (the first `opening_blocks` blocks shared by
+    the agent's requests and its subagent's), written as t0.json, t1.json, ... in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for number in range(traces):
+        ids = list(range(1, opening_blocks + 1))
+        next_id, requests = opening_blocks + 1, []
+        for k in range(6):
+            grown = int(rng.integers(1, 3))
+            ids = [*ids, *range(next_id, next_id + grown)]
+            next_id += grown
+            tokens = 64 * len(ids) + int(rng.integers(0, 64))
+            requests.append({"t": 2.0 * k, "in": tokens, "out": 6, "hash_ids": ids, "api_time": 0.5, "think_time": 0.2})
+            if k == 2:
+                sub = [*ids[:opening_blocks], next_id]
+                next_id += 1
+                requests.append({"t": 2.0 * k + 0.5, "type": "subagent", "agent_id": "agent_001", "requests": [
+                    {"t": 0.0, "in": 64 * len(sub) + 10, "out": 6, "hash_ids": sub, "api_time": 0.5, "think_time": 0.0},
+                    {"t": 1.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
+                     "think_time": 0.2},
+                ]})  # fmt: skip
+                next_id += 1
+        trace = {"id": f"t{number}", "block_size": 64, "hash_id_scope": "local", "requests": requests}
+        (directory / f"t{number}.json").write_bytes(orjson.dumps(trace))
+    return directory

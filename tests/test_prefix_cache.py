@@ -18,7 +18,7 @@ import pytest
 
 from llmload.cli import main
 from llmload.client import ChatClient
-from llmload.conclude import conclude
+from llmload.conclude import conclude, judge
 from llmload.gates.compare import Thresholds, compare_runs, load_run
 from llmload.gates.criteria import SoakCriteria
 from llmload.live import LiveStats
@@ -90,6 +90,19 @@ def test_the_hit_rate_alert_is_off_by_default_and_fires_below_its_level(runs: di
     assert line.startswith("FAIL") and "< level 0.99 (fail)" in line and not verdict["passed"]
     default = conclude(runs["small"].run_dir, SoakCriteria()).verdict
     assert default is not None and "SKIP prefix-cache hit-rate alert: off (no level set)" in default.reasons
+
+
+def test_the_hit_rate_gate_fails_a_cache_that_loses_what_the_prompts_offer(runs: dict[str, LocustRun]) -> None:
+    """--max-prefix-cache-gap: the hit rate (from the requests' cached_tokens) against what the prompts
+    sent could hit. The ample cache is within 10 points of it; 40 blocks, evicting, are not."""
+    gate = SoakCriteria(max_prefix_cache_gap=0.10)
+    checks = {name: judge(runs[name].run_dir, gate).checks for name in ("on", "small")}
+    (ample,), (evicting,) = ([c for c in checks[n] if c.kind == "prefix_cache"] for n in ("on", "small"))
+    print(ample.detail, evicting.detail, sep="\n")
+    assert ample.status == "pass" and "by the requests' usage (cached_tokens)" in ample.detail
+    assert evicting.status == "fail" and "limit 10" in evicting.detail
+    (off,) = [c for c in judge(runs["on"].run_dir, SoakCriteria()).checks if c.kind == "prefix_cache"]
+    assert off.status == "skip" and "--max-prefix-cache-gap" in off.detail
 
 
 def test_compare_shows_the_hit_rate_and_calls_its_loss_a_regression(

@@ -15,6 +15,7 @@ from llmload.cli import main
 from llmload.workload.files import load_workload
 from llmload.workload.stats import request_table
 from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
+from tests.agentic import write_agentic_traces
 
 SAMPLE = Path(__file__).resolve().parents[1] / "workloads" / "chat-multiturn.yaml"
 
@@ -193,3 +194,41 @@ def test_a_built_trace_keeps_its_ids_and_its_figure_exactly(tmp_path: Path, caps
     from_built = _stats(capsys, str(tmp_path / "built.yaml"))["reusable_prefix"]
     assert isinstance(from_trace, dict) and from_trace["share"] > 0.3
     assert from_built == from_trace
+
+
+def test_each_agentic_conversations_share_equals_an_independent_recount(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Eight agentic traces, each a main agent and a subagent opening with its parent's first blocks:
+    `workload stats` of the traces and of the workload built from them give each conversation's share
+    (the agent with its subagent) spread as kv-cache-tester publishes its corpus's, and a naive recount,
+    trace by trace (a block matches where its whole prefix was sent before; full blocks only), equals it."""
+    traces = write_agentic_traces(tmp_path / "traces", traces=8, opening_blocks=5, seed=11)
+    shares = []
+    for path in sorted(traces.glob("*.json")):
+        trace = orjson.loads(path.read_bytes())
+        requests = []
+        for entry in trace["requests"]:
+            for request in entry["requests"] if entry.get("type") == "subagent" else [entry]:
+                requests.append((entry["t"] + request["t"] if request is not entry else entry["t"], request))
+        seen: set[tuple[int, ...]] = set()
+        prompt = reusable = 0
+        for _, request in sorted(requests, key=lambda pair: pair[0]):
+            full = request["hash_ids"][: request["in"] // 64]
+            prefixes = [tuple(full[: k + 1]) for k in range(len(full))]
+            reusable += 64 * next((k for k, p in enumerate(prefixes) if p not in seen), len(prefixes))
+            prompt += request["in"]
+            seen.update(prefixes)
+        shares.append(reusable / prompt)
+    low, p25, median, p75, high = np.percentile(shares, [0, 25, 50, 75, 100])
+    expected = {"conversations": 8, "min": low, "p25": p25, "median": median, "p75": p75, "max": high}
+    expected["mean"] = float(np.mean(shares))
+    from_traces = _stats(capsys, str(traces))["reusable_prefix"]
+    assert main(["workload", "build", str(traces), "-o", str(tmp_path / "agents.yaml")]) == 0
+    capsys.readouterr()
+    from_built = _stats(capsys, str(tmp_path / "agents.yaml"))["reusable_prefix"]
+    for figure in (from_traces, from_built):
+        assert isinstance(figure, dict)
+        assert figure["by_conversation"] == pytest.approx(expected, abs=1e-12), (figure["by_conversation"], expected)
+    assert main(["workload", "stats", str(tmp_path / "agents.yaml")]) == 0
+    assert f"By conversation: min {low:.1%}, P25 {p25:.1%}" in capsys.readouterr().out

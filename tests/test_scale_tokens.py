@@ -118,7 +118,8 @@ def test_a_trace_too_long_for_the_target_replays_scaled_and_the_report_says_so(t
     """The embedded engine with a 1,024-token context: scaled by 0.25 every request fits, the engine's
     prefix cache hits what the ids share (at most the figure, close to it), and the report names the factor."""
     workload = _agents(tmp_path)
-    with SimProcess("--profile", "vllm-cpu-tiny", "--block-size", "16", "--max-model-len", "1024") as sim:
+    engine = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--max-model-len", "1024")
+    with SimProcess(*engine, "--enable-prompt-tokens-details") as sim:
         run, records = _replay(sim.url, workload, tmp_path / "reports", "0.25")
     ok = records[records.status == "ok"]
     assert len(ok) == len(records) > 10 and ok.session_id.str.contains("/agent_001").any()
@@ -136,7 +137,14 @@ def test_a_trace_too_long_for_the_target_replays_scaled_and_the_report_says_so(t
     print(f"server {hit:.4f}, ceiling {reuse['share']:.4f}")
     assert reuse["block_size"] == 16 and reuse["share"] > 0.8
     assert reuse["share"] - 0.08 <= hit <= reuse["share"], (hit, reuse["share"])
-    assert "with every length ×0.25 (--scale-tokens)" in (run.run_dir / "report.md").read_text()
+    # conversation by conversation (an agent with its subagent, each replay its own): what the prompts
+    # could hit beside what the server's usage says it did
+    could, did = reuse["by_conversation"], summary["cached_share_by_conversation"]
+    assert could["conversations"] == did["conversations"] >= 3 and did["median"] <= could["max"]
+    report = (run.run_dir / "report.md").read_text()
+    assert "with every length ×0.25 (--scale-tokens)" in report
+    assert f"By conversation, the prompts sent could hit min {could['min']:.1%}" in report
+    assert f"By conversation, the server's usage says min {did['min']:.1%}" in report
 
 
 @pytest.mark.vllm

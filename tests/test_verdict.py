@@ -25,7 +25,7 @@ from tests.locust_runs import run_locust, small_workload
 
 CHECKS = [
     "OOM-family failures", "error rate", "finished", "achieved rate", "keeping up", "hold length", "p99 TTFT SLO",
-    "p99 TTFO SLO", "p99 E2E SLO", "goodput ratio",
+    "p99 TTFO SLO", "p99 E2E SLO", "goodput ratio", "prefix-cache hit rate",
     "p99 TTFT drift", "p99 E2E drift", "KV-cache usage drift", "waiting-queue drift", "preemption-rate drift",
     "KV-cache usage alert", "waiting-queue alert", "p99 E2E alert", "GPU memory alert", "prefix-cache hit-rate alert",
 ]  # fmt: skip

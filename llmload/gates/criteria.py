@@ -105,6 +105,13 @@ class SoakCriteria(Strict):
         le=1,
         description="E2E p99 / the hold's length above which the hold is too short to judge (a search sets 1/3)",
     )
+    max_prefix_cache_gap: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="points (0..1) the server's prefix-cache hit rate may fall below the share the prompts sent could"
+        " hit: a cache too small, eviction, routing that breaks session affinity; off",
+    )
     drift: DriftCriteria = DriftCriteria()
     keeping_up: KeepingUpCriteria = KeepingUpCriteria()
     alerts: AlertCriteria = AlertCriteria()
@@ -134,6 +141,12 @@ def add_criteria_arguments(parser: Any) -> None:
         "--min-goodput-ratio", type=float, default=None, help="goodput/achieved req/s the hold needs (--goodput-slo)"
     )
     parser.add_argument(
+        "--max-prefix-cache-gap",
+        type=float,
+        default=None,
+        help="points (0..1) the server's prefix-cache hit rate may fall below what the prompts sent could hit (off)",
+    )
+    parser.add_argument(
         "--alerts",
         dest="soak_alerts",
         choices=["warn", "fail"],
@@ -145,7 +158,7 @@ def add_criteria_arguments(parser: Any) -> None:
 
 _FLAG_FIELDS = (
     "slo_ttft_p99_ms", "slo_ttfo_p99_ms", "slo_e2e_p99_ms", "max_error_rate", "min_achieved_ratio",
-    "min_goodput_ratio",
+    "min_goodput_ratio", "max_prefix_cache_gap",
 )  # fmt: skip
 
 

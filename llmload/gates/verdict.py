@@ -32,6 +32,7 @@ from llmload.models import (
     Summary,
     Verdict,
 )
+from llmload.report.summary import sent_reusable_prefix
 from llmload.rundir import SERVER_FILE, Run
 from llmload.server.kinds import kind as server_kind
 from llmload.stats import windows
@@ -630,6 +631,42 @@ def _goodput_check(stage: StageSummary, minimum: float | None, manifest: RunMani
     )
 
 
+def _prefix_cache_check(run: Run, summary: Summary, gap: float | None) -> Check:
+    """The server's prefix-cache hit rate against the share the prompts the run sent could hit: a cache
+    too small, evicting, or a router that breaks session affinity loses hits the workload offers. Both
+    over the judged stages; the hit rate from the requests' usage (`cached_tokens`) where the server
+    gives it, else from its /metrics counters. Asked for and not measured, it cannot tell."""
+    name, kind = "prefix-cache hit rate", cast(CheckKind, "prefix_cache")
+    if gap is None:
+        return Check(name=name, kind=kind, status="skip", detail="off (no gap set: --max-prefix-cache-gap)")
+    server = summary.server
+    ceiling = server.workload_prefix if server is not None else None
+    if ceiling is None:
+        ceiling = sent_reusable_prefix(run)
+    judged = run.records.frame
+    judged = judged[judged.stage.isin([s.name for s in run.manifest.judged_stages]) & (judged.status == "ok")]
+    told = judged[judged.cached_tokens.notna()]
+    hit, source = (
+        (float(told.cached_tokens.sum() / told.prompt_tokens.sum()), "the requests' usage (cached_tokens)")
+        if len(told) and told.prompt_tokens.sum() > 0
+        else (server.prefix_cache_hit_rate if server is not None else None, "the server's /metrics counters")
+    )
+    if hit is None:
+        unknown = "the server's hit rate: neither cached_tokens in the usage nor prefix-cache counters in /metrics"
+        return Check(name=name, kind=kind, status="inconclusive", detail=f"cannot tell without {unknown}")
+    if ceiling is None or ceiling.share is None:
+        unknown = "what the prompts sent could hit: the workload file is gone, or no prompt was counted"
+        return Check(name=name, kind=kind, status="inconclusive", detail=f"cannot tell without {unknown}")
+    below = ceiling.share - hit
+    return Check(
+        name=name,
+        kind=kind,
+        status="fail" if below > gap else "pass",
+        detail=f"{hit:.1%} from cache, by {source}, where the prompts sent could hit {ceiling.share:.1%}:"
+        f" {max(below, 0) * 100:.1f} points below; limit {gap * 100:g}",
+    )
+
+
 def _release_check(run: Run) -> Check:
     """A run that cut streams (--cancel-share): the server must let go of what they held, while the run goes
     (it runs no more than the run has in flight) and after it (nothing left running, KV usage back where
@@ -770,6 +807,7 @@ def evaluate(run: Run, summary: Summary, criteria: SoakCriteria) -> SoakResult:
         _slo_check("p99 TTFO SLO", hold, "ttfo_ms", criteria.slo_ttfo_p99_ms, "--slo-ttfo-p99-ms"),
         _slo_check("p99 E2E SLO", hold, "e2e_ms", criteria.slo_e2e_p99_ms, "--slo-e2e-p99-ms"),
         _goodput_check(hold_summary, criteria.min_goodput_ratio, manifest),
+        _prefix_cache_check(run, summary, criteria.max_prefix_cache_gap),
         *_drift_checks(hold, criteria.drift, manifest, starved),
         *_alert_checks(hold, criteria.alerts, manifest),
     ]

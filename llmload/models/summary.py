@@ -10,7 +10,7 @@ from llmload.models.run import AccessNote, CancelNote, FleetWorker, GoodputSLO, 
 from llmload.models.serving import ServerIdentity
 from llmload.models.strict import Strict
 from llmload.models.verdict import Verdict
-from llmload.models.workload import ReusablePrefix
+from llmload.models.workload import ReusablePrefix, ShareSpread
 
 # --------------------------------------------------------------------------- summary
 
@@ -350,6 +350,11 @@ class Summary(BaseModel):
     reasoning: ReasoningSummary | None = Field(default=None, description="when the run had reasoning")
     stages: list[StageSummary]
     turns: list[TurnSummary]
+    cached_share_by_conversation: ShareSpread | None = Field(
+        default=None,
+        description="each conversation's cached / prompt tokens (its judged successful requests whose usage says"
+        " cached_tokens; a session with its subagents, each replay its own), spread over conversations",
+    )
     failures: FailureSummary
     output_lengths: OutputLengths | None = Field(default=None, description="when the workload fixed output lengths")
     server: ServerSummary | None = None

@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, model_validator
 
-CheckKind = Literal["failures", "rate", "keeping_up", "slo", "goodput", "drift", "alert", "hold_length", "release"]
+CheckKind = Literal[
+    "failures", "rate", "keeping_up", "slo", "goodput", "drift", "alert", "hold_length", "release", "prefix_cache"
+]
 """What a verdict's check judges: `hold_length` fails a hold too short for the latencies it saw (a search
 lengthens such a probe); `drift` and `keeping_up` fit a slope, and may fail marginally."""
 

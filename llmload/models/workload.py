@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
 
 from llmload.models.strict import Strict
@@ -109,6 +111,39 @@ class TurnReuse(BaseModel):
     share: float | None
 
 
+class ShareSpread(BaseModel):
+    """How a share spreads over conversations: each conversation's own share, its quantiles and mean
+    (a conversation counts once, however many tokens it sent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conversations: int
+    min: float
+    p25: float
+    median: float
+    p75: float
+    max: float
+    mean: float
+
+    @classmethod
+    def of(cls, shares: Sequence[float] | np.ndarray) -> ShareSpread | None:
+        """The spread of per-conversation shares; None without any."""
+        values = np.asarray(shares, dtype=float)
+        if not values.size:
+            return None
+        low, p25, median, p75, high = np.percentile(values, [0, 25, 50, 75, 100])
+        return cls(
+            conversations=int(values.size), min=float(low), p25=float(p25), median=float(median),
+            p75=float(p75), max=float(high), mean=float(values.mean()),
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        """The spread in words, as the report and `workload stats` print it."""
+        named = {"min": self.min, "P25": self.p25, "median": self.median, "P75": self.p75, "max": self.max}
+        figures = ", ".join(f"{name} {value:.1%}" for name, value in {**named, "mean": self.mean}.items())
+        return f"{figures} over {self.conversations:,} conversations"
+
+
 ChatTemplate = Literal["chatml", "none"]
 """How the reusable-prefix figure renders messages into a prompt (llmload/workload/prefix.py)."""
 
@@ -132,3 +167,8 @@ class ReusablePrefix(BaseModel):
     history_share: float | None
     shared_share: float | None
     by_turn: list[TurnReuse]
+    by_conversation: ShareSpread | None = Field(
+        default=None,
+        description="each conversation's reusable share (a session with its subagents and the parts --session-gap"
+        " split off; each replay its own), spread over the conversations; None where not grouped",
+    )

@@ -58,6 +58,11 @@ def server_facts(summary: Summary) -> list[str]:
         lines.append(line)
     if server is not None and server.workload_prefix is not None and server.workload_prefix.share is not None:
         lines.append(_prefix_ceiling(server.workload_prefix, server.prefix_cache_hit_rate, figure))
+    could = server.workload_prefix.by_conversation if server is not None and server.workload_prefix else None
+    if could is not None:
+        lines.append(f"By conversation, the prompts sent could hit {could.describe()}.")
+    if summary.cached_share_by_conversation is not None:
+        lines.append(f"By conversation, the server's usage says {summary.cached_share_by_conversation.describe()}.")
     if server is not None and (spec := server.spec_decode) is not None:
         lines.append(
             f"Speculative decoding (judged stages): {fmt(spec.drafts, 0)} drafts of {fmt(spec.draft_tokens, 0)} tokens,"

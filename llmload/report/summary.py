@@ -30,6 +30,7 @@ from llmload.models import (
     ReusablePrefix,
     RunInfo,
     RunManifest,
+    ShareSpread,
     StageSummary,
     Summary,
     Throughput,
@@ -45,7 +46,7 @@ from llmload.report.warnings import SHORTFALL_DELAY_MS, SHORTFALL_RATIO, SPECULA
 from llmload.rundir import Run
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
 from llmload.stats.sketch import BUCKETS, Histograms
-from llmload.workload.prefix import sent_prefix
+from llmload.workload.prefix import conversation_of, sent_prefix
 
 TURN_MIX_DEEPEST = 8
 
@@ -404,6 +405,7 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
         records.frame, manifest, itl=itl.judged, stage_itl_p50=itl.stage_p50(), server=run.server,
         good=good_requests(records, manifest.goodput_slo), workload_prefix=sent_reusable_prefix(run),
     )  # fmt: skip
+    summary.cached_share_by_conversation = _cached_by_conversation(run)
     if run.cut_off is not None:
         summary.run.warnings.insert(0, run.cut_off)
     if summary.server is not None and summary.server.spec_decode is not None and _synthetic(run):
@@ -415,6 +417,20 @@ def summarize_run(run: Run, window_s: float = math.inf) -> tuple[Summary, RunItl
         summary.run.warnings.extend(slower_replicas(sessions))
         summary.run.warnings.extend(fuller_replicas(summary.server.replicas if summary.server is not None else []))
     return summary, itl
+
+
+def _cached_by_conversation(run: Run) -> ShareSpread | None:
+    """Each conversation's share of prompt tokens the server says it served from cache (judged successful
+    requests whose usage gives cached_tokens), spread over the conversations; None when no usage says."""
+    frame = run.records.frame
+    judged = frame.stage.isin({s.name for s in run.manifest.judged_stages}) & (frame.status == "ok")
+    told = (judged & frame.cached_tokens.notna() & (frame.prompt_tokens > 0)).to_numpy(dtype=bool)
+    if not told.any():
+        return None
+    ids = run.records.session_ids()[told].astype(str)
+    rows = frame.loc[told, ["cached_tokens", "prompt_tokens"]].assign(conversation=ids.map(conversation_of).to_numpy())
+    sums = rows.groupby("conversation")[["cached_tokens", "prompt_tokens"]].sum()
+    return ShareSpread.of((sums.cached_tokens / sums.prompt_tokens).to_numpy(dtype=float))
 
 
 def _synthetic(run: Run) -> bool:

@@ -39,7 +39,14 @@ from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, Workloa
 from llmload.workload.distributions import Distribution
 from llmload.workload.files import WorkloadError
 from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, format_named, read_log
-from llmload.workload.prefix import DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, NO_TEXT, PrefixBlocks, PromptLayout
+from llmload.workload.prefix import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CHAT_TEMPLATE,
+    NO_TEXT,
+    PrefixBlocks,
+    PromptLayout,
+    conversation_of,
+)
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
 from llmload.workload.synth import TextSynthesizer, draw_tokens
 from llmload.workload.tokens import Tokenizer, TokenizerError, get_tokenizer
@@ -324,6 +331,8 @@ class _Finisher:
         self.seed = seed
         self.table = _Table()
         self.ids: list[str] = []  # each session's id, in session order: the log's own name where it has one
+        self._conversations: dict[str, int] = {}
+        self.prefix_conversations = array("q")  # the conversation of each request the prefix figure holds
         self._taken: set[str] = set()
         self.t0: float | None = None
         self.think_basis: Counter[str] = Counter()  # follow-up turns by how their think time was found
@@ -360,6 +369,9 @@ class _Finisher:
     def _add_prefix(self, session: _Open, first_row: int) -> None:
         """The session's blocks for the reusable-prefix figure: from hash ids, else from message text."""
         arrivals = self.table.arrival[first_row:]
+        if session.turns[0].hash_ids is not None or session.turns[0].messages is not None:
+            conversation = self._conversations.setdefault(conversation_of(self.ids[-1]), len(self._conversations))
+            self.prefix_conversations.extend([conversation] * len(session.turns))
         if session.turns[0].hash_ids is not None:
             for request, arrival in zip(session.turns, arrivals, strict=True):
                 self.prefix.add_hashed(request.hash_ids or [], request.prompt_tokens or 0, arrival)
@@ -611,7 +623,8 @@ def _run(
     if not seen:
         raise WorkloadError(f"no requests in {', '.join(map(str, sources))}")
     table = finisher.table.frame(finisher.ids)
-    reuse = prefix.result() if prefix.requests else NO_TEXT
+    conversations = np.frombuffer(finisher.prefix_conversations, np.int64)
+    reuse = prefix.result(conversations=conversations) if prefix.requests else NO_TEXT
     return LogTable(
         table, fmt, sessions.count, skipped, ignored, think_time_note(finisher.think_basis), reuse,
         unbounded=finisher.unbounded, drawn=options.output_tokens is not None,

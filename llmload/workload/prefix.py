@@ -50,7 +50,7 @@ from typing import get_args
 import numpy as np
 import pandas as pd
 
-from llmload.models import REPLAY_SEPARATOR, ChatTemplate, ReusablePrefix, Session, TurnReuse
+from llmload.models import REPLAY_SEPARATOR, ChatTemplate, ReusablePrefix, Session, ShareSpread, TurnReuse
 from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.files import Workload
 from llmload.workload.formats.mooncake import MOONCAKE_BLOCK_TOKENS
@@ -194,9 +194,10 @@ class PrefixBlocks:
         self._flushed_requests += len(self._cached_ends)
         self._pieces, self._piece_units, self._session_starts, self._cached_ends = [], 0, [], []
 
-    def result(self, counted: np.ndarray | None = None) -> ReusablePrefix:
-        """The figure over the requests `counted` (a boolean mask in insertion order; all by default).
-        Every request added, counted or not, fills the cache for the later ones."""
+    def result(self, counted: np.ndarray | None = None, conversations: np.ndarray | None = None) -> ReusablePrefix:
+        """The figure over the requests `counted` (a boolean mask in insertion order; all by default),
+        spread over `conversations` (a code per request, in insertion order) when given. Every request
+        added, counted or not, fills the cache for the later ones."""
         self._flush()
         share = _reuse(self)
         mask = np.ones(len(self._session), dtype=bool) if counted is None else np.asarray(counted, dtype=bool)
@@ -209,6 +210,11 @@ class PrefixBlocks:
         by_turn_prompt = np.bincount(turn, weights=prompt[mask])
         by_turn_reusable = np.bincount(turn, weights=reusable[mask])
         by_turn_requests = np.bincount(turn)
+        by_conversation = None
+        if conversations is not None:
+            codes = np.asarray(conversations, dtype=np.int64)[mask]
+            prompt_by, reusable_by = np.bincount(codes, prompt[mask]), np.bincount(codes, reusable[mask])
+            by_conversation = ShareSpread.of(reusable_by[prompt_by > 0] / prompt_by[prompt_by > 0])
         total = int(prompt[mask].sum())
         reusable_total = int(reusable[mask].sum())
         shared_total = int(shared[mask].sum())
@@ -229,6 +235,7 @@ class PrefixBlocks:
                 for index, (n, r, p) in enumerate(zip(by_turn_requests, by_turn_reusable, by_turn_prompt, strict=True))
                 if n
             ],
+            by_conversation=by_conversation,
         )
 
 
@@ -299,8 +306,9 @@ def workload_prefix(
     """The reusable prefix of a workload file: its requests at the request table's arrivals, a reply
     as long as the turn's `output_tokens` (else `max_tokens`, else 0). What a run sent: `sent_prefix`."""
     arrivals = request_table(workload)["arrival_s"].to_numpy()
+    conversations = _conversation_codes([session.id for session in workload.sessions for _ in session.turns])
     if workload.spec.block_size is not None:
-        return _block_prefix(workload, arrivals)
+        return _block_prefix(workload, arrivals, conversations)
     layout = PromptLayout(workload.spec.tokenizer, template)
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     request = 0
@@ -311,10 +319,10 @@ def workload_prefix(
             list(zip(tokens, replies, strict=True)), arrivals[request : request + len(tokens)], layout.reply_end
         )
         request += len(tokens)
-    return blocks.result()
+    return blocks.result(conversations=conversations)
 
 
-def _block_prefix(workload: Workload, arrivals: np.ndarray) -> ReusablePrefix:
+def _block_prefix(workload: Workload, arrivals: np.ndarray, conversations: np.ndarray) -> ReusablePrefix:
     """A workload of block turns: the figure from its ids, as its trace's is (each request its own
     session; a turn of messages has no ids and reuses nothing)."""
     assert workload.spec.block_size is not None
@@ -322,7 +330,7 @@ def _block_prefix(workload: Workload, arrivals: np.ndarray) -> ReusablePrefix:
     turns = (turn for session in workload.sessions for turn in session.turns)
     for turn, arrival in zip(turns, arrivals, strict=True):
         blocks.add_hashed(turn.blocks or [], turn.prompt_tokens or 0, float(arrival))
-    return blocks.result()
+    return blocks.result(conversations=conversations)
 
 
 def sent_prefix(
@@ -351,6 +359,7 @@ def sent_prefix(
         return "the run sent sessions the workload file does not hold: it changed since the run"
     known = [pair for pair in played if pair is not None]
     codes = names.cat.codes.to_numpy()
+    conversation = _conversation_codes([str(name) for name in names.cat.categories])[codes]
     session = np.asarray([number for number, _ in known], dtype=np.int64)[codes]
     lap = np.asarray([lap for _, lap in known], dtype=np.int64)[codes]
     turn = sent.turn.to_numpy(dtype=np.int64)
@@ -360,12 +369,13 @@ def sent_prefix(
     replies = np.nan_to_num(sent.output_tokens.to_numpy(dtype=float)).astype(np.int64)
     is_counted = sent.counted.to_numpy(dtype=bool)
     if workload.spec.block_size is not None:
-        return _sent_blocks(workload, (session, lap, turn), sent_at, bust_run).result(is_counted)
+        return _sent_blocks(workload, (session, lap, turn), sent_at, bust_run).result(is_counted, conversation)
     order = np.lexsort((turn, lap, session))
     starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
     layout = PromptLayout(workload.spec.tokenizer, template)
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
     counted: list[np.ndarray] = []
+    conversations: list[np.ndarray] = []
     tokens: list[np.ndarray] = []
     tokenized = (-1, -1)
     for rows in np.split(order, starts[1:]):
@@ -379,7 +389,8 @@ def sent_prefix(
         arrival[turn[rows]], reply[turn[rows]], mask[turn[rows]] = sent_at[rows], replies[rows], is_counted[rows]
         blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival, layout.reply_end)
         counted.append(mask)
-    return blocks.result(np.concatenate(counted))
+        conversations.append(np.full(depth, conversation[rows[0]]))
+    return blocks.result(np.concatenate(counted), np.concatenate(conversations))
 
 
 def _sent_blocks(
@@ -400,6 +411,24 @@ def _sent_blocks(
         sent = played.turns[index]
         blocks.add_hashed(sent.blocks or [], sent.prompt_tokens or 0, at)
     return blocks
+
+
+def conversation_of(session_id: str) -> str:
+    """The conversation a session is part of: a subagent's session (`parent/agent`) and a part that
+    --session-gap split off (`id#2`) are their parent's; a replay (`id~1`) is a conversation of its own."""
+    base, _, play = session_id.rpartition(REPLAY_SEPARATOR)
+    if not (base and play.isdigit()):
+        base, play = session_id, ""
+    root = base.split("/", 1)[0].split("#", 1)[0]
+    return f"{root}{REPLAY_SEPARATOR}{play}" if play else root
+
+
+def _conversation_codes(session_ids: Sequence[str]) -> np.ndarray:
+    """A code per session id, the same for the sessions of one conversation."""
+    codes: dict[str, int] = {}
+    return np.fromiter(
+        (codes.setdefault(conversation_of(name), len(codes)) for name in session_ids), np.int64, len(session_ids)
+    )
 
 
 def _played_session(name: str, index: dict[str, int]) -> tuple[int, int] | None:

@@ -56,6 +56,7 @@ from llmload.schedule import (
 )
 from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
+from llmload.workload.pacing import paced
 from llmload.workload.scale import scaled
 
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
@@ -134,6 +135,23 @@ class PlanFlags(FlagModel):
             " server's cache; the sessions of one play still share theirs"
         ),
     ] = False
+    think_time_only: Annotated[
+        bool,
+        Flag(
+            "--arrival trace: send each follow-up turn its think time after the reply this run's server gave,"
+            " not at the time the trace recorded it (which holds the recorded server's speed)",
+            name="use-think-time-only",
+        ),
+    ] = False
+    max_think_s: Annotated[
+        PositiveFloat | None,
+        Flag(
+            "cap each think time, e.g. 60s: an agent's idle gaps hold sessions open for nothing",
+            name="max-think-time",
+            parse=parse_duration,
+            metavar="DURATION",
+        ),
+    ] = None
     scale_tokens: Annotated[
         float,
         Field(gt=0, le=1),
@@ -179,7 +197,11 @@ class RunPlan:
 
     @classmethod
     def build(cls, flags: PlanFlags) -> RunPlan:
-        workload = scaled(load_workload(flags.workload), flags.scale_tokens)
+        workload = paced(
+            scaled(load_workload(flags.workload), flags.scale_tokens),
+            think_time_only=flags.think_time_only,
+            max_think_s=flags.max_think_s,
+        )
         trace = flags.arrival == "trace"
         target: float | None
         if trace:

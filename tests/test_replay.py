@@ -20,7 +20,7 @@ from llmload.server.kinds import kind
 from llmload.server.request import RequestShape
 from llmload.workload.blocks import BlockText
 from llmload.workload.tokens import get_tokenizer
-from tests.locust_runs import small_workload
+from tests.locust_runs import small_workload, write_workload
 from tests.wire_server import canned_server, chat_stream
 
 
@@ -219,6 +219,34 @@ def test_a_trace_turn_due_before_its_reply_waits_as_schedule_delay() -> None:
         records = _play_all(dispatcher, url)
     assert [r.turn for r in records] == [0, 1]
     assert records[1].schedule_delay_ms == pytest.approx(200, abs=60)  # due at 0.1 s, reply at ~0.3 s
+
+
+def test_think_time_only_sends_a_trace_turn_after_the_reply_not_at_its_recorded_time(tmp_path: Path) -> None:
+    """A turn recorded 2 s after the first (an answer the recorded server took 1.8 s over) with a think
+    time of 0.2 s: as recorded it goes out at 2 s; with --use-think-time-only 0.2 s after this server's
+    reply; --max-think-time 0.05 caps that think time. The plan applies both where it loads the workload."""
+    session = _session(1, offset_s=0.0)
+    again = Turn(messages=[Message(role="user", content="again")], output_tokens=2, at_s=2.0, think_time_s=0.2)
+    session = session.model_copy(update={"turns": [*session.turns, again]})
+    path = write_workload(tmp_path, "trace", [session])
+    gaps = {}
+    for name, flags in {
+        "recorded": {}, "think": {"think_time_only": True}, "capped": {"think_time_only": True, "max_think_s": 0.05},
+    }.items():  # fmt: skip
+        plan = RunPlan.build(
+            PlanFlags(workload=str(path), arrival="trace", stages="100", stage_duration_s=3, warmup_s=0, **flags)
+        )
+        assert isinstance(plan.arrivals, TraceClock)
+        with canned_server(_reply) as (url, _):
+            dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, RunClock.now(), WorkerShare("t"))
+            first, second = sorted(
+                (r for r in _play_all(dispatcher, url) if r.session_id == session.id), key=lambda r: r.turn
+            )
+        gaps[name] = (second.sent_at or 0) - (first.finished_at or 0)
+        if name == "recorded":
+            assert (second.sent_at or 0) - dispatcher.clock.start_wall == pytest.approx(2.0, abs=0.05)
+    assert gaps["recorded"] > 1.5, gaps
+    assert gaps["think"] == pytest.approx(0.2, abs=0.05) and gaps["capped"] == pytest.approx(0.05, abs=0.04), gaps
 
 
 def test_a_trace_repeats_with_unique_ids_when_the_plan_is_longer() -> None:

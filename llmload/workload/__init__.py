@@ -1,10 +1,10 @@
 """Workloads: the file format (v1) and loading (`files`), synthesis (`synth`) from
 distributions (`distributions`) or like a real workload (`like`), building from request logs
 (`formats`, `build`), statistics (`stats`), the reusable prefix an infinite prefix cache could
-serve (`prefix`), token counts (`tokens`) and the markers that keep replays of a session from
+serve (`prefix`), token counts (`tokens`), the markers that keep replays of a session from
 warming each other's cache (`cache_bust`), every length times F for `--scale-tokens` (`scale`),
-and the text of prompts given as prefix block ids (`blocks`); the `workload` commands are in
-llmload/cli/workload.py.
+think times for `--use-think-time-only` and `--max-think-time` (`pacing`), and the text of prompts
+given as prefix block ids (`blocks`); the `workload` commands are in llmload/cli/workload.py.
 
 Only the file API is imported here, so that loading a workload stays light."""
 

@@ -270,7 +270,7 @@ def _render_reuse(stats: WorkloadStats) -> list[str]:
         "|---:|---:|---:|",
     ]
     if reuse.by_conversation is not None:
-        lines[2:2] = [f"By conversation: {reuse.by_conversation.describe()}.", ""]
+        lines[2:2] = ["", f"By conversation: {reuse.by_conversation.describe()}."]
     shown = reuse.by_turn[:_TURN_ROWS_SHOWN]
     lines += [f"| {row.turn} | {row.requests:,} | {percent(row.share, 1)} |" for row in shown]
     hidden = len(reuse.by_turn) - _TURN_ROWS_SHOWN

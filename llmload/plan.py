@@ -214,6 +214,11 @@ class RunPlan:
             target = workload.requests / period * flags.time_scale  # the trace's own rate is 100%
         elif flags.time_scale != 1.0:
             raise InputError("--time-scale applies to --arrival trace only")
+        elif flags.think_time_only:
+            raise InputError(
+                "--use-think-time-only applies to --arrival trace only: rate modes send every follow-up its think"
+                " time after the reply"
+            )
         else:
             target = flags.target_qps if flags.target_qps is not None else workload.spec.target_qps
         if target is None:

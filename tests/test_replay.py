@@ -247,6 +247,8 @@ def test_think_time_only_sends_a_trace_turn_after_the_reply_not_at_its_recorded_
             assert (second.sent_at or 0) - dispatcher.clock.start_wall == pytest.approx(2.0, abs=0.05)
     assert gaps["recorded"] > 1.5, gaps
     assert gaps["think"] == pytest.approx(0.2, abs=0.05) and gaps["capped"] == pytest.approx(0.05, abs=0.04), gaps
+    with pytest.raises(InputError, match="--use-think-time-only applies to --arrival trace only"):
+        RunPlan.build(PlanFlags(workload=str(path), target_qps=1, think_time_only=True))
 
 
 def test_a_trace_repeats_with_unique_ids_when_the_plan_is_longer() -> None:

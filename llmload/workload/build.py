@@ -544,6 +544,22 @@ def _without_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _source_files(sources: Sequence[Path]) -> list[Path]:
+    """The files to read: each source given, a directory's `*.json` files in name order (a trace set)."""
+    files = []
+    for source in sources:
+        found = sorted(source.glob("*.json")) if source.is_dir() else [source]
+        if not found:
+            raise WorkloadError(f"{source}: a directory with no *.json file to read")
+        files += found
+    for path in files:
+        if not path.is_file():
+            raise WorkloadError(f"{path}: no such file")
+    if not files:
+        raise WorkloadError("no source files")
+    return files
+
+
 def _run(
     sources: Sequence[Path],
     options: BuildOptions,
@@ -553,18 +569,7 @@ def _run(
     progress: TextIO | None = None,
 ) -> LogTable:
     """Read, group and finish every request; finished sessions go to `out` as JSONL when given."""
-    expanded = []
-    for source in sources:
-        found = sorted(source.glob("*.json")) if source.is_dir() else [source]
-        if not found:
-            raise WorkloadError(f"{source}: a directory with no *.json file to read")
-        expanded += found
-    for path in expanded:
-        if not path.is_file():
-            raise WorkloadError(f"{path}: no such file")
-    if not expanded:
-        raise WorkloadError("no source files")
-    sources = expanded
+    sources = _source_files(sources)
     fmt = _format(sources, options.format)
     hashed = format_named(fmt).hash_block_tokens
     try:

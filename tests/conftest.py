@@ -82,7 +82,7 @@ def transformers_server(vllm_tiny_model: Path) -> Iterator[TransformersServer]:
 
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[LlamaServer]:
-    """llama.cpp's llama-server (built from source on first use, ~5 min, then cached) with 4 slots of
+    """llama.cpp's llama-server (built from source on first use, ~3 min, then cached) with 4 slots of
     8k tokens: the sample workload's longest chat fits one."""
     _skip_if_vllm_disabled()
     with LlamaServer(build_tiny_gguf(), ctx_size=32_768, parallel=4) as server:

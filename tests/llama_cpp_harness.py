@@ -2,7 +2,8 @@
 
 No prebuilt llama.cpp is reachable here, but PyPI is: the ``llama-cpp-python`` sdist vendors the whole
 llama.cpp tree (``vendor/llama.cpp``), so the harness downloads that sdist once, builds only the
-``llama-server`` target with CMake (Release, CPU only, static libs, no OpenSSL/CURL, no web UI) and installs
+``llama-server`` target with CMake (Release, CPU only, static libs, no OpenSSL/CURL, no web UI; ggml at -O3,
+the C++ around it at -Og and partly as unity builds: ``_CMAKE_TUNING``) and installs
 the binary plus llama.cpp's own HF->GGUF converter into the cache. The tiny model is the vLLM harness's
 random-weight Llama (``build_tiny_model``), converted to an F32 GGUF with that converter run by the vLLM
 venv's python (it has torch/transformers; ``gguf`` comes from the sdist's ``gguf-py``). The converter does
@@ -10,10 +11,11 @@ not know the tiny tokenizer's pre-tokenizer hash, so the conversion runs through
 unknown hash to ``gpt-2`` when ``tokenizer.json`` says the pre-tokenizer is plain GPT-2 ByteLevel (which
 it is): the tokens llama.cpp then produces match the HF tokenizer's exactly.
 
-Measured on a 2-core machine: the sdist download takes about 35 s, configure 2 s, the build about 8 min
-(``-j2``); ``llama-server`` starts in well under a second. ``-c`` is the total KV context: each of the
-``--parallel`` slots gets ``c / parallel`` tokens (rounded up to a multiple of 256), and a request whose
-prompt does not fit its slot is refused with 400 ``exceed_context_size_error``.
+Measured on a 2-core machine: the sdist download takes about 35 s, configure 2 s, the build about 2.5 min
+(``-j2``; 5 min with every file at -O3 and no unity builds); ``llama-server`` starts in well under a second.
+``-c`` is the total KV context: each of the ``--parallel`` slots gets ``c / parallel`` tokens (rounded up to a
+multiple of 256), and a request whose prompt does not fit its slot is refused with 400
+``exceed_context_size_error``.
 
 CLI for developers: ``python -m tests.llama_cpp_harness serve [--ctx-size N] [--parallel N] [-- extra flags]``.
 """
@@ -60,6 +62,33 @@ CMAKE_ARGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # ... and no download of the web UI from Hugging Face
     "-DGGML_CCACHE=OFF",
 )
+# Compile less, and less hard, outside ggml (2-core `cmake --build -j2`: 298 s became 159 s).
+# CMAKE_PROJECT_INCLUDE runs this after each project(); at the end of the top-level directory it sets
+# -Og (after Release's -O3, so it wins) on the C++ around the kernels: the model code, the server, its JSON
+# and chat templates, and the multimodal library llama-server links but a text model never calls. ggml,
+# where a forward pass spends its time, stays -O3. The header-heavy libraries (nlohmann JSON in nearly
+# every file) are unity builds; three sources that cannot share a translation unit stay out of them.
+# Needs CMake >= 3.19 (cmake_language(DEFER)).
+_CMAKE_TUNING = """\
+if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)
+  function(llmload_tune)
+    foreach(target llama llama-common mtmd server-context llama-server-impl llama-server cpp-httplib)
+      target_compile_options(${target} PRIVATE -Og)
+    endforeach()
+    set_target_properties(llama-common mtmd server-context llama-server-impl PROPERTIES UNITY_BUILD ON)
+    set_target_properties(server-context PROPERTIES UNITY_BUILD_BATCH_SIZE 5)  # 9 files: two even halves
+    # json.cpp specializes templates that other files instantiate; the helpers #error on mtmd's internals
+    set(common "${CMAKE_SOURCE_DIR}/common")
+    set(mtmd "${CMAKE_SOURCE_DIR}/tools/mtmd")
+    set_property(SOURCE "${common}/json.cpp" DIRECTORY "${common}" PROPERTY SKIP_UNITY_BUILD_INCLUSION ON)
+    set_property(SOURCE "${mtmd}/mtmd-helper.cpp" "${mtmd}/mtmd-helper-gen.cpp" DIRECTORY "${mtmd}"
+                 PROPERTY SKIP_UNITY_BUILD_INCLUSION ON)
+  endfunction()
+  cmake_language(DEFER CALL llmload_tune)
+endif()
+"""
+# The cache key of a build: a change of flags or tuning builds anew rather than reusing an old binary.
+BUILD_KEY = hashlib.sha256("\n".join((*CMAKE_ARGS, _CMAKE_TUNING)).encode()).hexdigest()[:8]
 # What the converter needs to run outside the source tree.
 _CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion", "gguf-py", "LICENSE")
 
@@ -88,7 +117,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def install_dir() -> Path:
-    return CACHE_ROOT / f"llama.cpp-{LLAMA_CPP_PY_VERSION}"
+    return CACHE_ROOT / f"llama.cpp-{LLAMA_CPP_PY_VERSION}-{BUILD_KEY}"
 
 
 def server_binary() -> Path:
@@ -100,7 +129,7 @@ def converter_dir() -> Path:
 
 
 def build_log() -> Path:
-    return CACHE_ROOT / f"llama.cpp-{LLAMA_CPP_PY_VERSION}-build.log"
+    return CACHE_ROOT / f"llama.cpp-{LLAMA_CPP_PY_VERSION}-{BUILD_KEY}-build.log"
 
 
 def _run_logged(cmd: Sequence[str], log: Path, *, cwd: Path | None = None) -> float:
@@ -139,7 +168,10 @@ def _build(work: Path, dest: Path, log: Path) -> dict[str, Any]:
     if not (src / "CMakeLists.txt").exists():
         raise RuntimeError(f"no vendored llama.cpp in the sdist (looked for {src})")
     build = work / "build"
-    timings["configure_s"] = _run_logged(["cmake", "-S", str(src), "-B", str(build), *CMAKE_ARGS], log)
+    tuning = work / "llmload-tuning.cmake"
+    tuning.write_text(_CMAKE_TUNING)
+    configure = ["cmake", "-S", str(src), "-B", str(build), *CMAKE_ARGS, f"-DCMAKE_PROJECT_INCLUDE={tuning}"]
+    timings["configure_s"] = _run_logged(configure, log)
     jobs = str(os.cpu_count() or 2)
     timings["build_s"] = _run_logged(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log)
 
@@ -161,6 +193,7 @@ def _build(work: Path, dest: Path, log: Path) -> dict[str, Any]:
         "llama_cpp_python_sdist": LLAMA_CPP_PY_VERSION,
         "version": (version.stdout + version.stderr).strip(),
         "cmake_args": list(CMAKE_ARGS),
+        "cmake_project_include": _CMAKE_TUNING,
         "jobs": int(jobs),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -174,10 +207,10 @@ def ensure_llama_server() -> Path:
     if marker.exists() and server_binary().exists():
         return server_binary()
     log = build_log()
-    with file_lock(CACHE_ROOT / f".llama.cpp-{LLAMA_CPP_PY_VERSION}.lock"):
+    with file_lock(CACHE_ROOT / f".llama.cpp-{LLAMA_CPP_PY_VERSION}-{BUILD_KEY}.lock"):
         if marker.exists() and server_binary().exists():  # another process finished while we waited
             return server_binary()
-        work = CACHE_ROOT / "build" / f"llama.cpp-{LLAMA_CPP_PY_VERSION}"
+        work = CACHE_ROOT / "build" / f"llama.cpp-{LLAMA_CPP_PY_VERSION}-{BUILD_KEY}"
         for stale in (work, dest):  # leftovers of an interrupted build
             if stale.exists():
                 shutil.rmtree(stale)

@@ -8,7 +8,14 @@ sequences once answered 28 req/s against a 32 req/s probe that completed 27.7, a
 E2E p50 went from 325 ms in its first quarter to 1.6 s in its last, the 2% overload the gate lets
 pass (a 10% one would have added 4.5 s). The configuration vLLM refuses is a row with vLLM's own
 reason, which `llmload capacity` predicted word for word before anything started. Every probe of the
-two that started is a point of the Pareto frontier, drawn in sweep.html and pareto.png."""
+two that started is a point of the Pareto frontier, drawn in sweep.html and pareto.png.
+
+The search's interval closes at the first bisection of the doubling ladder (--resolution 0.5): 1 sequence
+between 4 and 6 req/s (it keeps up with about 4.5), 8 between 24 and 32 (about 26), so each configuration's
+answer is its ladder's rung under that capacity and the confirm runs there. At --resolution 0.15 each search
+went on bisecting to within a probe of capacity, 40 s one-sequence probes at 5 and 4.5 req/s, and eight
+sequences once passed a 28 req/s probe whose confirm then failed, searched on below it and confirmed 26: the
+same assertions, and 667 s on 2 cores where 0.5 took 349 s and 410 s."""
 
 from __future__ import annotations
 
@@ -63,7 +70,7 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
     proc = llmload_cli(
         "sweep", "--serve", serve, "--configs", *map(str, files), "--criteria", str(criteria),
         "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS, sessions=300)), "--start-qps", "2",
-        "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.15", "--probe-duration", "10s",
+        "--max-qps", "64", "--min-qps", "1", "--repeats", "1", "--resolution", "0.5", "--probe-duration", "10s",
         "--probe-warmup", "1s", "--arrival", "constant", "--confirm", "--confirm-duration", "40s",
         "--reports-dir", str(reports), "--sweep-id", "vllm", timeout=2400,
         env={**child_env(), "VLLM_SERVER_DEV_MODE": "1"},  # vLLM offers /reset_prefix_cache in this mode only

@@ -19,11 +19,13 @@ from benchmarks.records_scale import synthetic_run
 from llmload import records, rundir
 from llmload.conclude import conclude
 from llmload.gates import compare
+from llmload.models import ShareSpread
 from llmload.records import parquet_records, read_records, write_parquet
 from llmload.report.html import MAX_SERVER_POINTS, _peaks
 from llmload.report.summary import summarize, summarize_run
 from llmload.rundir import PARQUET_FILE, RECORDS_FILE, read_manifest
 from llmload.stats.sketch import RELATIVE_ERROR, Histograms, quantiles
+from llmload.workload.prefix import conversation_of
 
 QUANTILES = [50, 90, 95, 99, 99.9]
 PAIRS = 12
@@ -83,7 +85,14 @@ def test_the_parquet_gives_the_summary_of_the_jsonl_and_loads_in_pandas_and_duck
         from_jsonl.drop(columns="itl_ms"), manifest, itl=by_stage.percentiles(),
         stage_itl_p50=[by_stage.percentiles(slice(i, i + 1)).p50 for i in range(len(stages))], server=run.server,
     )  # fmt: skip
-    assert summarize_run(run)[0] == expected
+    summary = summarize_run(run)[0]
+    # each conversation's cached share needs the session ids, which summarize_run reads apart from the frame
+    judged = from_jsonl[from_jsonl.stage.isin([s.name for s in manifest.judged_stages]) & (from_jsonl.status == "ok")]
+    told = judged[judged.cached_tokens.notna() & (judged.prompt_tokens > 0)]
+    sums = told.assign(conversation=told.session_id.map(conversation_of)).groupby("conversation")
+    shares = (sums.cached_tokens.sum() / sums.prompt_tokens.sum()).to_numpy(dtype=float)
+    expected.cached_share_by_conversation = ShareSpread.of(shares)
+    assert summary == expected
 
     parquet = big_run / PARQUET_FILE
     frame = pd.read_parquet(parquet, columns=["status", "itl_ms"])

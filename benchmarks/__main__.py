@@ -3,8 +3,9 @@
 The load generator, the simulator's pacing, the workload builder, the reusable-prefix figure
 (1M requests) and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
-against the simulator, a distributed run's master ingesting records from 1, 2 and 4 workers in network
-namespaces (`distributed_ingestion`, ~90 s; root only, else it says it skipped), the soak verdict's and the
+against the simulator, the default 5-minute soak of the embedded target (`soak_default`, ~9 min),
+a distributed run's master ingesting records from 1, 2 and 4 workers in network namespaces
+(`distributed_ingestion`, ~90 s; root only, else it says it skipped), the soak verdict's and the
 search's error rates against servers of known capacity (`gate_error_rates`: it rewrites the table in
 docs/gates.md; about an hour on 2 cores at 500 seeds a cell) and live runs of the embedded engine held
 against it (`gate_live_check`, ~6 min), and the fidelity of a
@@ -28,6 +29,7 @@ from benchmarks import (
     search,
     sim_fidelity,
     sim_pacing,
+    soak_default,
     workload_build,
 )
 
@@ -38,6 +40,7 @@ if __name__ == "__main__":
     reusable_prefix.main([])
     records_scale.main([])
     search.main([])
+    soak_default.main([])
     gate_error_rates.main([])
     gate_live_check.main([])
     distributed_ingestion.main([])

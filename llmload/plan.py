@@ -57,7 +57,7 @@ from llmload.schedule import (
 from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
 from llmload.workload.pacing import paced
-from llmload.workload.scale import scaled
+from llmload.workload.scale import factor_for_max_prompt, scaled
 
 ASSUMED_REQUEST_S = 2.0  # first guess of a request's duration, for the initial user count
 
@@ -161,6 +161,14 @@ class PlanFlags(FlagModel):
             metavar="F",
         ),
     ] = 1.0
+    scale_to_max_prompt: Annotated[
+        PositiveInt | None,
+        Flag(
+            "as --scale-tokens, by the factor that makes the workload's longest prompt at most N tokens (of a"
+            " workload of prefix blocks, the largest that keeps its blocks whole); the run records the factor",
+            metavar="N",
+        ),
+    ] = None
     gpu_hour_cost: Annotated[
         PositiveFloat | None,
         Flag(
@@ -197,10 +205,16 @@ class RunPlan:
 
     @classmethod
     def build(cls, flags: PlanFlags) -> RunPlan:
+        workload = load_workload(flags.workload)
+        if flags.scale_to_max_prompt is not None:
+            if flags.scale_tokens != 1:
+                raise InputError("give --scale-tokens or --scale-to-max-prompt, not both")
+            # the factor, not the target, is what the run's flags record: a report reloads the workload with it
+            flags = flags.model_copy(
+                update={"scale_tokens": factor_for_max_prompt(workload, flags.scale_to_max_prompt)}
+            )
         workload = paced(
-            scaled(load_workload(flags.workload), flags.scale_tokens),
-            think_time_only=flags.think_time_only,
-            max_think_s=flags.max_think_s,
+            scaled(workload, flags.scale_tokens), think_time_only=flags.think_time_only, max_think_s=flags.max_think_s
         )
         trace = flags.arrival == "trace"
         target: float | None

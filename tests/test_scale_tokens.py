@@ -4,6 +4,7 @@ and the report says it was scaled."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,10 @@ from llmload.models import Session, Turn
 from llmload.packaged import SAMPLE_WORKLOAD
 from llmload.plan import PlanFlags, RunPlan
 from llmload.sim.process import SimProcess
-from llmload.workload.files import WorkloadError, load_workload
+from llmload.workload.files import Workload, WorkloadError, load_workload
 from llmload.workload.prefix import workload_prefix
-from llmload.workload.scale import scaled
+from llmload.workload.scale import factor_for_max_prompt, scaled
+from llmload.workload.stats import request_table
 from llmload.workload.tokens import get_tokenizer
 from tests.agentic import write_agentic_traces
 from tests.locust_runs import run_locust, write_workload
@@ -95,32 +97,59 @@ def test_messages_are_cut_to_the_factor_so_shared_text_stays_shared_and_history_
     assert share.share is not None and small_share.share == pytest.approx(share.share, abs=0.08)
 
 
+def _longest_prompt(workload: Workload) -> int:
+    return int(request_table(workload).prompt_tokens.max())
+
+
+def test_a_target_longest_prompt_picks_the_largest_factor_that_keeps_blocks_whole(tmp_path: Path) -> None:
+    blocks = load_workload(_block_workload(tmp_path))
+    longest = _longest_prompt(blocks)
+    for target in (longest // 2, longest // 3, 500, 64):
+        factor = factor_for_max_prompt(blocks, target)
+        assert (64 * factor).is_integer() and factor <= target / longest < factor + 1 / 64, (target, factor)
+        assert _longest_prompt(scaled(blocks, factor)) <= target
+    assert factor_for_max_prompt(blocks, longest) == 1.0
+    with pytest.raises(WorkloadError, match=f"least it can be is {math.ceil(longest / 64):,} tokens"):
+        factor_for_max_prompt(blocks, 10)
+    # messages: cut to the factor, the longest whole prompt (history and all) at most the target
+    sample = load_workload(SAMPLE_WORKLOAD)
+    target = _longest_prompt(sample) // 3
+    assert _longest_prompt(scaled(sample, factor_for_max_prompt(sample, target))) <= target
+    # the plan records the factor it chose, which a report reloading the workload applies again
+    plan = RunPlan.build(PlanFlags(workload=str(blocks.path), target_qps=1, scale_to_max_prompt=longest // 2))
+    assert plan.flags.scale_tokens == factor_for_max_prompt(blocks, longest // 2) < 1
+    with pytest.raises(InputError, match="give --scale-tokens or --scale-to-max-prompt, not both"):
+        RunPlan.build(PlanFlags(workload=str(blocks.path), target_qps=1, scale_tokens=0.5, scale_to_max_prompt=99))
+
+
 def _agents(tmp_path: Path, *build_flags: str) -> Path:
     """Agentic traces whose prompts (up to ~2,900 tokens) do not fit a 2,048-token context."""
     traces = write_agentic_traces(tmp_path / "traces", opening_blocks=30)
     out = tmp_path / "agents.yaml"
     assert main(["workload", "build", str(traces), "-o", str(out), *build_flags]) == 0
-    longest = max(t.prompt_tokens or 0 for s in load_workload(out).sessions for t in s.turns)
-    assert longest > 2048, longest
+    assert _longest_prompt(load_workload(out)) > 2048
+
     return out
 
 
-def _replay(host: str, workload: Path, reports: Path, scale: str) -> tuple[object, object]:
+def _replay(host: str, workload: Path, reports: Path, *scale: str) -> tuple[object, object]:
     run = run_locust(
         host, workload, reports, "scaled", "--target-qps", "2", "--stages", "100", "--stage-duration", "10",
-        "--warmup", "2", "--arrival", "constant", "--scale-tokens", scale, "--drain-timeout", "60", timeout=180,
+        "--warmup", "2", "--arrival", "constant", *scale, "--drain-timeout", "60", timeout=180,
     )  # fmt: skip
     assert run.returncode in (0, 1), run.output[-3000:]
     return run, run.records
 
 
 def test_a_trace_too_long_for_the_target_replays_scaled_and_the_report_says_so(tmp_path: Path) -> None:
-    """The embedded engine with a 1,024-token context: scaled by 0.25 every request fits, the engine's
-    prefix cache hits what the ids share (at most the figure, close to it), and the report names the factor."""
+    """The embedded engine with a 1,024-token context: scaled to a quarter of the longest prompt (which
+    keeps 64-token blocks whole at 16 tokens: factor 0.25) every request fits, the engine's prefix cache
+    hits what the ids share (at most the figure, close to it), and the report names the factor."""
     workload = _agents(tmp_path)
+    quarter = math.ceil(_longest_prompt(load_workload(workload)) / 4)
     engine = ("--profile", "vllm-cpu-tiny", "--block-size", "16", "--max-model-len", "1024")
     with SimProcess(*engine, "--enable-prompt-tokens-details") as sim:
-        run, records = _replay(sim.url, workload, tmp_path / "reports", "0.25")
+        run, records = _replay(sim.url, workload, tmp_path / "reports", "--scale-to-max-prompt", str(quarter))
     ok = records[records.status == "ok"]
     assert len(ok) == len(records) > 10 and ok.session_id.str.contains("/agent_001").any()
     planned = {(s.id, i): t.prompt_tokens for s in scaled(load_workload(workload), 0.25).sessions for i, t in
@@ -133,6 +162,7 @@ def test_a_trace_too_long_for_the_target_replays_scaled_and_the_report_says_so(t
     assert (ok.output_tokens == 2).all()  # 6 recorded, scaled to 1.5 → 2
     summary = run.summary
     assert summary["run"]["token_scale"] == 0.25 and run.manifest["flags"]["scale_tokens"] == 0.25
+    assert run.manifest["flags"]["scale_to_max_prompt"] == quarter
     reuse, hit = summary["server"]["workload_prefix"], summary["server"]["prefix_cache_hit_rate"]
     print(f"server {hit:.4f}, ceiling {reuse['share']:.4f}")
     assert reuse["block_size"] == 16 and reuse["share"] > 0.8
@@ -154,7 +184,7 @@ def test_the_same_trace_scaled_replays_on_the_real_vllm(
     """The shared vLLM (max_model_len 2,048) with the trace built under the model's own tokenizer:
     scaled by 0.5 every request is served, each prompt as long as the scaled trace says."""
     workload = _agents(tmp_path, "--tokenizer", f"hf:{vllm_tiny_model}")
-    run, records = _replay(vllm_server.url, workload, tmp_path / "reports", "0.5")
+    run, records = _replay(vllm_server.url, workload, tmp_path / "reports", "--scale-tokens", "0.5")
     assert (records.status == "ok").all() and len(records) > 10, records.error_category.value_counts()
     planned = {(s.id, i): t.prompt_tokens for s in scaled(load_workload(workload), 0.5).sessions for i, t in
                enumerate(s.turns)}  # fmt: skip

@@ -9,7 +9,7 @@ thousand. Scaled, the same trace replays on a CPU vLLM or the embedded target:
   stays shared and a conversation's history grows by F of what it grew by;
 - forced output lengths, max_tokens and the recorded prompt lengths are scaled alike, each at least 1.
 Times (offsets, think times) are not scaled. The run records F among its flags, and its report says
-the run was scaled.
+the run was scaled. `--scale-to-max-prompt N` picks F for the user: the longest prompt becomes at most N.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import math
 
 from llmload.models import Message, Session, Turn
 from llmload.workload.files import Workload, WorkloadError
+from llmload.workload.stats import request_table
 from llmload.workload.tokens import Tokenizer, get_tokenizer
 
 
@@ -48,6 +49,26 @@ def scaled(workload: Workload, factor: float) -> Workload:
         ),
         sessions=[_session(session, factor, block_size, tokenizer) for session in workload.sessions],
     )
+
+
+def factor_for_max_prompt(workload: Workload, max_prompt: int) -> float:
+    """The largest factor that brings the longest prompt to at most `max_prompt` tokens (1 where it fits),
+    of a block workload the largest that keeps a block a whole number of tokens."""
+    longest = int(request_table(workload).prompt_tokens.max())
+    if longest <= max_prompt:
+        return 1.0
+    factor = max_prompt / longest
+    block_size = workload.spec.block_size
+    if block_size is not None:
+        block = math.floor(block_size * factor)
+        if block < 1:
+            raise WorkloadError(
+                f"--scale-to-max-prompt {max_prompt}: {workload.path}'s longest prompt of {longest:,} tokens would"
+                f" need its blocks of {block_size} tokens under 1 token long; the least it can be is"
+                f" {math.ceil(longest / block_size):,} tokens"
+            )
+        factor = block / block_size
+    return factor
 
 
 def _session(session: Session, factor: float, block_size: int | None, tokenizer: Tokenizer) -> Session:

@@ -46,7 +46,7 @@ from llmload.report.warnings import SHORTFALL_DELAY_MS, SHORTFALL_RATIO, SPECULA
 from llmload.rundir import Run
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
 from llmload.stats.sketch import BUCKETS, Histograms
-from llmload.workload.prefix import conversation_of, sent_prefix
+from llmload.workload.prefix import ConversationCodes, sent_prefix
 
 TURN_MIX_DEEPEST = 8
 
@@ -427,8 +427,9 @@ def _cached_by_conversation(run: Run) -> ShareSpread | None:
     told = (judged & frame.cached_tokens.notna() & (frame.prompt_tokens > 0)).to_numpy(dtype=bool)
     if not told.any():
         return None
-    ids = run.records.session_ids()[told].astype(str)
-    rows = frame.loc[told, ["cached_tokens", "prompt_tokens"]].assign(conversation=ids.map(conversation_of).to_numpy())
+    ids = run.records.session_ids()[told]
+    by_name = ConversationCodes().of([str(name) for name in ids.cat.categories])  # per distinct id, not per row
+    rows = frame.loc[told, ["cached_tokens", "prompt_tokens"]].assign(conversation=by_name[ids.cat.codes.to_numpy()])
     sums = rows.groupby("conversation")[["cached_tokens", "prompt_tokens"]].sum()
     return ShareSpread.of((sums.cached_tokens / sums.prompt_tokens).to_numpy(dtype=float))
 

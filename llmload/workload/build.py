@@ -43,9 +43,9 @@ from llmload.workload.prefix import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CHAT_TEMPLATE,
     NO_TEXT,
+    ConversationCodes,
     PrefixBlocks,
     PromptLayout,
-    conversation_of,
 )
 from llmload.workload.stats import WorkloadStats, table_frame, workload_stats
 from llmload.workload.synth import TextSynthesizer, draw_tokens
@@ -331,7 +331,7 @@ class _Finisher:
         self.seed = seed
         self.table = _Table()
         self.ids: list[str] = []  # each session's id, in session order: the log's own name where it has one
-        self._conversations: dict[str, int] = {}
+        self._conversations = ConversationCodes()
         self.prefix_conversations = array("q")  # the conversation of each request the prefix figure holds
         self._taken: set[str] = set()
         self.t0: float | None = None
@@ -370,8 +370,7 @@ class _Finisher:
         """The session's blocks for the reusable-prefix figure: from hash ids, else from message text."""
         arrivals = self.table.arrival[first_row:]
         if session.turns[0].hash_ids is not None or session.turns[0].messages is not None:
-            conversation = self._conversations.setdefault(conversation_of(self.ids[-1]), len(self._conversations))
-            self.prefix_conversations.extend([conversation] * len(session.turns))
+            self.prefix_conversations.extend([self._conversations.code(self.ids[-1])] * len(session.turns))
         if session.turns[0].hash_ids is not None:
             for request, arrival in zip(session.turns, arrivals, strict=True):
                 self.prefix.add_hashed(request.hash_ids or [], request.prompt_tokens or 0, arrival)

@@ -306,7 +306,7 @@ def workload_prefix(
     """The reusable prefix of a workload file: its requests at the request table's arrivals, a reply
     as long as the turn's `output_tokens` (else `max_tokens`, else 0). What a run sent: `sent_prefix`."""
     arrivals = request_table(workload)["arrival_s"].to_numpy()
-    conversations = _conversation_codes([session.id for session in workload.sessions for _ in session.turns])
+    conversations = ConversationCodes().of([session.id for session in workload.sessions for _ in session.turns])
     if workload.spec.block_size is not None:
         return _block_prefix(workload, arrivals, conversations)
     layout = PromptLayout(workload.spec.tokenizer, template)
@@ -359,7 +359,7 @@ def sent_prefix(
         return "the run sent sessions the workload file does not hold: it changed since the run"
     known = [pair for pair in played if pair is not None]
     codes = names.cat.codes.to_numpy()
-    conversation = _conversation_codes([str(name) for name in names.cat.categories])[codes]
+    conversation = ConversationCodes().of([str(name) for name in names.cat.categories])[codes]
     session = np.asarray([number for number, _ in known], dtype=np.int64)[codes]
     lap = np.asarray([lap for _, lap in known], dtype=np.int64)[codes]
     turn = sent.turn.to_numpy(dtype=np.int64)
@@ -423,12 +423,18 @@ def conversation_of(session_id: str) -> str:
     return f"{root}{REPLAY_SEPARATOR}{play}" if play else root
 
 
-def _conversation_codes(session_ids: Sequence[str]) -> np.ndarray:
-    """A code per session id, the same for the sessions of one conversation."""
-    codes: dict[str, int] = {}
-    return np.fromiter(
-        (codes.setdefault(conversation_of(name), len(codes)) for name in session_ids), np.int64, len(session_ids)
-    )
+class ConversationCodes:
+    """A number per conversation (`conversation_of`), in the order conversations are first seen: the
+    same for every session of one conversation, whether the ids come all at once or one by one."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+
+    def code(self, session_id: str) -> int:
+        return self._codes.setdefault(conversation_of(session_id), len(self._codes))
+
+    def of(self, session_ids: Sequence[str]) -> np.ndarray:
+        return np.fromiter((self.code(name) for name in session_ids), np.int64, len(session_ids))
 
 
 def _played_session(name: str, index: dict[str, int]) -> tuple[int, int] | None:

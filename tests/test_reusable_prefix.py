@@ -5,6 +5,7 @@ hand on an OpenAI log, a Mooncake trace and an Azure trace."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -202,23 +203,36 @@ def test_each_agentic_conversations_share_equals_an_independent_recount(
     """Eight agentic traces, each a main agent and a subagent opening with its parent's first blocks:
     `workload stats` of the traces and of the workload built from them give each conversation's share
     (the agent with its subagent) spread as kv-cache-tester publishes its corpus's, and a naive recount,
-    trace by trace (a block matches where its whole prefix was sent before; full blocks only), equals it."""
+    trace by trace (a block matches where its whole prefix was sent before; full blocks only), equals it.
+    So do the split into history (a block its own session sent before: the agent's, or the subagent's) and
+    shared (one the other sent first), and the share by turn index."""
     traces = write_agentic_traces(tmp_path / "traces", traces=8, opening_blocks=5, seed=11)
-    shares = []
+    shares, split, by_turn = [], Counter[str](), Counter[tuple[int, str]]()
     for path in sorted(traces.glob("*.json")):
         trace = orjson.loads(path.read_bytes())
         requests = []
         for entry in trace["requests"]:
-            for request in entry["requests"] if entry.get("type") == "subagent" else [entry]:
-                requests.append((entry["t"] + request["t"] if request is not entry else entry["t"], request))
-        seen: set[tuple[int, ...]] = set()
+            subagent = entry.get("type") == "subagent"
+            for request in entry["requests"] if subagent else [entry]:
+                at = entry["t"] + request["t"] if subagent else entry["t"]
+                requests.append((at, entry["agent_id"] if subagent else "main", request))
+        first_sent_by: dict[tuple[int, ...], str] = {}
+        turns = Counter[str]()
         prompt = reusable = 0
-        for _, request in sorted(requests, key=lambda pair: pair[0]):
+        for _, session, request in sorted(requests, key=lambda row: row[0]):
             full = request["hash_ids"][: request["in"] // 64]
             prefixes = [tuple(full[: k + 1]) for k in range(len(full))]
-            reusable += 64 * next((k for k, p in enumerate(prefixes) if p not in seen), len(prefixes))
+            matched = prefixes[: next((k for k, p in enumerate(prefixes) if p not in first_sent_by), len(prefixes))]
+            reusable += 64 * len(matched)
             prompt += request["in"]
-            seen.update(prefixes)
+            for prefix in matched:
+                split["history" if first_sent_by[prefix] == session else "shared"] += 64
+            by_turn[turns[session], "prompt"] += request["in"]
+            by_turn[turns[session], "reusable"] += 64 * len(matched)
+            by_turn[turns[session], "requests"] += 1
+            turns[session] += 1
+            for prefix in prefixes:
+                first_sent_by.setdefault(prefix, session)
         shares.append(reusable / prompt)
     low, p25, median, p75, high = np.percentile(shares, [0, 25, 50, 75, 100])
     expected = {"conversations": 8, "min": low, "p25": p25, "median": median, "p75": p75, "max": high}
@@ -230,5 +244,14 @@ def test_each_agentic_conversations_share_equals_an_independent_recount(
     for figure in (from_traces, from_built):
         assert isinstance(figure, dict)
         assert figure["by_conversation"] == pytest.approx(expected, abs=1e-12), (figure["by_conversation"], expected)
+        assert (figure["history_tokens"], figure["shared_tokens"]) == (split["history"], split["shared"])
+        assert split["history"] > split["shared"] > 0
+        counted = sorted({turn for turn, _ in by_turn})
+        assert [(row["turn"], row["requests"]) for row in figure["by_turn"]] == [
+            (turn + 1, by_turn[turn, "requests"]) for turn in counted
+        ]
+        assert [row["share"] for row in figure["by_turn"]] == pytest.approx(
+            [by_turn[turn, "reusable"] / by_turn[turn, "prompt"] for turn in counted], abs=1e-12
+        )
     assert main(["workload", "stats", str(tmp_path / "agents.yaml")]) == 0
     assert f"By conversation: min {low:.1%}, P25 {p25:.1%}" in capsys.readouterr().out

@@ -372,8 +372,11 @@ class _Finisher:
         if session.turns[0].hash_ids is not None or session.turns[0].messages is not None:
             self.prefix_conversations.extend([self._conversations.code(self.ids[-1])] * len(session.turns))
         if session.turns[0].hash_ids is not None:
-            for request, arrival in zip(session.turns, arrivals, strict=True):
-                self.prefix.add_hashed(request.hash_ids or [], request.prompt_tokens or 0, arrival)
+            number = len(self.ids) - 1  # this session's
+            for index, (request, arrival) in enumerate(zip(session.turns, arrivals, strict=True)):
+                self.prefix.add_hashed(
+                    request.hash_ids or [], request.prompt_tokens or 0, arrival, session=number, turn=index
+                )
             return
         if session.turns[0].messages is None:
             return  # lengths only: nothing to cut blocks from

@@ -86,7 +86,8 @@ class PrefixBlocks:
         self.chat_template: ChatTemplate | None = None  # None: blocks from hash ids
         self._unit_tokens = 1
         # per request, in insertion order (a session's turns are contiguous)
-        self._session = array("q")
+        self._session = array("q")  # the stream a request's blocks were hashed in (a session, or a hashed request)
+        self._owner = array("q")  # the session it belongs to: a block it reuses from another is shared
         self._turn = array("q")
         self._arrival = array("d")
         self._prompt_tokens = array("q")
@@ -149,19 +150,34 @@ class PrefixBlocks:
             self._cached_ends.append(self._piece_units + length + decoded)
         self._close_session(length)
 
-    def add_hashed(self, hash_ids: Sequence[int], prompt_tokens: int, arrival: float) -> None:
-        """One Mooncake line: its own session, its full 512-token blocks' hash ids."""
+    def add_hashed(
+        self, hash_ids: Sequence[int], prompt_tokens: int, arrival: float, *, session: int | None = None, turn: int = 0
+    ) -> None:
+        """One request given as its full blocks' hash ids (a Mooncake line, a block turn). Its ids name
+        its whole prompt, so it is hashed on its own; `session` (a number of the caller's, unique per
+        session) and `turn` say whose it is: a block an earlier turn of the same session sent is history,
+        one another session sent is shared. Without `session` it is a session of its own."""
         full = min(len(hash_ids), prompt_tokens // self._unit_tokens)
         self._session_starts.append(self._piece_units)
         self._pieces.append(np.asarray(hash_ids[:full], dtype=np.int64))
-        self._add_request(0, arrival, prompt_tokens, full, full)
+        self._add_request(
+            turn, arrival, prompt_tokens, full, full, owner=-1 - self._sessions if session is None else session
+        )
         self._cached_ends.append(self._piece_units + full)
         self._close_session(full)
 
     def _add_request(
-        self, turn: int, arrival: float, prompt_tokens: int, prompt_units: int, cached_blocks: int
+        self,
+        turn: int,
+        arrival: float,
+        prompt_tokens: int,
+        prompt_units: int,
+        cached_blocks: int,
+        *,
+        owner: int | None = None,
     ) -> None:
         self._session.append(self._sessions)
+        self._owner.append(self._sessions if owner is None else owner)
         self._turn.append(turn)
         self._arrival.append(arrival)
         self._prompt_tokens.append(prompt_tokens)
@@ -262,7 +278,8 @@ def _reuse(blocks: PrefixBlocks) -> tuple[np.ndarray, np.ndarray]:
     seen = np.empty(len(keys), dtype=bool)
     seen[by_key] = order[by_key] > order[first]
     other = np.empty(len(keys), dtype=bool)
-    other[by_key] = session[owners[first]] != session[owners[by_key]]
+    owner = np.frombuffer(blocks._owner, dtype=np.int64)
+    other[by_key] = owner[owners[first]] != owner[owners[by_key]]
     produced = np.bincount(owners, minlength=count)
     seen_new = np.bincount(owners, weights=seen, minlength=count).astype(np.int64)
     shared_new = np.bincount(owners, weights=other & seen, minlength=count).astype(np.int64)
@@ -323,13 +340,13 @@ def workload_prefix(
 
 
 def _block_prefix(workload: Workload, arrivals: np.ndarray, conversations: np.ndarray) -> ReusablePrefix:
-    """A workload of block turns: the figure from its ids, as its trace's is (each request its own
-    session; a turn of messages has no ids and reuses nothing)."""
+    """A workload of block turns: the figure from its ids, as its trace's is (a turn of messages has no
+    ids and reuses nothing)."""
     assert workload.spec.block_size is not None
     blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
-    turns = (turn for session in workload.sessions for turn in session.turns)
-    for turn, arrival in zip(turns, arrivals, strict=True):
-        blocks.add_hashed(turn.blocks or [], turn.prompt_tokens or 0, float(arrival))
+    turns = ((number, index, turn) for number, s in enumerate(workload.sessions) for index, turn in enumerate(s.turns))
+    for (number, index, turn), arrival in zip(turns, arrivals, strict=True):
+        blocks.add_hashed(turn.blocks or [], turn.prompt_tokens or 0, float(arrival), session=number, turn=index)
     return blocks.result(conversations=conversations)
 
 
@@ -397,19 +414,21 @@ def _sent_blocks(
     workload: Workload, requests: tuple[np.ndarray, np.ndarray, np.ndarray], sent_at: np.ndarray, bust_run: str | None
 ) -> PrefixBlocks:
     """What a run of a workload of block turns sent, by the ids each request's text came from (a
-    --cache-bust play's renamed ones), each request its own session, at its send time."""
+    --cache-bust play's renamed ones), each at its send time; each play of a session is a session."""
     assert workload.spec.block_size is not None
     blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
     plays: dict[tuple[int, int], Session] = {}
+    owners: dict[tuple[int, int], int] = {}
     session, lap, turn = (column.tolist() for column in requests)
     for number, play, index, at in zip(session, lap, turn, sent_at.tolist(), strict=True):
+        owner = owners.setdefault((number, play), len(owners))
         played = workload.sessions[number]
         if bust_run is not None:
             if (number, play) not in plays:
                 plays[number, play] = marked(played, play_marker(bust_run, play))
             played = plays[number, play]
         sent = played.turns[index]
-        blocks.add_hashed(sent.blocks or [], sent.prompt_tokens or 0, at)
+        blocks.add_hashed(sent.blocks or [], sent.prompt_tokens or 0, at, session=owner, turn=index)
     return blocks
 
 

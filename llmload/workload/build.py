@@ -372,11 +372,11 @@ class _Finisher:
         if session.turns[0].hash_ids is not None or session.turns[0].messages is not None:
             self.prefix_conversations.extend([self._conversations.code(self.ids[-1])] * len(session.turns))
         if session.turns[0].hash_ids is not None:
-            number = len(self.ids) - 1  # this session's
-            for index, (request, arrival) in enumerate(zip(session.turns, arrivals, strict=True)):
-                self.prefix.add_hashed(
-                    request.hash_ids or [], request.prompt_tokens or 0, arrival, session=number, turn=index
-                )
+            requests = [
+                (index, () if r.hash_ids is None else r.hash_ids, r.prompt_tokens or 0)
+                for index, r in enumerate(session.turns)
+            ]
+            self.prefix.add_hashed_session(requests, arrivals[: len(requests)], owner=len(self.ids) - 1)
             return
         if session.turns[0].messages is None:
             return  # lengths only: nothing to cut blocks from
@@ -461,8 +461,8 @@ class _Finisher:
             )
             if self.write:
                 turn: Record = (
-                    {"blocks": request.hash_ids}
-                    if request.hash_ids
+                    {"blocks": request.hash_ids}  # written by orjson from the array: no Python ints
+                    if request.hash_ids is not None and len(request.hash_ids)
                     else {"messages": self._messages(request, message_counts)}
                 )
                 if request.max_tokens is not None:
@@ -604,7 +604,9 @@ def _run(
             if options.skip_bad or not skipped:  # a failing build only goes on to report every bad line
                 finished = finisher.finish(chunk)
                 if out is not None:
-                    out.writelines(orjson.dumps(record) + b"\n" for record in finished)
+                    out.writelines(
+                        orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for record in finished
+                    )
 
     with _without_cyclic_gc():
         for path in sources:

@@ -132,7 +132,7 @@ class PrefixBlocks:
         length; `reply_end` template tokens close each reply. A request also fills the cache with the
         blocks of its reply but the last token (sampled, never fed back), as vLLM caches decoded blocks."""
         if self._unit_tokens != 1:
-            raise ValueError("a hash-id collection takes add_hashed, not add_session")
+            raise ValueError("a hash-id collection takes add_hashed_session, not add_session")
         self._session_starts.append(self._piece_units)
         length = 0
         for index, ((tokens, _), arrival) in enumerate(zip(turns, arrivals, strict=True)):
@@ -150,21 +150,30 @@ class PrefixBlocks:
             self._cached_ends.append(self._piece_units + length + decoded)
         self._close_session(length)
 
-    def add_hashed(
-        self, hash_ids: Sequence[int], prompt_tokens: int, arrival: float, *, session: int | None = None, turn: int = 0
+    def add_hashed_session(
+        self, requests: Sequence[tuple[int, Sequence[int] | np.ndarray, int]], arrivals: Sequence[float], owner: int
     ) -> None:
-        """One request given as its full blocks' hash ids (a Mooncake line, a block turn). Its ids name
-        its whole prompt, so it is hashed on its own; `session` (a number of the caller's, unique per
-        session) and `turn` say whose it is: a block an earlier turn of the same session sent is history,
-        one another session sent is shared. Without `session` it is a session of its own."""
-        full = min(len(hash_ids), prompt_tokens // self._unit_tokens)
-        self._session_starts.append(self._piece_units)
-        self._pieces.append(np.asarray(hash_ids[:full], dtype=np.int64))
-        self._add_request(
-            turn, arrival, prompt_tokens, full, full, owner=-1 - self._sessions if session is None else session
-        )
-        self._cached_ends.append(self._piece_units + full)
-        self._close_session(full)
+        """One session's requests given as (turn, their full blocks' hash ids, prompt tokens), in turn
+        order (a Mooncake line is a session of one). `owner` numbers the session (unique per session): a
+        block an earlier turn of it sent is history, one another session sent is shared. A request whose
+        ids go on from the previous one's (the history grew) is hashed as the rest of its stream, so only
+        its new blocks are kept, as a text session's turns are; one that does not starts a stream anew."""
+        stream: np.ndarray | None = None  # the current stream's ids: the previous request's
+        for (turn, hash_ids, prompt_tokens), arrival in zip(requests, arrivals, strict=True):
+            full = min(len(hash_ids), prompt_tokens // self._unit_tokens)
+            ids = np.asarray(hash_ids[:full], dtype=np.int64)
+            if stream is not None and len(ids) >= len(stream) and np.array_equal(ids[: len(stream)], stream):
+                self._pieces.append(ids[len(stream) :])
+            else:
+                if stream is not None:
+                    self._close_session(len(stream))
+                self._session_starts.append(self._piece_units)
+                self._pieces.append(ids)
+            stream = ids
+            self._add_request(turn, arrival, prompt_tokens, full, full, owner=owner)
+            self._cached_ends.append(self._piece_units + full)
+        if stream is not None:
+            self._close_session(len(stream))
 
     def _add_request(
         self,
@@ -176,6 +185,7 @@ class PrefixBlocks:
         *,
         owner: int | None = None,
     ) -> None:
+        """`owner`: the session the request is part of, where that is not its stream (hashed requests)."""
         self._session.append(self._sessions)
         self._owner.append(self._sessions if owner is None else owner)
         self._turn.append(turn)
@@ -344,9 +354,11 @@ def _block_prefix(workload: Workload, arrivals: np.ndarray, conversations: np.nd
     ids and reuses nothing)."""
     assert workload.spec.block_size is not None
     blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
-    turns = ((number, index, turn) for number, s in enumerate(workload.sessions) for index, turn in enumerate(s.turns))
-    for (number, index, turn), arrival in zip(turns, arrivals, strict=True):
-        blocks.add_hashed(turn.blocks or [], turn.prompt_tokens or 0, float(arrival), session=number, turn=index)
+    first = 0
+    for number, session in enumerate(workload.sessions):
+        requests = [(index, turn.blocks or [], turn.prompt_tokens or 0) for index, turn in enumerate(session.turns)]
+        blocks.add_hashed_session(requests, arrivals[first : first + len(requests)].tolist(), number)
+        first += len(requests)
     return blocks.result(conversations=conversations)
 
 
@@ -385,9 +397,10 @@ def sent_prefix(
     sent_at = sent.sent_at.to_numpy(dtype=float)
     replies = np.nan_to_num(sent.output_tokens.to_numpy(dtype=float)).astype(np.int64)
     is_counted = sent.counted.to_numpy(dtype=bool)
+    order = np.lexsort((turn, lap, session))  # each play of a session, turn by turn
     if workload.spec.block_size is not None:
-        return _sent_blocks(workload, (session, lap, turn), sent_at, bust_run).result(is_counted, conversation)
-    order = np.lexsort((turn, lap, session))
+        blocks = _sent_blocks(workload, (session[order], lap[order], turn[order]), sent_at[order], bust_run)
+        return blocks.result(is_counted[order], conversation[order])
     starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
     layout = PromptLayout(workload.spec.tokenizer, template)
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
@@ -414,21 +427,19 @@ def _sent_blocks(
     workload: Workload, requests: tuple[np.ndarray, np.ndarray, np.ndarray], sent_at: np.ndarray, bust_run: str | None
 ) -> PrefixBlocks:
     """What a run of a workload of block turns sent, by the ids each request's text came from (a
-    --cache-bust play's renamed ones), each at its send time; each play of a session is a session."""
+    --cache-bust play's renamed ones), each at its send time; each play of a session is a session.
+    `requests` (session number, play, turn) are sorted: a play's turns in order, one play after another."""
     assert workload.spec.block_size is not None
     blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
-    plays: dict[tuple[int, int], Session] = {}
-    owners: dict[tuple[int, int], int] = {}
-    session, lap, turn = (column.tolist() for column in requests)
-    for number, play, index, at in zip(session, lap, turn, sent_at.tolist(), strict=True):
-        owner = owners.setdefault((number, play), len(owners))
-        played = workload.sessions[number]
+    session, lap, turn = requests
+    starts = np.flatnonzero(np.r_[True, (np.diff(session) != 0) | (np.diff(lap) != 0)])
+    for owner, rows in enumerate(np.split(np.arange(len(session)), starts[1:])):
+        played = workload.sessions[int(session[rows[0]])]
         if bust_run is not None:
-            if (number, play) not in plays:
-                plays[number, play] = marked(played, play_marker(bust_run, play))
-            played = plays[number, play]
-        sent = played.turns[index]
-        blocks.add_hashed(sent.blocks or [], sent.prompt_tokens or 0, at, session=owner, turn=index)
+            played = marked(played, play_marker(bust_run, int(lap[rows[0]])))
+        sent = [(index, played.turns[index].blocks or [], played.turns[index].prompt_tokens or 0) for index in
+                turn[rows].tolist()]  # fmt: skip
+        blocks.add_hashed_session(sent, sent_at[rows].tolist(), owner)
     return blocks
 
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
+import numpy as np
 import orjson
 
 from llmload.errors import InputError
@@ -41,8 +42,9 @@ class LogRequest:
     """The log's own name for the conversation (a ShareGPT `id`): the built session keeps it as its id."""
     last: bool = False
     """The conversation's last request: its session can be closed now."""
-    hash_ids: list[int] | None = None
-    """Prefix block ids of the format's `hash_block_tokens` tokens each (the last one may be partial)."""
+    hash_ids: np.ndarray | None = None
+    """Prefix block ids (int64) of the format's `hash_block_tokens` tokens each (the last one may be
+    partial): an array, as a trace's requests wait in open sessions (an agentic corpus holds 92M ids)."""
 
 
 @dataclass(frozen=True, slots=True)

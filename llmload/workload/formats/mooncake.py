@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llmload.workload.formats.common import (
     BadLine,
     Head,
@@ -41,7 +43,7 @@ def _mooncake_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]
         timestamp=stamp / 1000,
         prompt_tokens=length,
         output_tokens=integer(record.get("output_length"), "output_length"),
-        hash_ids=hash_ids or None,
+        hash_ids=np.asarray(hash_ids, dtype=np.int64) if hash_ids else None,
     )
 
 

@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 from llmload.workload.formats.common import BadLine, Head, Issue, LogFormat, LogRequest, Parsed, integer
@@ -30,16 +31,16 @@ def _number(value: object, what: str) -> float:
     return float(value)
 
 
-def _ids(value: object, namespace: int | None, length: int, at: str) -> list[int]:
+def _ids(value: object, namespace: int | None, length: int, at: str) -> np.ndarray:
     if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
         raise BadLine(f"bad {at}.hash_ids: not a list of integers")
     if len(value) not in (length // WEKA_BLOCK_TOKENS, -(-length // WEKA_BLOCK_TOKENS)):
         raise BadLine(f"bad {at}.hash_ids: {len(value)} blocks for in {length} ({WEKA_BLOCK_TOKENS} tokens per block)")
     if namespace is None:
-        return value
+        return np.asarray(value, dtype=np.int64)
     if any(h < 0 or h >= 1 << _LOCAL_ID_BITS for h in value):
         raise BadLine(f"bad {at}.hash_ids: a local id outside [0, 2^{_LOCAL_ID_BITS})")
-    return [namespace << _LOCAL_ID_BITS | h for h in value]
+    return np.asarray(value, dtype=np.int64) | np.int64(namespace << _LOCAL_ID_BITS)
 
 
 def _requests(where: str, entries: object, session: str, start: float, namespace: int | None) -> Iterator[LogRequest]:

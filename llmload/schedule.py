@@ -82,11 +82,11 @@ def build_stages(
 
 
 def parse_stage_percents(text: str) -> tuple[float, ...]:
-    """`"25,50,100,150"` or `"25%,50%"` → (25.0, 50.0, ...)."""
+    """`"25,50,150"` or `"25%,50%"` → (25.0, 50.0, ...)."""
     try:
         return tuple(float(part.strip().rstrip("%")) for part in text.split(",") if part.strip())
     except ValueError:
-        raise ValueError(f"--stages wants comma-separated percents like 25,50,100,150; got {text!r}") from None
+        raise ValueError(f"--stages wants comma-separated percents like {DEFAULT_STAGES}; got {text!r}") from None
 
 
 def stage_at(stages: Sequence[Stage], t_s: float) -> Stage:

@@ -41,6 +41,7 @@ from llmload.models import (
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.replicas import Replicas
 from llmload.schedule import (
+    DEFAULT_STAGE_S,
     DEFAULT_STAGES,
     ArrivalProcess,
     ArrivalSchedule,
@@ -74,7 +75,7 @@ class PlanFlags(FlagModel):
     workload: Annotated[str, Flag(WORKLOAD_HELP)] = str(SAMPLE_WORKLOAD)
     target_qps: Annotated[PositiveFloat | None, Flag("100%% request rate (default: the workload's)")] = None
     stages: Annotated[str, Flag("stage rates as %% of --target-qps")] = DEFAULT_STAGES
-    stage_duration_s: Annotated[PositiveFloat, Flag("seconds per stage", name="stage-duration")] = 60.0
+    stage_duration_s: Annotated[PositiveFloat, Flag("seconds per stage", name="stage-duration")] = DEFAULT_STAGE_S
     hold_duration_s: Annotated[PositiveFloat | None, Flag("seconds of the last stage", name="hold-duration")] = None
     arrival: Annotated[ArrivalProcess, Flag("trace: the sessions' recorded times")] = "poisson"
     burstiness: Annotated[PositiveFloat, Flag("gamma shape: <1 burstier, 1 = Poisson")] = 1.0

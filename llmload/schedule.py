@@ -41,13 +41,14 @@ ArrivalProcess = Literal["poisson", "constant", "gamma", "trace"]
 ARRIVAL_PROCESSES: tuple[str, ...] = ArrivalProcess.__args__  # type: ignore[attr-defined]
 DEFAULT_STAGE_PERCENTS: tuple[float, ...] = (25, 50, 100, 150)
 DEFAULT_STAGES = ",".join(f"{percent:g}" for percent in DEFAULT_STAGE_PERCENTS)  # as --stages takes them
+DEFAULT_STAGE_S = 60.0  # a stage's length: --stage-duration's default, and a soak's ramp stages'
 WARMUP_STAGE = "warm-up"
 
 
 def build_stages(
     target_qps: float,
     percents: Sequence[float] = DEFAULT_STAGE_PERCENTS,
-    stage_duration_s: float = 60.0,
+    stage_duration_s: float = DEFAULT_STAGE_S,
     hold_duration_s: float | None = None,
     warmup_s: float = 0.0,
 ) -> list[Stage]:

@@ -15,10 +15,10 @@ import time
 from collections.abc import Sequence
 
 from llmload.gates.locust_run import add_host_argument
-from llmload.gates.soak import SoakRun, run_soak
+from llmload.gates.soak import DEFAULT_HOLD_S, SoakRun, run_soak
 from llmload.packaged import LOCUSTFILE, say_if_sample
 from llmload.plan import PlanFlags
-from llmload.schedule import parse_duration
+from llmload.schedule import DEFAULT_STAGE_S, parse_duration
 
 HELP = "ramp to 150%% of the target, hold (5 min), PASS/FAIL; unknown flags go to Locust"
 PASSTHROUGH = True
@@ -28,8 +28,10 @@ STOPS_CLEANLY = True
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_host_argument(parser)
     PlanFlags.add_arguments(parser, ["workload", "target_qps"])
-    parser.add_argument("--duration", type=parse_duration, default=300.0, help="hold at 150%% (default 5m)")
-    parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="each of 25/50/100%%")
+    parser.add_argument("--duration", type=parse_duration, default=DEFAULT_HOLD_S, help="hold at 150%% (default 5m)")
+    parser.add_argument(
+        "--ramp-stage-duration", type=parse_duration, default=DEFAULT_STAGE_S, help="each of 25/50/100%%"
+    )
     parser.add_argument("--locustfile", default=str(LOCUSTFILE), help="(default: the packaged one)")
     parser.add_argument("--run-id", default=None, help="the run directory's name (default: soak-TIME)")
     parser.add_argument("--reports-dir", default="reports", help="where run directories go (%(default)s)")

@@ -18,11 +18,11 @@ from llmload.cli.search import add_search_arguments, holds_latency, probe_flags,
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import probe_options, write_criteria
-from llmload.gates.soak import SoakRun
+from llmload.gates.soak import DEFAULT_HOLD_S, SoakRun
 from llmload.models import SweepResult, SweepRow
 from llmload.plan import PlanFlags
 from llmload.report.sweep_page import HTML_FILE
-from llmload.schedule import parse_duration
+from llmload.schedule import DEFAULT_STAGE_S, parse_duration
 from llmload.sweep.configs import expand
 from llmload.sweep.run import PREDICTED_DIR, RESULT_FILE, Sweep, load_rows, simulator_serve
 
@@ -45,8 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", nargs="+", type=Path, default=[], metavar="FILE", help="one file per config")
     parser.add_argument("--mode", choices=("search", "soak"), default="search", help="(default %(default)s)")
     PlanFlags.add_arguments(parser, ["target_qps"])  # soak mode's 100%
-    parser.add_argument("--soak-duration", type=parse_duration, default=300.0, help="soak mode: 150%% hold (5m)")
-    parser.add_argument("--ramp-stage-duration", type=parse_duration, default=60.0, help="soak mode: 25/50/100%%")
+    parser.add_argument(
+        "--soak-duration", type=parse_duration, default=DEFAULT_HOLD_S, help="soak mode: 150%% hold (5m)"
+    )
+    parser.add_argument(
+        "--ramp-stage-duration", type=parse_duration, default=DEFAULT_STAGE_S, help="soak mode: 25/50/100%%"
+    )
     add_search_arguments(parser, max_qps_required=False)
     parser.add_argument("--startup-timeout", type=parse_duration, default=600.0, help="for /health (10m)")
     parser.add_argument("--predict", action="store_true", help="first sweep the embedded target sized by each")

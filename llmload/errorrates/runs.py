@@ -17,13 +17,14 @@ from llmload.drain import DEFAULT_CAP_S, drain_end
 from llmload.errorrates.servers import Server
 from llmload.gates.criteria import SoakCriteria
 from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
+from llmload.gates.soak import DEFAULT_HOLD_S
 from llmload.gates.verdict import SoakResult, evaluate
 from llmload.models import RunManifest, Stage, Summary
 from llmload.observe.summary import ServerSamples, read_server
 from llmload.records import FRAME_COLUMNS, RunRecords
 from llmload.report.summary import summarize
 from llmload.rundir import Run
-from llmload.schedule import DEFAULT_STAGE_PERCENTS, ArrivalProcess, ArrivalSchedule, build_stages
+from llmload.schedule import DEFAULT_STAGE_PERCENTS, DEFAULT_STAGE_S, ArrivalProcess, ArrivalSchedule, build_stages
 from llmload.stats.percentiles import percentiles
 
 HoldKind = Literal["probe", "confirm", "soak", "soak-30m"]
@@ -56,8 +57,8 @@ def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
     if kind == "confirm":
         stages = build_stages(hold_qps, (100,), 300.0, warmup_s=10.0)
         return Hold(kind, tuple(stages), confirm_criteria(default, 300.0), PROBE_DRAIN_S)
-    hold_s = 300.0 if kind == "soak" else 1800.0
-    stages = build_stages(hold_qps / 1.5, DEFAULT_STAGE_PERCENTS, 60.0, hold_duration_s=hold_s)
+    hold_s = DEFAULT_HOLD_S if kind == "soak" else 1800.0
+    stages = build_stages(hold_qps / 1.5, DEFAULT_STAGE_PERCENTS, DEFAULT_STAGE_S, hold_duration_s=hold_s)
     return Hold(kind, tuple(stages), default, DEFAULT_CAP_S)
 
 

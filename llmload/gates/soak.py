@@ -19,6 +19,8 @@ from llmload.plan import PlanFlags
 from llmload.process_group import run_to_end
 from llmload.schedule import DEFAULT_STAGES
 
+DEFAULT_HOLD_S = 300.0  # the hold at the last stage: `soak --duration`'s default, `sweep --soak-duration`'s
+
 
 @dataclass(frozen=True)
 class SoakRun:

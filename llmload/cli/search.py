@@ -14,8 +14,13 @@ from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteri
 from llmload.gates.locust_run import add_host_argument
 from llmload.gates.passthrough import refuse_overrides
 from llmload.gates.search import (
+    CONFIRM_S,
     PAGE_FILE,
     PROBE_DRAIN_S,
+    PROBE_S,
+    PROBE_WARMUP_S,
+    REPEATS,
+    RESOLUTION,
     Bounds,
     Interrupted,
     ProbeFlags,
@@ -53,16 +58,18 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
         "--start-qps", type=float, default=None, help="first rate (default: the workload's, else max/8)"
     )
     parser.add_argument("--min-qps", type=float, default=None, help="lowest rate to probe (default: max/256)")
-    parser.add_argument("--resolution", type=float, default=0.05, help="stop when the interval is this narrow (0.05)")
-    parser.add_argument("--repeats", type=int, default=2, help="probes the answer must pass, all of them (2)")
+    parser.add_argument(
+        "--resolution", type=float, default=RESOLUTION, help="stop when the interval is this narrow (0.05)"
+    )
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="probes the answer must pass, all of them (2)")
     parser.add_argument(
         "--seed", type=int, default=0,
         help="arrival seed of a rate's first probe; each later probe at that rate takes the next, so a repeat "
         "meets other arrivals (0)",
     )  # fmt: skip
-    parser.add_argument("--probe-duration", type=parse_duration, default=30.0, help="each probe's hold (30s)")
+    parser.add_argument("--probe-duration", type=parse_duration, default=PROBE_S, help="each probe's hold (30s)")
     parser.add_argument(
-        "--probe-warmup", type=lambda t: parse_duration(t, allow_zero=True), default=10.0,
+        "--probe-warmup", type=lambda t: parse_duration(t, allow_zero=True), default=PROBE_WARMUP_S,
         help="unjudged lead-in of each probe at its rate (10s)",
     )  # fmt: skip
     parser.add_argument(
@@ -70,7 +77,7 @@ def add_search_arguments(parser: argparse.ArgumentParser, *, max_qps_required: b
         help=f"the longest (s) a probe's requests may run on after its hold; {drain.RULE} (%(default)g)",
     )  # fmt: skip
     parser.add_argument("--confirm", action="store_true", help="then soak at the rate found (--confirm-duration)")
-    parser.add_argument("--confirm-duration", type=parse_duration, default=300.0, help="the confirming hold (5m)")
+    parser.add_argument("--confirm-duration", type=parse_duration, default=CONFIRM_S, help="the confirming hold (5m)")
     parser.add_argument("--require-qps", type=float, default=None, help="exit 1 unless the answer is at least this")
     parser.add_argument("--goodput-slo", action="append", default=[], metavar="SPEC", help=GOODPUT_SYNTAX)
     parser.add_argument(

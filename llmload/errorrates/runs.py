@@ -16,7 +16,7 @@ import pandas as pd
 from llmload.drain import DEFAULT_CAP_S, drain_end
 from llmload.errorrates.servers import Server
 from llmload.gates.criteria import SoakCriteria
-from llmload.gates.search import PROBE_DRAIN_S, confirm_criteria, probe_criteria
+from llmload.gates.search import CONFIRM_S, PROBE_DRAIN_S, PROBE_S, PROBE_WARMUP_S, confirm_criteria, probe_criteria
 from llmload.gates.soak import DEFAULT_HOLD_S
 from llmload.gates.verdict import SoakResult, evaluate
 from llmload.models import RunManifest, Stage, Summary
@@ -52,11 +52,11 @@ def hold_plan(kind: HoldKind, hold_qps: float) -> Hold:
     in its hold, with the criteria that hold is judged by (the search's own for a probe and a confirm)."""
     default = SoakCriteria()
     if kind == "probe":
-        stages = build_stages(hold_qps, (100,), 30.0, warmup_s=10.0)
-        return Hold(kind, tuple(stages), probe_criteria(default, 30.0), PROBE_DRAIN_S)
+        stages = build_stages(hold_qps, (100,), PROBE_S, warmup_s=PROBE_WARMUP_S)
+        return Hold(kind, tuple(stages), probe_criteria(default, PROBE_S), PROBE_DRAIN_S)
     if kind == "confirm":
-        stages = build_stages(hold_qps, (100,), 300.0, warmup_s=10.0)
-        return Hold(kind, tuple(stages), confirm_criteria(default, 300.0), PROBE_DRAIN_S)
+        stages = build_stages(hold_qps, (100,), CONFIRM_S, warmup_s=PROBE_WARMUP_S)
+        return Hold(kind, tuple(stages), confirm_criteria(default, CONFIRM_S), PROBE_DRAIN_S)
     hold_s = DEFAULT_HOLD_S if kind == "soak" else 1800.0
     stages = build_stages(hold_qps / 1.5, DEFAULT_STAGE_PERCENTS, DEFAULT_STAGE_S, hold_duration_s=hold_s)
     return Hold(kind, tuple(stages), default, DEFAULT_CAP_S)

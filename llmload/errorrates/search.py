@@ -12,12 +12,22 @@ from llmload.errorrates.grid import Arrivals
 from llmload.errorrates.runs import Hold, judge, records
 from llmload.errorrates.servers import Server
 from llmload.gates.criteria import SoakCriteria
-from llmload.gates.search import Bounds, ProbeFlags, Searcher, confirm_criteria, probe_criteria, search
+from llmload.gates.search import (
+    CONFIRM_S,
+    PROBE_S,
+    PROBE_WARMUP_S,
+    REPEATS,
+    RESOLUTION,
+    Bounds,
+    ProbeFlags,
+    Searcher,
+    confirm_criteria,
+    probe_criteria,
+    search,
+)
 from llmload.models import Probe, SearchResult
 from llmload.schedule import build_stages
 
-# the search's defaults (llmload/cli/search.py)
-PROBE_S, WARMUP_S, CONFIRM_S, RESOLUTION, REPEATS = 30.0, 10.0, 300.0, 0.05, 2
 LOW, HIGH = 0.85, 1.0  # where the answer must fall, as a share of the capacity
 
 
@@ -62,14 +72,16 @@ def run_search(server: Server, arrivals: Arrivals, seed: int, *, confirm: bool =
     """One default search up to twice the capacity, from an eighth of that."""
     max_qps = float(f"{2 * server.capacity_qps:.3g}")
     bounds = Bounds(float(f"{max_qps / 8:.3g}"), max_qps / 256, max_qps, 2.0, RESOLUTION, REPEATS)
-    flags = ProbeFlags("", "", hold_s=PROBE_S, warmup_s=WARMUP_S, drain_s=60.0, confirm_s=CONFIRM_S, confirm=confirm)
+    flags = ProbeFlags(
+        "", "", hold_s=PROBE_S, warmup_s=PROBE_WARMUP_S, drain_s=60.0, confirm_s=CONFIRM_S, confirm=confirm
+    )
     result = SearchResult(
         search_id="errorrates", host="", workload="", max_qps=max_qps, probe_s=PROBE_S, repeats=REPEATS, started_at=0
     )
     searcher = SimulatedSearcher(flags, (), Path("."), result, server=server, arrivals=arrivals, seed=seed)
     outcome = search(searcher, bounds)
     answered = outcome in ("found", "capped") and result.confirmed is not False
-    held = sum(WARMUP_S + (p.hold_s or PROBE_S) for p in result.probes)
+    held = sum(PROBE_WARMUP_S + (p.hold_s or PROBE_S) for p in result.probes)
     return SearchOutcome(result.answer_qps if answered else None, result.passing_qps, len(result.probes), held)
 
 

@@ -41,7 +41,12 @@ PAGE_FILE = "search.html"
 DRIFT_WINDOWS = 6  # drift windows per probe hold: the fewest a slope is judged on, so each holds the most requests
 DRIFT_CONFIDENCE = 0.99  # a search judges many holds: at 95% one in four searches would meet a false drift
 E2E_SHARE_OF_HOLD = 1 / 3  # a probe whose E2E p99 is over this share of its hold is too short to judge
+PROBE_S = 30.0  # --probe-duration's default: each probe's hold
+PROBE_WARMUP_S = 10.0  # --probe-warmup's default: each probe's unjudged lead-in
 PROBE_DRAIN_S = 120.0  # --probe-drain's default: a cap, the drain ends with the last answer (llmload.drain)
+CONFIRM_S = 300.0  # --confirm-duration's default: the confirming hold
+RESOLUTION = 0.05  # --resolution's default: stop when the interval is this narrow
+REPEATS = 2  # --repeats's default: the probes the answer must pass
 LONGEST_HOLD = 8  # a probe too short for its latencies is lengthened, up to this many times --probe-duration
 
 # --------------------------------------------------------------------------- the search

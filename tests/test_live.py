@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ _RATES = re.compile(r"target (?P<target>[\d.]+) · offered (?P<offered>[\d.]+) �
 def _watched_run(tmp_path: Path, run_id: str, host: str | None, *extra: str) -> tuple[str, list[dict[str, float]]]:
     """A headless run at 10 req/s (stages 50/100% × 15 s, constant arrivals) whose Prometheus gauges
     are scraped every 0.5 s while it goes; its console output and the scrapes."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = locust_command(
         host, small_workload(tmp_path), tmp_path / "reports", run_id, "--target-qps", "10", "--stages", "50,100",
@@ -156,8 +158,25 @@ def test_a_stalled_load_generator_shows_live_as_the_report_will_say_it() -> None
     assert live.registry.get_sample_value("llmload_load_generator_lag_seconds") == 0.003
 
 
-def test_live_rates_are_the_targets_mid_stage_and_at_boundaries(tmp_path: Path) -> None:
-    output, scrapes = _watched_run(tmp_path, "steady", None)
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str, list[dict[str, float]]]]:
+    """Two watched runs at once, each in a directory of its own (each mostly waits for its 30 s plan):
+    `steady` against the embedded target, `short` with one user against 300 ms answers. Each run's
+    directory, console output and scrapes."""
+    directory = tmp_path_factory.mktemp("watched")
+    with SimProcess("--ttft-ms", "300", "--itl-ms", "5") as sim, ThreadPoolExecutor(2) as pool:
+        plans = {"steady": (None, ()), "short": (sim.url, ("--max-users", "1"))}
+        futures = {
+            name: pool.submit(_watched_run, directory / name, name, host, *extra)
+            for name, (host, extra) in plans.items()
+        }
+        return {name: (directory / name, *future.result()) for name, future in futures.items()}
+
+
+def test_live_rates_are_the_targets_mid_stage_and_at_boundaries(
+    watched: dict[str, tuple[Path, str, list[dict[str, float]]]],
+) -> None:
+    tmp_path, output, scrapes = watched["steady"]
     lines = [line for line in output.splitlines() if "llmload: stage" in line]
     windowed = [_RATES.search(line) for line in lines if ", last 10 s:" in line]
     assert len(windowed) >= 2, output[-3000:]
@@ -182,10 +201,9 @@ def test_live_rates_are_the_targets_mid_stage_and_at_boundaries(tmp_path: Path) 
     assert {sample["llmload_stage_index{}"] for sample in late} == {0.0, 1.0}
 
 
-def test_live_rates_show_a_real_shortfall(tmp_path: Path) -> None:
+def test_live_rates_show_a_real_shortfall(watched: dict[str, tuple[Path, str, list[dict[str, float]]]]) -> None:
     """One user and 300 ms answers cannot send 5 or 10 requests a second: every live figure says so."""
-    with SimProcess("--ttft-ms", "300", "--itl-ms", "5") as sim:
-        output, scrapes = _watched_run(tmp_path, "short", sim.url, "--max-users", "1")
+    _, output, scrapes = watched["short"]
     windowed = [_RATES.search(line) for line in output.splitlines() if ", last 10 s:" in line]
     assert windowed, output[-3000:]
     for match in windowed:

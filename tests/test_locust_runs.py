@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from llmload.sim.process import SimProcess
 from llmload.sweep.server import free_port
 from tests.locust_runs import (
     REPO,
+    LocustRun,
     locust_command,
     run_locust,
     running,
@@ -121,12 +123,50 @@ def test_headless_run_measures_injected_timing_and_holds_the_rate(tmp_path: Path
         assert secret.encode() not in path.read_bytes(), path
 
 
-def test_sample_workload_with_think_times_offers_every_stage_its_target(tmp_path: Path) -> None:
+def _sharegpt_workload(directory: Path) -> Path:
+    """80 ShareGPT chats of 1–5 turns, built into a workload by `llmload workload build`."""
+    rng = np.random.default_rng(4)
+    conversations = []
+    for k in range(80):
+        turns = []
+        for j in range(int(rng.integers(1, 6))):
+            turns += [{"from": "human", "value": f"question {j} of chat {k}: " + "word " * int(rng.integers(5, 60))},
+                      {"from": "gpt", "value": "answer " * int(rng.integers(5, 40))}]  # fmt: skip
+        conversations.append({"id": f"c{k}", "conversations": turns})
+    source = directory / "chats.json"
+    source.write_bytes(orjson.dumps(conversations))
+    workload = directory / "chats.yaml"
+    build = subprocess.run([str(REPO / ".venv" / "bin" / "llmload"), "workload", "build", str(source), "-o",
+                            str(workload)], capture_output=True, text=True, check=False)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    return workload
+
+
+@pytest.fixture(scope="module")
+def multi_turn_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
+    """Two 80 s runs of multi-turn workloads against the embedded target, each its own, at once (each
+    mostly waits for its plan): the packaged sample at 6 req/s and a ShareGPT file built by llmload
+    at 8 req/s, stages 50/100/150% × 20 s."""
+    directory = tmp_path_factory.mktemp("multi-turn")
+    plans = {
+        "sample": (SAMPLE_WORKLOAD, "6"),
+        "sharegpt": (_sharegpt_workload(directory), "8"),
+    }
+    flags = ("--stages", "50,100,150", "--stage-duration", "20", "--arrival", "constant")
+    with ThreadPoolExecutor(len(plans)) as pool:
+        futures = {
+            name: pool.submit(
+                run_locust, None, workload, directory / "reports", name, "--target-qps", qps, *flags, timeout=180
+            )
+            for name, (workload, qps) in plans.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
+
+
+def test_sample_workload_with_think_times_offers_every_stage_its_target(multi_turn_runs: dict[str, LocustRun]) -> None:
     """Sessions of 1–8 turns and ~4 s think times: every stage, warm-up included, offers and
     achieves its request rate, and the judged stages carry sessions at every depth."""
-    run = run_locust(None, SAMPLE_WORKLOAD, tmp_path / "reports", "sample", "--target-qps", "6",
-                     "--stages", "50,100,150", "--stage-duration", "20", "--arrival", "constant",
-                     timeout=180)  # fmt: skip
+    run = multi_turn_runs["sample"]
     assert run.returncode == 0, run.output[-3000:]
     summary, records = run.summary, run.records
     stages = summary["stages"]
@@ -148,23 +188,10 @@ def test_sample_workload_with_think_times_offers_every_stage_its_target(tmp_path
     assert len(gaps) > 20 and gaps.min() >= 0
 
 
-def test_sharegpt_workload_built_by_llmload_offers_every_stage_its_target(tmp_path: Path) -> None:
-    rng = np.random.default_rng(4)
-    conversations = []
-    for k in range(80):
-        turns = []
-        for j in range(int(rng.integers(1, 6))):
-            turns += [{"from": "human", "value": f"question {j} of chat {k}: " + "word " * int(rng.integers(5, 60))},
-                      {"from": "gpt", "value": "answer " * int(rng.integers(5, 40))}]  # fmt: skip
-        conversations.append({"id": f"c{k}", "conversations": turns})
-    source = tmp_path / "chats.json"
-    source.write_bytes(orjson.dumps(conversations))
-    workload = tmp_path / "chats.yaml"
-    build = subprocess.run([str(REPO / ".venv" / "bin" / "llmload"), "workload", "build", str(source), "-o",
-                            str(workload)], capture_output=True, text=True, check=False)  # fmt: skip
-    assert build.returncode == 0, build.stderr
-    run = run_locust(None, workload, tmp_path / "reports", "sharegpt", "--target-qps", "8", "--stages",
-                     "50,100,150", "--stage-duration", "20", "--arrival", "constant", timeout=180)  # fmt: skip
+def test_sharegpt_workload_built_by_llmload_offers_every_stage_its_target(
+    multi_turn_runs: dict[str, LocustRun],
+) -> None:
+    run = multi_turn_runs["sharegpt"]
     assert run.returncode == 0, run.output[-3000:]
     _assert_every_stage_held_its_target(run.summary, run.records)
     assert (run.records.turn > 0).mean() > 0.3

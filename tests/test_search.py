@@ -224,16 +224,18 @@ def test_the_rate_found_is_the_simulators_saturation_rate_and_a_longer_run_there
     """vllm-cpu-tiny running one sequence at a time (16 MiB of KV, blocks of 128): past its saturation
     rate the queue grows without end. 10 s probes once passed at 3x that rate, the requests that showed
     it still queued when the drain ended; now the answer is within 20% of the engine's analytic rate
-    (about 10 req/s), and a 40 s constant-rate run at it keeps up. From 8 req/s at --resolution 0.2 the
-    search closes one bisection under 12 (8, 16, 12, 10 and 10 again, or 9 where 10 fails): at 4 and the
-    default 0.05 it also probed 4, 11 and 10.5 req/s to the same answer: 190 s where this takes 140 s."""
+    (about 10 req/s), and a 40 s constant-rate run at it keeps up. From 8 req/s at --resolution 0.2 and
+    --max-qps 12 (20% over that rate: an engine that passed it would end capped, not found) the search
+    closes one bisection under 12 (8, 12, 10 and 10 again, or 9 where 10 fails): at 4 and the default
+    0.05 it also probed 4, 11 and 10.5 req/s to the same answer (190 s), and --max-qps 32 probed 16
+    req/s on the way to 12 (140 s where this takes 115 s)."""
     reports = tmp_path / "reports"
     workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
     sim_flags = ("--profile", "vllm-cpu-tiny", "--max-num-seqs", "1", "--kv-cache-memory-bytes", str(16 * 2**20),
                  "--block-size", "128")  # fmt: skip
     with SimProcess(*sim_flags) as sim:
         code, output, result = _search(
-            reports, "--host", sim.url, "--workload", str(workload), "--max-qps", "32", "--resolution", "0.2",
+            reports, "--host", sim.url, "--workload", str(workload), "--max-qps", "12", "--resolution", "0.2",
             "--start-qps", "8", "--probe-duration", "10s", "--probe-warmup", "1s", "--arrival", "constant",
             "--metrics-interval", "0.5", "--confirm", "--confirm-duration", "40s", timeout=900,
         )  # fmt: skip

@@ -346,7 +346,10 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
     step timing), so the ranking is the engine's; the file vLLM would refuse is a row with vLLM's numbers.
     The profile is the built-in one as if calibrated up to 4,000 KV tokens a step: four 2,048-token
     sequences reach past that, and that row says its prediction is extrapolated. Every probe is a point
-    of the Pareto frontier with its run's own figures, and pareto.png is beside the pages."""
+    of the Pareto frontier with its run's own figures, and pareto.png is beside the pages. At --resolution
+    0.5 each search stops after one bisection (5, 10, 7.5 req/s for one sequence, about 5 its saturation;
+    5, 10, 20, 15 for four, about 17): at 0.3 they also probed 6.25 and 17.5 req/s, 24% and 3% over
+    their saturation, where a 6 s hold is too short to tell and the probe is held again, longer."""
     workload = fixed_output_workload(tmp_path, OUTPUT_TOKENS)
     profile = tmp_path / "calibrated.yaml"
     calibrated = calibrated_as(PROFILES["vllm-cpu-tiny"], [(2, 1936, 64)])
@@ -358,7 +361,7 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
     ]
     code, output = _sweep(
         tmp_path, "--predict-only", "--profile", str(profile), "--configs", *map(str, files),
-        "--workload", str(workload), "--start-qps", "5", "--max-qps", "20", "--resolution", "0.3", "--repeats", "1",
+        "--workload", str(workload), "--start-qps", "5", "--max-qps", "20", "--resolution", "0.5", "--repeats", "1",
         "--probe-duration", "6s", "--probe-warmup", "2s", "--arrival", "constant", "--metrics-interval", "0.5",
         "--require-qps", "10",
     )  # fmt: skip

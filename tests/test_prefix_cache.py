@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -52,13 +54,30 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
     workload = small_workload(directory, max_turns=5, think_s=0.2, output_median=24)
     criteria = directory / "criteria.yaml"
     criteria.write_text("alerts:\n  levels: {prefix_cache_hit_rate: 0.99}\n  actions: {prefix_cache_hit_rate: fail}\n")
-    out = {}
-    with SimProcess(*ENGINE) as sim:
-        out["on"] = _run(sim.url, workload, directory / "reports", "on", "--verdict", "--criteria", str(criteria))
-    # a KV cache of 40 blocks: running requests evict what earlier turns cached
-    with SimProcess(*ENGINE, "--kv-cache-memory-bytes", str(40 * 16 * 1024), "--max-model-len", "608") as sim:
-        out["small"] = _run(sim.url, workload, directory / "reports", "small")
-    return out
+    return _at_once(
+        directory / "reports",
+        {
+            "on": (ENGINE, workload, ("--verdict", "--criteria", str(criteria))),
+            # a KV cache of 40 blocks: running requests evict what earlier turns cached
+            "small": (
+                (*ENGINE, "--kv-cache-memory-bytes", str(40 * 16 * 1024), "--max-model-len", "608"),
+                workload,
+                (),
+            ),
+        },
+    )
+
+
+def _at_once(reports: Path, plans: dict[str, tuple[tuple[str, ...], Path, tuple[str, ...]]]) -> dict[str, LocustRun]:
+    """Each run `name: (simulator flags, workload, run flags)` against a simulator of its own, all at
+    once (each mostly waits for its 16 s plan), so no run's cache or queue is another's."""
+    with ExitStack() as stack, ThreadPoolExecutor(len(plans)) as pool:
+        sims = {name: stack.enter_context(SimProcess(*flags)) for name, (flags, _, _) in plans.items()}
+        futures = {
+            name: pool.submit(_run, sims[name].url, workload, reports, name, *extra)
+            for name, (_, workload, extra) in plans.items()
+        }
+        return {name: future.result() for name, future in futures.items()}
 
 
 def test_the_hit_rate_of_the_judged_window_matches_the_requests_usage(runs: dict[str, LocustRun]) -> None:
@@ -185,11 +204,9 @@ def replays(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
     options = SynthOptions(sessions=4, seed=5, max_turns=2, shared_prefixes=[PrefixPool(count=1, tokens=60)])
     spec, sessions = synthesize_workload("four", options)
     workload = save_workload(spec, sessions, directory / "four.yaml")
-    with SimProcess(*ENGINE) as sim:
-        return {
-            name: _run(sim.url, workload, directory / "reports", name, *extra)
-            for name, extra in (("again", ()), ("busted", ("--cache-bust",)))
-        }
+    return _at_once(
+        directory / "reports", {"again": (ENGINE, workload, ()), "busted": (ENGINE, workload, ("--cache-bust",))}
+    )
 
 
 def test_cache_bust_keeps_replays_of_a_session_from_warming_each_other(replays: dict[str, LocustRun]) -> None:
@@ -215,13 +232,10 @@ def test_cache_bust_keeps_replays_of_a_session_from_warming_each_other(replays: 
     assert hit["busted"] < hit["again"] - 0.2
 
 
-def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(tmp_path: Path) -> None:
+def _block_ids_workload(directory: Path) -> Path:
     """150 single-turn requests given as 64-token block ids, each continuing one of a few conversations
     and ending in a partial block of its own, as a trace's hash ids do (a block's id hashes its content,
-    so a partial block is never a later prompt's full one). Sent as the text each id always gives, the
-    engine's own prefix cache hits what the ids share: at most the figure the report computes from the
-    ids (which counts a prefix cached from its first request's send; the engine, once its prefill is
-    done), and close to it."""
+    so a partial block is never a later prompt's full one)."""
     rng = np.random.default_rng(8)
     conversations: list[list[int]] = []
     sessions, next_id = [], 0
@@ -240,9 +254,27 @@ def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(tmp_path: P
         tokens = 64 * len(ids) + int(rng.integers(8, 64))
         turn = Turn(blocks=[*ids, tail], prompt_tokens=tokens, output_tokens=4)
         sessions.append(Session(id=f"r{k}", turns=[turn]))
-    workload = write_workload(tmp_path, "blocks", sessions, block_size=64)
-    with SimProcess(*ENGINE) as sim:
-        run = _run(sim.url, workload, tmp_path / "reports", "blocks")
+    return write_workload(directory, "blocks", sessions, block_size=64)
+
+
+@pytest.fixture(scope="module")
+def id_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
+    """Workloads given as block ids, each against an engine of its own, at once: `blocks` (see
+    _block_ids_workload) and `agents`, three small agentic traces built by `llmload workload build`."""
+    directory = tmp_path_factory.mktemp("ids")
+    traces = write_agentic_traces(directory / "traces")
+    assert main(["workload", "build", str(traces), "-o", str(directory / "agents.yaml")]) == 0
+    return _at_once(
+        directory / "reports",
+        {"blocks": (ENGINE, _block_ids_workload(directory), ()), "agents": (ENGINE, directory / "agents.yaml", ())},
+    )
+
+
+def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(id_runs: dict[str, LocustRun]) -> None:
+    """The block-id requests sent as the text each id always gives: the engine's own prefix cache hits
+    what the ids share: at most the figure the report computes from the ids (which counts a prefix cached
+    from its first request's send; the engine, once its prefill is done), and close to it."""
+    run = id_runs["blocks"]
     assert run.records.session_id.str.contains("~").sum() == 0  # no request sent twice
     server = run.summary["server"]
     reuse = server["workload_prefix"]
@@ -252,16 +284,15 @@ def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(tmp_path: P
     assert reuse["share"] - 0.08 <= server["prefix_cache_hit_rate"] <= reuse["share"]  # measured 0.515 of 0.560
 
 
-def test_agentic_traces_are_replayed_with_their_subagents_and_served_as_their_ids_say(tmp_path: Path) -> None:
+def test_agentic_traces_are_replayed_with_their_subagents_and_served_as_their_ids_say(
+    id_runs: dict[str, LocustRun],
+) -> None:
     """Three small agentic traces (kv-cache-tester's format), each a main agent whose prompt grows by a
     tool result a turn and a subagent that opens with the parent's first blocks: built, their agents and
     subagents are sessions replayed side by side, and the engine's prefix cache hits what the ids
     share, at most the figure of what the run sent and close to it."""
-    traces = write_agentic_traces(tmp_path / "traces")
-    assert main(["workload", "build", str(traces), "-o", str(tmp_path / "agents.yaml")]) == 0
-    assert len(load_workload(tmp_path / "agents.yaml").sessions) == 6
-    with SimProcess(*ENGINE) as sim:
-        run = _run(sim.url, tmp_path / "agents.yaml", tmp_path / "reports", "agents")
+    run = id_runs["agents"]
+    assert len(load_workload(run.manifest["workload"]).sessions) == 6
     sent = run.records[run.records.status == "ok"]
     assert sent.session_id.str.contains("/agent_001").any() and sent.session_id.str.startswith("t0").any()
     server = run.summary["server"]

@@ -144,23 +144,26 @@ def _sharegpt_workload(directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def multi_turn_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
-    """Two 80 s runs of multi-turn workloads against the embedded target, each its own, at once (each
-    mostly waits for its plan): the packaged sample at 6 req/s and a ShareGPT file built by llmload
-    at 8 req/s, stages 50/100/150% × 20 s."""
+    """Three runs of multi-turn workloads, each against a target of its own, at once (each mostly
+    waits for its plan): the packaged sample at 6 req/s and a ShareGPT file built by llmload at 8 req/s
+    against the embedded target, stages 50/100/150% × 20 s, and `dist`, a master and two workers
+    (_distributed_run)."""
     directory = tmp_path_factory.mktemp("multi-turn")
+    reports = directory / "reports"
     plans = {
         "sample": (SAMPLE_WORKLOAD, "6"),
         "sharegpt": (_sharegpt_workload(directory), "8"),
     }
     flags = ("--stages", "50,100,150", "--stage-duration", "20", "--arrival", "constant")
-    with ThreadPoolExecutor(len(plans)) as pool:
+    with ThreadPoolExecutor(len(plans) + 1) as pool:
         futures = {
-            name: pool.submit(
-                run_locust, None, workload, directory / "reports", name, "--target-qps", qps, *flags, timeout=180
-            )
+            name: pool.submit(run_locust, None, workload, reports, name, "--target-qps", qps, *flags, timeout=180)
             for name, (workload, qps) in plans.items()
         }
-        return {name: future.result() for name, future in futures.items()}
+        distributed = pool.submit(_distributed_run, reports)
+        runs = {name: future.result() for name, future in futures.items()}
+        runs["dist"] = LocustRun(*distributed.result(), reports / "dist")
+        return runs
 
 
 def test_sample_workload_with_think_times_offers_every_stage_its_target(multi_turn_runs: dict[str, LocustRun]) -> None:
@@ -226,10 +229,11 @@ def test_trace_replay_sends_at_the_recorded_offsets(tmp_path: Path) -> None:
             assert np.abs(errors).max() < 0.05, errors
 
 
-def test_distributed_master_and_two_workers_offer_the_target_not_twice(tmp_path: Path) -> None:
+def _distributed_run(reports: Path) -> tuple[int, str]:
+    """The sample workload at 8 req/s from a master and two workers on loopback: the master's exit
+    code and output; its run is reports/dist."""
     workload = SAMPLE_WORKLOAD
     port = free_port()
-    reports = tmp_path / "reports"
     with SimProcess("--ttft-ms", "20", "--itl-ms", "5") as sim:
         flags = ("--target-qps", "8", "--stages", "50,100,150", "--stage-duration", "10", "--arrival", "constant",
                  "--warmup", "10")  # fmt: skip
@@ -261,9 +265,14 @@ def test_distributed_master_and_two_workers_offer_the_target_not_twice(tmp_path:
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait(timeout=10)
-    assert master.returncode == 0, output[-3000:]
-    records = read_records(reports / "dist" / "requests.jsonl")
-    summary = orjson.loads((reports / "dist" / "summary.json").read_bytes())
+    return master.returncode, output
+
+
+def test_distributed_master_and_two_workers_offer_the_target_not_twice(multi_turn_runs: dict[str, LocustRun]) -> None:
+    run = multi_turn_runs["dist"]
+    assert run.returncode == 0, run.output[-3000:]
+    records = read_records(run.run_dir / "requests.jsonl")
+    summary = orjson.loads((run.run_dir / "summary.json").read_bytes())
     assert sorted(records.worker.unique()) == [0, 1]
     assert len(records) == expected_arrivals(build_stages(8, (50, 100, 150), 10, warmup_s=10))
     assert (records.status == "ok").all()

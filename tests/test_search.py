@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 import pytest
@@ -291,11 +293,21 @@ def test_the_rate_found_is_the_simulators_saturation_rate_and_a_longer_run_there
 # --------------------------------------------------------------------------- Ctrl-C and exit codes
 
 
-def test_ctrl_c_stops_the_probe_and_writes_what_was_learned(tmp_path: Path) -> None:
-    reports = tmp_path / "reports"
+class Searched(NamedTuple):
+    """A search the CLI ran: its reports directory, exit code, output and search.json."""
+
+    reports: Path
+    code: int
+    output: str
+    result: dict
+
+
+def _interrupted_search(directory: Path) -> Searched:
+    """A search from 2 req/s sent SIGINT once its second probe has sent 4 requests."""
+    reports = directory / "reports"
     with SimProcess("--ttft-ms", "10", "--itl-ms", "2") as sim:
         command = llmload_command(*_search_args(
-            reports, "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "16",
+            reports, "--host", sim.url, "--workload", str(small_workload(directory)), "--max-qps", "16",
             "--start-qps", "2", "--probe-duration", "6s", "--probe-warmup", "0",
         ))  # fmt: skip
         second = reports / "s" / "probe-02-4qps" / "requests.jsonl"
@@ -305,35 +317,60 @@ def test_ctrl_c_stops_the_probe_and_writes_what_was_learned(tmp_path: Path) -> N
             )
             proc.send_signal(signal.SIGINT)
             output, _ = proc.communicate(timeout=90)
-    result = orjson.loads((reports / "s" / "search.json").read_bytes())
+    return Searched(reports, proc.returncode, output, orjson.loads((reports / "s" / "search.json").read_bytes()))
+
+
+def _search_on_sim(directory: Path, sim_flags: tuple[str, ...], *flags: str) -> Searched:
+    """A search of probes of 4 s, no warm-up, against a simulator of its own started with `sim_flags`."""
+    with SimProcess("--ttft-ms", "10", "--itl-ms", "2", *sim_flags) as sim:
+        return Searched(directory / "reports", *_search(
+            directory / "reports", "--host", sim.url, "--workload", str(small_workload(directory)),
+            "--probe-duration", "4s", "--probe-warmup", "0", *flags, timeout=180,
+        ))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def short_searches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Searched]:
+    """Three short searches at once, each in a directory and against a simulator of its own (each
+    mostly waits for its probes): `interrupted` (_interrupted_search); `none` against a target failing
+    half its requests, from 4 req/s down to --min-qps 2; `below` one probe at 3 req/s with
+    --require-qps 5 and --keep-prefix-cache."""
+    plans = {
+        "none": (("--fault", "http_500:0.5"), ("--max-qps", "8", "--start-qps", "4", "--min-qps", "2")),
+        "below": ((), ("--max-qps", "3", "--start-qps", "3", "--repeats", "1", "--require-qps", "5",
+                       "--keep-prefix-cache")),
+    }  # fmt: skip
+    with ThreadPoolExecutor(len(plans)) as pool:
+        futures = {
+            name: pool.submit(_search_on_sim, tmp_path_factory.mktemp(name), sim_flags, *flags)
+            for name, (sim_flags, flags) in plans.items()
+        }
+        # in this thread: running() sets the SIGINT handler, which only the main thread may
+        interrupted = _interrupted_search(tmp_path_factory.mktemp("interrupted"))
+        return {"interrupted": interrupted, **{name: future.result() for name, future in futures.items()}}
+
+
+def test_ctrl_c_stops_the_probe_and_writes_what_was_learned(short_searches: dict[str, Searched]) -> None:
+    reports, code, output, result = short_searches["interrupted"]
     assert result["outcome"] == "interrupted", output[-3000:]
     first, second_probe = result["probes"]
     assert first["passed"] is True and second_probe["passed"] is None  # the cut probe is never judged
     assert result["passing_qps"] == 2 and "interrupted" in output
     assert (reports / "s" / "probe-02-4qps" / "report.html").is_file()  # the probe wrote its report on the way out
     assert "Interrupted" in (reports / "s" / "search.html").read_text()
-    assert proc.returncode == 130  # SIGINT: 128 + 2, what was learned written
+    assert code == 130  # SIGINT: 128 + 2, what was learned written
 
 
-def test_no_passing_rate_exits_1_and_reports_none(tmp_path: Path) -> None:
-    with SimProcess("--ttft-ms", "10", "--itl-ms", "2", "--fault", "http_500:0.5") as sim:
-        code, output, result = _search(
-            tmp_path / "reports", "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "8",
-            "--start-qps", "4", "--min-qps", "2", "--probe-duration", "4s", "--probe-warmup", "0", timeout=180,
-        )  # fmt: skip
+def test_no_passing_rate_exits_1_and_reports_none(short_searches: dict[str, Searched]) -> None:
+    _, code, output, result = short_searches["none"]
     assert code == 1, output[-3000:]
     assert result["passing_qps"] is None and result["outcome"] == "none"
     assert [p["qps"] for p in result["probes"]] == [4, 2]
     assert "No probed rate passed" in output and "error rate" in result["failing_reason"]
 
 
-def test_a_rate_below_require_qps_exits_1(tmp_path: Path) -> None:
-    with SimProcess("--ttft-ms", "10", "--itl-ms", "2") as sim:
-        code, output, result = _search(
-            tmp_path / "reports", "--host", sim.url, "--workload", str(small_workload(tmp_path)), "--max-qps", "3",
-            "--start-qps", "3", "--repeats", "1", "--probe-duration", "4s", "--probe-warmup", "0",
-            "--require-qps", "5", "--keep-prefix-cache", timeout=120,
-        )  # fmt: skip
+def test_a_rate_below_require_qps_exits_1(short_searches: dict[str, Searched]) -> None:
+    _, code, output, result = short_searches["below"]
     assert code == 1, output[-3000:]
     assert result["outcome"] == "capped" and result["passing_qps"] == 3
     # a shared server's cache left as it is, and said

@@ -37,7 +37,8 @@ block as reusable.
 Mooncake traces carry `hash_ids`, already one id per 512-token prefix block: they are used as the
 blocks (block size 512, whatever `--block-size` says), chained again so that the same id at a
 different prefix cannot match. Every Mooncake line is its own session, so its reuse counts as
-shared. Formats with neither text nor hashes (azure_trace) have no figure, and say why.
+shared; a trace with sessions (weka's agents, a built workload of `blocks` turns) counts a block its
+own session sent before as history. Formats with neither text nor hashes (azure_trace) have no figure, and say why.
 """
 
 from __future__ import annotations

@@ -56,5 +56,9 @@ class ModelMix:
         total = sum(share.weight for share in self.shares)
         return [ModelShare(name=share.name, weight=share.weight / total) for share in self.shares]
 
-    def for_session(self, session_id: str) -> str:
+    def for_turn(self, session_id: str, rank: int | None = None) -> str:
+        """A ranked turn's model is the rank-th (modulo: an agentic trace's main model the first, its
+        others the next ones); any other's is its session's, drawn by weight."""
+        if rank is not None:
+            return self.shares[rank % len(self.shares)].name
         return self.shares[pick(session_id, "model", [share.weight for share in self.shares])].name

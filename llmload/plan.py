@@ -225,7 +225,7 @@ class RunPlan:
                     f"--arrival trace needs recorded session offsets (offset_s), and {flags.workload} has"
                     " sessions without one: build it from a log with timestamps, or pick another --arrival"
                 )
-            period = trace_period([s.offset_s or 0.0 for s in workload.sessions])
+            period = trace_period(workload.sessions)
             target = workload.requests / period * flags.time_scale  # the trace's own rate is 100%
         elif flags.time_scale != 1.0:
             raise InputError("--time-scale applies to --arrival trace only")

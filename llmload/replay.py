@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import gevent
+import gevent.event
 import numpy as np
 
 from llmload import drain
@@ -48,6 +49,7 @@ class LiveSession:
 
     session: Session
     trace_start: float | None = None  # trace mode: the session's first turn on the trace's clock
+    key: int = -1  # trace mode: its place in the plan (llmload.schedule.ArrivalPlan.keys)
     next_turn: int = 0
     history: list[list[Message]] = field(default_factory=list)
     ready_at: float = 0.0  # perf_counter seconds: previous reply + think time
@@ -251,8 +253,9 @@ class RequestDispatcher(Dispatcher):
 class TraceDispatcher(Dispatcher):
     """Trace mode: the trace's sessions at their recorded offsets, played at each stage's speed.
 
-    Worker k of N plays sessions k, k + N, ...; the trace repeats (ids made unique) when the plan
-    is longer than it, shifted by its span plus one mean gap between session starts.
+    Worker k of N plays conversations k, k + N, ... (a subagent beside the agent that spawned it, as
+    the agent's turn that joins it waits for it to end); the trace repeats (ids made unique) when the
+    plan is longer than it, shifted by its span plus one mean gap between session starts.
     """
 
     def __init__(
@@ -264,14 +267,44 @@ class TraceDispatcher(Dispatcher):
     ) -> None:
         self.trace = trace
         self._sessions = sessions
+        self._index_of = {session.id: i for i, session in enumerate(sessions)}
         super().__init__(trace.stages, ArrivalPlan.of(trace, sessions), clock, share)
+        self._owned = set(self.plan.keys[self._positions].tolist())
+        self._ended: dict[int, gevent.event.Event] = {}
+
+    def adopt(self, positions: Sequence[int]) -> None:
+        super().adopt(positions)
+        self._owned.update(self.plan.keys[np.asarray(positions, dtype=np.int64)].tolist())
 
     def _arrival(self, j: int) -> Arrival:
         position = int(self._positions[j])
         assert self.plan.trace_starts is not None
         index, start = int(self.plan.keys[position]), float(self.plan.trace_starts[position])
-        live = LiveSession(_session_copy(self._sessions, index, self.bust_run), trace_start=start)
+        live = LiveSession(_session_copy(self._sessions, index, self.bust_run), trace_start=start, key=index)
         return Arrival(position, float(self._times[j]), live)
+
+    def expire(self, now: float) -> list[Arrival]:
+        expired = super().expire(now)
+        for arrival in expired:
+            if arrival.session is not None:
+                self.end(arrival.session)
+        return expired
+
+    def end(self, live: LiveSession) -> None:
+        """The session is over (done, failed, cut, or never sent): a turn that joins it goes on."""
+        self._ended.setdefault(live.key, gevent.event.Event()).set()
+
+    def join(self, live: LiveSession, subagents: Sequence[str]) -> float | None:
+        """Wait until the subagents this turn joins have ended (those this worker plays: each of this
+        play's); when they did, or None when the plan ended first."""
+        play = live.key // len(self._sessions) * len(self._sessions)
+        for name in subagents:
+            key = play + self._index_of.get(name, -len(self._sessions) - 1)
+            if key not in self._owned:
+                continue  # not in the plan, or another worker's (a lost worker's share resplit)
+            if not self._ended.setdefault(key, gevent.event.Event()).wait(self.plan_end - time.perf_counter()):
+                return None
+        return time.perf_counter()
 
     def due(self, live: LiveSession, reply_at: float) -> float:
         """When a follow-up turn is due: at its recorded time when the source has one, else its
@@ -340,26 +373,30 @@ class TurnSender:
             raise gevent.GreenletExit
 
     def _play_trace_session(self, dispatcher: TraceDispatcher, arrival: Arrival) -> None:
-        """Turn by turn at the recorded times; a failed turn ends the session (its history is broken)."""
-        live, start = arrival.session, arrival.at
+        """Turn by turn at the recorded times, a turn that joins subagents once they ended; a failed turn
+        ends the session (its history is broken)."""
+        live = arrival.session
         assert live is not None
-        self._wait_until(live.session.id, 0, start)
-        scheduled = start
-        dispatcher.busy += 1
+        busy = 0  # the user is busy from the session's first send (until then it only waits for its start)
         try:
             while not live.finished:
-                if live.next_turn > 0:
-                    scheduled = dispatcher.due(live, time.perf_counter())
-                    if scheduled > dispatcher.plan_end:
-                        return  # the plan ends before this turn would be sent: never scheduled
-                    self._wait_until(live.session.id, live.next_turn, scheduled)
+                turn = live.session.turns[live.next_turn]
+                scheduled = dispatcher.due(live, time.perf_counter()) if live.next_turn else arrival.at
+                joined = dispatcher.join(live, turn.waits_for) if turn.waits_for else scheduled
+                if joined is None or scheduled > dispatcher.plan_end:
+                    return  # the plan ends before this turn would be sent: never scheduled
+                scheduled = max(scheduled, joined)
+                self._wait_until(live.session.id, live.next_turn, scheduled)
+                dispatcher.busy += 1 - busy
+                busy = 1
                 result = self._send(live, scheduled, arrival.seq if live.next_turn == 0 else None)
                 if result.stopped:
                     raise gevent.GreenletExit
                 if not result.ok:
                     return
         finally:
-            dispatcher.busy -= 1
+            dispatcher.busy -= busy
+            dispatcher.end(live)
 
     def _wait_until(self, session_id: str, turn: int, scheduled: float) -> None:
         """Sleep until a request's time; stopped while waiting for a due request, record it not_sent."""
@@ -379,7 +416,7 @@ class TurnSender:
         new = self._prompt(turn)
         messages = new if turn.blocks is not None else [*flatten_history(live.history, self.history_turns), *new]
         flight = self.dispatcher.take_off(seq, scheduled, live.session.id, index)
-        model = turn.model or self.models.for_session(live.session.id)
+        model = turn.model or self.models.for_turn(live.session.id, turn.model_rank)
         host = self.replicas.for_session(live.session.id)
         client = self.clients[host]
         headers = {self.session_header: live.session.id} if self.session_header else None

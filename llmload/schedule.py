@@ -191,18 +191,28 @@ def expected_arrivals(stages: Sequence[Stage]) -> int:
     return sum(stage_counts(stages))
 
 
-def trace_period(starts: Sequence[float]) -> float:
-    """How long one pass of a trace lasts before it repeats: its last start plus one mean gap."""
+def session_span(session: Session) -> float:
+    """From a session's first turn to its last on the trace's clock: the last turn's recorded time, else
+    the think times (their replies' durations are the server's)."""
+    last = session.turns[-1].at_s
+    return last if last is not None else sum(turn.think_time_s for turn in session.turns)
+
+
+def trace_period(sessions: Sequence[Session]) -> float:
+    """How long one pass of a trace lasts before it repeats: its last start plus one mean gap, or until its
+    last request when a session runs on past that (an agent's trace starts at 0 and runs for an hour)."""
+    starts = [s.offset_s or 0.0 for s in sessions]
     first, last = min(starts), max(starts)
     gap = (last - first) / (len(starts) - 1) if len(starts) > 1 else 1.0
-    return last + max(gap, 1e-3)
+    end = max(start + session_span(session) for start, session in zip(starts, sessions, strict=True))
+    return max(last + max(gap, 1e-3), end)
 
 
 def trace_session_starts(trace: TraceClock, sessions: Sequence[Session]) -> list[tuple[float, int]]:
     """(trace time, global index) of every session start inside the plan, in order. The trace
     repeats when the plan is longer than it; index ≥ len(sessions) marks a repeat."""
     starts = [s.offset_s or 0.0 for s in sessions]
-    period = trace_period(starts)
+    period = trace_period(sessions)
     plan: list[tuple[float, int]] = []
     for cycle in itertools.count():
         if min(starts) + cycle * period >= trace.trace_end:
@@ -225,6 +235,7 @@ class ArrivalPlan:
     offsets: np.ndarray  # run seconds, sorted
     keys: np.ndarray  # int64, one per arrival
     trace_starts: np.ndarray | None = None  # trace mode: each session's start on the trace's clock
+    groups: np.ndarray | None = None  # trace mode: the key of the conversation each arrival belongs to
 
     @classmethod
     def of(cls, arrivals: ArrivalSchedule | TraceClock, sessions: Sequence[Session]) -> ArrivalPlan:
@@ -234,13 +245,30 @@ class ArrivalPlan:
         starts = trace_session_starts(arrivals, sessions)
         trace_s = np.array([t for t, _ in starts], dtype=float)
         run_s = np.array([arrivals.run_time(t) for t in trace_s], dtype=float)
-        return cls(run_s, np.array([i for _, i in starts], dtype=np.int64), trace_s)
+        keys = np.array([i for _, i in starts], dtype=np.int64)
+        conversation = conversations(sessions)
+        count, conversations_count = len(sessions), int(conversation.max(initial=-1)) + 1
+        return cls(run_s, keys, trace_s, keys // count * conversations_count + conversation[keys % count])
 
     def owned(self, index: int, count: int) -> np.ndarray:
-        """The positions worker `index` of `count` sends: every count-th key."""
+        """The positions worker `index` of `count` sends: every count-th key (in trace mode, every
+        count-th conversation: a subagent goes with the agent that joins it)."""
         if not 0 <= index < count:
             raise ValueError(f"worker index {index} outside 0..{count - 1}")
-        return np.flatnonzero(self.keys % count == index)
+        return np.flatnonzero((self.keys if self.groups is None else self.groups) % count == index)
+
+
+def conversations(sessions: Sequence[Session]) -> np.ndarray:
+    """Each session's conversation, numbered in order: the one of the session at the top of its chain of
+    parents (its own for a session without one, or whose parent the workload lacks)."""
+    index = {session.id: i for i, session in enumerate(sessions)}
+    roots = np.arange(len(sessions), dtype=np.int64)
+    for i in range(len(sessions)):
+        seen = {i}
+        while (name := sessions[roots[i]].parent) is not None and index.get(name, i) not in seen:
+            roots[i] = index[name]
+            seen.add(int(roots[i]))
+    return np.unique(roots, return_inverse=True)[1].astype(np.int64)
 
 
 def trace_request_times(trace: TraceClock, sessions: Sequence[Session]) -> list[float]:

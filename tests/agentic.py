@@ -1,5 +1,6 @@
 """Small agentic traces in kv-cache-tester's format (`workload build --format weka`): a main agent whose
-prompt grows by a tool result a turn, and a subagent that opens with the parent's first blocks."""
+prompt grows by a tool result a turn, and a subagent (on another model) that opens with the parent's first
+blocks and that the agent's next request joins."""
 
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ def write_agentic_traces(directory: Path, *, traces: int = 3, opening_blocks: in
             ids = [*ids, *range(next_id, next_id + grown)]
             next_id += grown
             tokens = 64 * len(ids) + int(rng.integers(0, 64))
-            requests.append({"t": 2.0 * k, "in": tokens, "out": 6, "hash_ids": ids, "api_time": 0.5, "think_time": 0.2})
+            requests.append({"t": 2.0 * k, "in": tokens, "out": 6, "hash_ids": ids, "api_time": 0.5, "think_time": 0.2,
+                             "model": "opus"})  # fmt: skip
             if k == 2:
                 sub = [*ids[:opening_blocks], next_id]
                 next_id += 1
                 requests.append({"t": 2.0 * k + 0.5, "type": "subagent", "agent_id": "agent_001", "requests": [
-                    {"t": 0.0, "in": 64 * len(sub) + 10, "out": 6, "hash_ids": sub, "api_time": 0.5, "think_time": 0.0},
-                    {"t": 1.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
-                     "think_time": 0.2},
+                    {"t": 0.0, "in": 64 * len(sub) + 10, "out": 6, "hash_ids": sub, "api_time": 0.5, "think_time": 0.0,
+                     "model": "haiku"},
+                    {"t": 2.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
+                     "think_time": 0.2, "model": "haiku"},
                 ]})  # fmt: skip
                 next_id += 1
         trace = {"id": f"t{number}", "block_size": 64, "hash_id_scope": "local", "requests": requests}

@@ -31,10 +31,10 @@ def test_a_weight_is_read_only_from_a_numeric_tail() -> None:
 
 def test_sessions_split_by_weight_and_keep_their_model() -> None:
     mix = ModelMix.of(["base:0.7", "lora-a:0.2", "lora-b:0.1"])
-    drawn = [mix.for_session(f"s{i}~{i // 7}") for i in range(20_000)]
+    drawn = [mix.for_turn(f"s{i}~{i // 7}") for i in range(20_000)]
     for name, share in (("base", 0.7), ("lora-a", 0.2), ("lora-b", 0.1)):
         assert abs(drawn.count(name) / len(drawn) - share) < 0.01, (name, drawn.count(name))
-    assert all(mix.for_session(f"s{i}~{i // 7}") == drawn[i] for i in range(0, 20_000, 97))  # stable
+    assert all(mix.for_turn(f"s{i}~{i // 7}") == drawn[i] for i in range(0, 20_000, 97))  # stable
     assert mix.primary == "base" and [s.weight for s in mix.normalised()] == pytest.approx([0.7, 0.2, 0.1])
 
 

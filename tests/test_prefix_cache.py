@@ -260,14 +260,18 @@ def _block_ids_workload(directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def id_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
     """Workloads given as block ids, each against an engine of its own, at once: `blocks` (see
-    _block_ids_workload) and `agents`, three small agentic traces built by `llmload workload build`."""
+    _block_ids_workload), `agents`, three small agentic traces built by `llmload workload build`, and the
+    same traces replayed as traced with think times only (`agents-traced`)."""
     directory = tmp_path_factory.mktemp("ids")
     traces = write_agentic_traces(directory / "traces")
-    assert main(["workload", "build", str(traces), "-o", str(directory / "agents.yaml")]) == 0
+    agents = directory / "agents.yaml"
+    assert main(["workload", "build", str(traces), "-o", str(agents)]) == 0
+    traced = ("--arrival", "trace", "--use-think-time-only", "--model", "llmload-sim")
     return _at_once(
         directory / "reports",
-        {"blocks": (ENGINE, _block_ids_workload(directory), ()), "agents": (ENGINE, directory / "agents.yaml", ())},
-    )
+        {"blocks": (ENGINE, _block_ids_workload(directory), ()), "agents": (ENGINE, agents, ()),
+         "agents-traced": (ENGINE, agents, traced)},
+    )  # fmt: skip
 
 
 def test_a_workload_of_block_ids_is_served_from_cache_as_its_ids_say(id_runs: dict[str, LocustRun]) -> None:
@@ -300,6 +304,31 @@ def test_agentic_traces_are_replayed_with_their_subagents_and_served_as_their_id
     print(f"server {server['prefix_cache_hit_rate']:.4f}, ceiling {reuse['share']:.4f}")
     assert reuse["block_size"] == 64 and reuse["share"] > 0.5
     assert reuse["share"] - 0.08 <= server["prefix_cache_hit_rate"] <= reuse["share"]
+
+
+def test_an_agents_turn_after_its_subagent_waits_for_it_in_a_traced_replay(id_runs: dict[str, LocustRun]) -> None:
+    """With think times only (1.5 s: each recorded 2 s gap less its 0.5 s answer), each agent runs ahead of
+    its recorded clock and its request after the subagent's entry (turn 3) is due about 4.7 s in, before the
+    subagent (started at its recorded 4.5 s, its second request 2 s later) has ended: that request goes out
+    when the subagent's last reply is back, not when due. Every request asks for the run's one --model,
+    whichever model of the trace it used (the subagent's was another)."""
+    run = id_runs["agents-traced"]
+    records = run.records
+    assert run.returncode == 0 and (records.status == "ok").all(), run.output[-3000:]
+    assert (records.model == "llmload-sim").all()
+    joins = 0
+    for play in records[~records.session_id.str.contains("/")].session_id.unique():
+        agent = records[records.session_id == play].set_index("turn")
+        name, _, replay = play.partition("~")
+        subagent = records[records.session_id == f"{name}/agent_001" + (f"~{replay}" if replay else "")]
+        if 3 not in agent.index or subagent.turn.max() != 1:
+            continue  # the plan ended first
+        joined, due = subagent.finished_at.max(), agent.finished_at[2] + 1.5
+        assert joined <= agent.sent_at[3] <= joined + 0.5, (play, agent, subagent)
+        assert joined > due + 1.0, (play, agent, subagent)  # the join held it, not its think time
+        assert agent.schedule_delay_ms[3] < 100  # the trace's wait, not the load generator's lateness
+        joins += 1
+    assert joins >= 3
 
 
 def test_the_live_hit_rate_counts_from_the_runs_start() -> None:

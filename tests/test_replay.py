@@ -46,26 +46,22 @@ def _dispatcher(sessions: list[Session], qps: float, seconds: float, **kw: Any) 
 
 
 def _play_all(dispatcher: Dispatcher, url: str, users: int = 1, **kw: Any) -> list[RequestRecord]:
-    """`users` greenlets claim arrivals in order until the plan is over, as Locust users do."""
+    """`users` greenlets, each with its own connection, claim arrivals in order until the plan is over, as
+    Locust users do."""
     records: list[RequestRecord] = []
-    client = ChatClient(url)
     shape = RequestShape(kind("vllm"))
-    sender = TurnSender(
-        {url: client},
-        dispatcher,
-        records.append,
-        models=ModelMix.single("m"),
-        shape=shape,
-        tokenizer=get_tokenizer(),
-        **kw,
-    )
 
     def user() -> None:
+        client = ChatClient(url)
+        sender = TurnSender(
+            {url: client}, dispatcher, records.append, models=ModelMix.single("m"), shape=shape,
+            tokenizer=get_tokenizer(), **kw,
+        )  # fmt: skip
         while (arrival := dispatcher.claim()) is not None:
             sender.play(arrival)
+        client.close()
 
     gevent.joinall([gevent.spawn(user) for _ in range(users)], raise_error=True)
-    client.close()
     return records
 
 
@@ -315,3 +311,86 @@ def test_cache_bust_renames_a_plays_block_ids_alike_for_its_sessions() -> None:
     assert played[0] is not None and played[2] is not None
     assert played[0][0] == played[1][0] != played[2][0] == played[3][0]  # id 7, renamed per play
     assert len({ids[1] for ids in played if ids}) == 4
+
+
+def _agent(
+    name: str, turns: list[tuple[float | None, list[str]]], *, offset_s: float, parent: str | None = None
+) -> Session:
+    """A trace session whose k-th turn is sent at its recorded time (`at_s`) and joins the named subagents."""
+    return Session(
+        id=name,
+        offset_s=offset_s,
+        parent=parent,
+        turns=[
+            Turn(messages=[Message(role="user", content=f"{name} {k}")], output_tokens=2, at_s=at, waits_for=joins)
+            for k, (at, joins) in enumerate(turns)
+        ],
+    )
+
+
+def test_an_agents_turn_that_joins_its_subagent_waits_for_it_and_a_background_one_runs_on() -> None:
+    """The agent's second turn is due 0.2 s in, but joins a subagent (started at 0.1 s) whose two turns take
+    0.3 s each: it goes out when the subagent's last reply is back, not before, and with no schedule delay (the
+    join is the trace's, not the load generator's lateness). A subagent it does not join (one after its last
+    turn in the trace, in the background) runs on beside it, as long as it takes."""
+
+    def slow_for_subagents(body: dict[str, Any]) -> tuple[int, bytes, bool]:
+        if "/" in body["messages"][0]["content"].split()[0]:
+            time.sleep(0.3)
+        return 200, chat_stream(["x"]), True
+
+    sessions = [
+        _agent("a", [(None, []), (0.2, ["a/sub"])], offset_s=0.0),
+        _agent("a/sub", [(None, []), (0.0, [])], offset_s=0.1, parent="a"),
+        _agent("a/background", [(None, []), (0.0, []), (0.0, [])], offset_s=0.3, parent="a"),
+        _agent("later", [(None, [])], offset_s=3.0),  # past the plan's end: the trace plays once
+    ]
+    with canned_server(slow_for_subagents) as (url, _):
+        dispatcher = TraceDispatcher(
+            TraceClock(build_stages(1.0, (100,), 1.2)), sessions, RunClock.now(), WorkerShare("t")
+        )
+        records = {(r.session_id, r.turn): r for r in _play_all(dispatcher, url, users=3)}
+    start = dispatcher.clock.start_wall
+    assert sorted(records) == [("a", 0), ("a", 1), ("a/background", 0), ("a/background", 1), ("a/background", 2),
+                               ("a/sub", 0), ("a/sub", 1)]  # fmt: skip
+    joined = records["a/sub", 1].finished_at or 0
+    assert joined - start > 0.6  # two 0.3 s replies after 0.1 s: long after the agent's turn was due
+    assert joined <= (records["a", 1].sent_at or 0) <= joined + 0.05
+    assert records["a", 1].schedule_delay_ms < 50
+    assert (records["a/background", 2].finished_at or 0) - joined > 0.4  # not waited for
+
+
+def test_a_join_the_plan_ends_before_sends_nothing_and_holds_nobody() -> None:
+    """A subagent still running at the plan's end: the agent's turn that joins it is never scheduled, and the
+    replay ends with the plan and its drain."""
+
+    def slow(_: dict[str, Any]) -> tuple[int, bytes, bool]:
+        time.sleep(0.4)
+        return 200, chat_stream(["x"]), True
+
+    sessions = [
+        _agent("a", [(None, []), (0.1, ["a/sub"])], offset_s=0.0),
+        _agent("a/sub", [(None, []), (0.0, []), (0.0, [])], offset_s=0.0, parent="a"),
+        _agent("later", [(None, [])], offset_s=1.0),  # past the plan's end: the trace plays once
+    ]
+    with canned_server(slow) as (url, _):
+        dispatcher = TraceDispatcher(
+            TraceClock(build_stages(1.0, (100,), 0.5)), sessions, RunClock.now(), WorkerShare("t", drain_s=2.0)
+        )
+        began = time.perf_counter()
+        records = _play_all(dispatcher, url, users=2)
+    assert sorted((r.session_id, r.turn) for r in records) == [("a", 0), ("a/sub", 0), ("a/sub", 1), ("a/sub", 2)]
+    assert time.perf_counter() - began < 2.0  # the subagent's last reply at ~1.2 s, not the drain's end
+
+
+def test_workers_split_a_trace_by_conversation_with_each_subagent_beside_its_agent() -> None:
+    sessions = [
+        _agent(name, [(None, [])], offset_s=0.1 * k, parent=name.rpartition("/")[0] or None)
+        for k, name in enumerate(["a", "a/x", "b", "b/y", "b/y/z", "c", "orphan/q"])
+    ]
+    trace = TraceClock(build_stages(1.0, (100,), 0.7))
+    owners = {}
+    for index in range(2):
+        dispatcher = TraceDispatcher(trace, sessions, RunClock.now(), WorkerShare("t", index=index, count=2))
+        owners[index] = [a.session.session.id for a in iter(dispatcher.claim, None) if a.session]
+    assert owners == {0: ["a", "a/x", "c"], 1: ["b", "b/y", "b/y/z", "orphan/q"]}

@@ -13,6 +13,8 @@ from llmload.schedule import (
     parse_stage_percents,
     stage_at,
     stage_counts,
+    trace_period,
+    trace_session_starts,
     trace_stages,
 )
 
@@ -139,3 +141,15 @@ def test_short_stages_hold_their_planned_counts_rounded_half_up_once_over_the_pl
     stages = build_stages(10, (25, 50, 100, 150), 1.0)
     assert stage_counts(stages) == [3, 5, 10, 15]
     assert sum(stage_counts(build_stages(0.3, (25, 50, 100, 150), 7.0))) == round(0.3 * 7 * 3.25 + 1e-9)
+
+
+def test_a_trace_of_agents_starting_together_repeats_after_its_last_request_not_at_once() -> None:
+    """Agentic traces each start at 0 on their own clock and run for long: one pass lasts until the last
+    request (a turn's recorded time, else the think times), not a millisecond after the last start."""
+    turn = Turn(messages=[Message(role="user", content="x")], output_tokens=2)
+    recorded = Session(id="a", offset_s=0.0, turns=[turn, turn.model_copy(update={"at_s": 100.0})])
+    paced = Session(id="b", offset_s=0.0, turns=[turn, turn.model_copy(update={"think_time_s": 30.0})] * 2)
+    assert trace_period([recorded, paced]) == 100.0
+    assert trace_period([paced]) == 60.0
+    starts = trace_session_starts(TraceClock(build_stages(1.0, (100,), 250.0)), [recorded, paced])
+    assert starts == [(0.0, 0), (0.0, 1), (100.0, 2), (100.0, 3), (200.0, 4), (200.0, 5)]

@@ -548,40 +548,51 @@ def _weka_trace(name: str, requests: list[dict[str, object]], scope: str = "loca
     return {"id": name, "models": ["m"], "block_size": 64, "hash_id_scope": scope, "requests": requests}
 
 
-def _weka_request(t: float, ids: list[int], tokens: int, think: float = 0.0) -> dict[str, object]:
-    return {"t": t, "type": "n", "in": tokens, "out": 20, "hash_ids": ids, "api_time": 2.0, "think_time": think}
+def _weka_request(t: float, ids: list[int], tokens: int, think: float = 0.0, model: str = "opus") -> dict[str, object]:
+    return {"t": t, "type": "n", "in": tokens, "out": 20, "hash_ids": ids, "api_time": 2.0, "think_time": think,
+            "model": model}  # fmt: skip
 
 
 def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path: Path) -> None:
     """Two traces of a directory, both counting their local ids from 1: each main agent is a session
-    and its subagent one of its own from the entry's time; ids are the trace's own (a's 1 is not b's);
-    think times are the gaps less the recorded API time; the figure is a plain recount of leading ids
-    an earlier request (by time) already sent under the same trace."""
+    and its subagent one of its own from the entry's time, whose parent's next request waits for it (one
+    after the parent's last request, in the background, is waited for by none); ids are the trace's own
+    (a's 1 is not b's); think times are the gaps less the recorded API time; each request keeps its
+    model's rank in its trace (the main agent's first, then by first use); the figure is a plain recount
+    of leading ids an earlier request (by time) already sent under the same trace."""
     sub = {"t": 9.0, "type": "subagent", "agent_id": "agent_001", "requests": [
-        _weka_request(0.0, [1, 2, 7], 200), _weka_request(4.0, [1, 2, 7, 8], 260, think=2.0)]}  # fmt: skip
+        _weka_request(0.0, [1, 2, 7], 200, model="haiku"),
+        _weka_request(4.0, [1, 2, 7, 8], 260, think=2.0, model="sonnet")]}  # fmt: skip
+    late = {"t": 31.0, "type": "subagent", "agent_id": "agent_002", "requests": [_weka_request(0.0, [1, 11], 128)]}
     traces = tmp_path / "traces"
     traces.mkdir()
     a = [_weka_request(0.0, [1, 2], 150), _weka_request(5.0, [1, 2, 3], 200, think=3.0), sub,
-         _weka_request(30.0, [1, 2, 3, 4, 5], 330, think=1.0)]  # fmt: skip
-    b = [_weka_request(0.0, [1, 2, 3], 192), {**_weka_request(3.0, [1, 9, 10], 200, think=1.0), "out": 0}]
+         _weka_request(30.0, [1, 2, 3, 4, 5], 330, think=1.0), late]  # fmt: skip
+    b = [
+        _weka_request(0.0, [1, 2, 3], 192, model="haiku"),
+        {**_weka_request(3.0, [1, 9, 10], 200, think=1.0), "out": 0},
+    ]
     (traces / "a.json").write_bytes(orjson.dumps(_weka_trace("a", a)))
     (traces / "b.json").write_bytes(orjson.dumps(_weka_trace("b", b)))
     workload = build(tmp_path, traces)
     assert workload.spec.block_size == 64 and workload.spec.source is not None
     assert workload.spec.source.format == "weka"
     by_id = {s.id: s for s in workload.sessions}
-    assert sorted(by_id) == ["a", "a/agent_001", "b"]
+    assert sorted(by_id) == ["a", "a/agent_001", "a/agent_002", "b"]
     assert by_id["a/agent_001"].offset_s == 9.0 and by_id["b"].offset_s == 0.0
+    assert [s.parent for s in by_id.values()] == [None, "a", "a", None]
+    assert [t.waits_for for t in by_id["a"].turns] == [[], [], ["a/agent_001"]]  # agent_002: in the background
+    assert [t.model_rank for s in by_id.values() for t in s.turns] == [0, 0, 0, 1, 2, 0, 0, 1]
     assert [t.think_time_s for t in by_id["a"].turns] == [0.0, 3.0, 23.0]
     assert [t.think_time_s for t in by_id["a/agent_001"].turns] == [0.0, 2.0]
     assert [t.output_tokens for t in by_id["b"].turns] == [20, 1]  # cut off with no answer: its prefill
     first_a, first_b = by_id["a"].turns[0].blocks, by_id["b"].turns[0].blocks
     assert first_a is not None and first_b is not None and first_a[0] != first_b[0]
-    assert [len(t.blocks or []) for s in workload.sessions for t in s.turns] == [2, 3, 5, 3, 4, 3, 3]
+    assert [len(t.blocks or []) for s in workload.sessions for t in s.turns] == [2, 3, 5, 3, 4, 2, 3, 3]
     # the recount: requests by time, a block reusable when an earlier one held the same leading ids
     sent = [("a", 0.0, [1, 2], 150), ("b", 0.0, [1, 2, 3], 192), ("b", 3.0, [1, 9, 10], 200),
             ("a", 5.0, [1, 2, 3], 200), ("a", 9.0, [1, 2, 7], 200), ("a", 13.0, [1, 2, 7, 8], 260),
-            ("a", 30.0, [1, 2, 3, 4, 5], 330)]  # fmt: skip
+            ("a", 30.0, [1, 2, 3, 4, 5], 330), ("a", 31.0, [1, 11], 128)]  # fmt: skip
     seen: set[tuple[object, ...]] = set()
     reusable = 0
     for trace, _, ids, tokens in sent:
@@ -590,7 +601,7 @@ def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path:
         seen.update(prefixes)
     reuse = workload_prefix(workload)
     assert reuse.block_size == 64 and reuse.prompt_tokens == sum(t for *_, t in sent)
-    assert reuse.reusable_tokens == reusable == 64 * (0 + 0 + 1 + 2 + 2 + 3 + 3)
+    assert reuse.reusable_tokens == reusable == 64 * (0 + 0 + 1 + 2 + 2 + 3 + 3 + 1)
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,16 @@ class Turn(Strict):
     model: str | None = Field(
         default=None, min_length=1, description="the model or LoRA adapter this turn asks for (default: --model's)"
     )
+    model_rank: NonNegativeInt | None = Field(
+        default=None,
+        description="which of the run's --model this turn asks for, by position (modulo their count): an agentic"
+        " trace's main model is 0, its others 1, 2, ... in order of first use",
+    )
+    waits_for: list[str] = Field(
+        default_factory=list,
+        description="subagent sessions (ids) that must have ended before this turn is sent: the agent joins the"
+        " subagents it spawned (trace replay)",
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Turn:
@@ -71,6 +81,9 @@ REPLAY_SEPARATOR = "~"
 class Session(Strict):
     id: str
     offset_s: NonNegativeFloat | None = Field(default=None, description="arrival offset in the source")
+    parent: str | None = Field(
+        default=None, description="a subagent's: the session that spawned it (replayed on the same worker)"
+    )
     turns: list[Turn] = Field(min_length=1)
 
 

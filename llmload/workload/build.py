@@ -474,12 +474,18 @@ class _Finisher:
                     turn["at_s"] = max(0.0, request.timestamp - first)
                 if prompt:
                     turn["prompt_tokens"] = prompt
+                if request.model_rank is not None:
+                    turn["model_rank"] = request.model_rank
+                if request.waits_for:
+                    turn["waits_for"] = list(request.waits_for)
                 turns.append(turn)
         if not self.write:
             return None
         record: Record = {"id": self.ids[-1]}
         if offset is not None:
             record["offset_s"] = offset
+        if session.turns[0].parent is not None:
+            record["parent"] = session.turns[0].parent
         record["turns"] = turns
         return record
 

@@ -45,6 +45,12 @@ class LogRequest:
     hash_ids: np.ndarray | None = None
     """Prefix block ids (int64) of the format's `hash_block_tokens` tokens each (the last one may be
     partial): an array, as a trace's requests wait in open sessions (an agentic corpus holds 92M ids)."""
+    parent: str | None = None
+    """An agentic trace's subagent: the session that spawned it."""
+    waits_for: tuple[str, ...] = ()
+    """The subagent sessions an agent waits for before it sends this request."""
+    model_rank: int | None = None
+    """Which model of the trace this request used: 0 its main one, then in order of first use."""
 
 
 @dataclass(frozen=True, slots=True)

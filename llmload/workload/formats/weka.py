@@ -3,7 +3,9 @@
 and `type: "subagent"` entries that nest their own `requests`). Lengths and prefix blocks only.
 
 The main agent is a session, named by the trace's `id`; each subagent is a session of its own,
-`{id}/{agent_id}`, starting at its entry's `t`. A request's `finished` is `t + api_time`, so the
+`{id}/{agent_id}`, starting at its entry's `t`, and the agent's next request waits for it (a subagent
+after the agent's last request runs in the background). Each request keeps the rank of its model in
+the trace (`_models`), which the run maps onto its `--model`s. A request's `finished` is `t + api_time`, so the
 builder takes the recorded think time out of the gap, not the recorded server's speed. A request
 that answered nothing (`out` 0: cut off) is sent for one token, its prefill being what it cost. Ids of a
 `local` scope are the trace's own: they are put in a namespace of the trace, so two traces' id 1 are
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,11 +46,47 @@ def _ids(value: object, namespace: int | None, length: int, at: str) -> np.ndarr
     return np.asarray(value, dtype=np.int64) | np.int64(namespace << _LOCAL_ID_BITS)
 
 
-def _requests(where: str, entries: object, session: str, start: float, namespace: int | None) -> Iterator[LogRequest]:
-    """One agent's requests, then each of its subagents' where their entry stands."""
+def _model(entry: dict[str, object]) -> str | None:
+    model = entry.get("model")
+    return model if isinstance(model, str) else None
+
+
+def _models(entries: object) -> dict[str | None, int]:
+    """The trace's models ranked: its main agent's first (else its first subagent's), then the others in
+    the order the file first uses them, as AIPerf maps a trace onto its `--model`s."""
+    ranked: dict[str | None, int] = {}
+
+    def walk(entries: object, depth: int) -> Iterator[tuple[int, str | None]]:
+        for entry in entries if isinstance(entries, list) else ():
+            if isinstance(entry, dict) and entry.get("type") == "subagent":
+                yield from walk(entry.get("requests"), depth + 1)
+            elif isinstance(entry, dict):
+                yield depth, _model(entry)
+
+    used = list(walk(entries, 0))
+    main = [model for depth, model in used if depth == 0] or [model for _, model in used]
+    for model in main[:1] + [model for _, model in used]:
+        ranked.setdefault(model, len(ranked))
+    return ranked
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """What every request of one trace file is read with: its id namespace and its models' ranks."""
+
+    namespace: int | None
+    models: dict[str | None, int]
+
+
+def _requests(
+    where: str, entries: object, session: str, start: float, trace: _Trace, *, parent: str | None = None
+) -> Iterator[LogRequest]:
+    """One agent's requests, then each of its subagents' where their entry stands. The agent's next
+    request after a subagent's entry waits for that subagent; one after its last request runs on its own."""
     if not isinstance(entries, list):
         raise BadLine(f"{where}: requests is not a list")
     own = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("type") != "subagent"]
+    spawned: list[str] = []
     for index, entry in enumerate(entries):
         at = f"{where}.requests[{index}]"
         if not isinstance(entry, dict):
@@ -57,7 +96,9 @@ def _requests(where: str, entries: object, session: str, start: float, namespace
             agent = entry.get("agent_id")
             if not isinstance(agent, str) or not agent:
                 raise BadLine(f"{at}: a subagent without an agent_id")
-            yield from _requests(at, entry.get("requests"), f"{session}/{agent}", t, namespace)
+            child = f"{session}/{agent}"
+            spawned.append(child)
+            yield from _requests(at, entry.get("requests"), child, t, trace, parent=session)
             continue
         length = integer(entry.get("in"), f"{at}.in", minimum=1)
         api = entry.get("api_time")
@@ -70,8 +111,12 @@ def _requests(where: str, entries: object, session: str, start: float, namespace
             session=session,
             label=session,
             last=index == own[-1],
-            hash_ids=_ids(entry.get("hash_ids"), namespace, length, at),
+            hash_ids=_ids(entry.get("hash_ids"), trace.namespace, length, at),
+            parent=parent,
+            waits_for=tuple(spawned),
+            model_rank=trace.models[_model(entry)],
         )
+        spawned = []
 
 
 def parse_weka(path: Path) -> Iterator[Parsed]:
@@ -91,7 +136,8 @@ def parse_weka(path: Path) -> Iterator[Parsed]:
         if scope not in ("local", "global"):
             raise BadLine(f"bad hash_id_scope {scope!r}: local or global")
         namespace = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest()) if scope == "local" else None
-        yield from _requests(path.name, trace.get("requests"), name, 0.0, namespace)
+        requests = trace.get("requests")
+        yield from _requests(path.name, requests, name, 0.0, _Trace(namespace, _models(requests)))
     except orjson.JSONDecodeError as exc:
         yield Issue(str(path), f"not valid JSON: {exc}")
     except BadLine as exc:

@@ -38,6 +38,15 @@ def test_sessions_split_by_weight_and_keep_their_model() -> None:
     assert mix.primary == "base" and [s.weight for s in mix.normalised()] == pytest.approx([0.7, 0.2, 0.1])
 
 
+def test_a_ranked_turn_asks_for_the_runs_model_of_its_rank_whatever_the_weights() -> None:
+    """An agentic trace's main model (rank 0) maps onto the first --model, its next onto the second, and
+    ranks beyond the run's models wrap around; an unranked turn keeps its session's weighted draw."""
+    mix = ModelMix.of(["big:0.1", "small:0.9"])
+    assert [mix.for_turn("s1", rank) for rank in range(5)] == ["big", "small", "big", "small", "big"]
+    assert ModelMix.single("only").for_turn("s1", 3) == "only"
+    assert mix.for_turn("s1") == mix.for_turn("s1", None) in {"big", "small"}
+
+
 def test_a_mix_with_an_adapter_the_server_lacks(tmp_path: Path) -> None:
     with SimProcess("--itl-ms", "4") as sim:
         run = run_locust(

@@ -14,6 +14,7 @@ import pytest
 
 from llmload.cli import main
 from llmload.workload.files import load_workload
+from llmload.workload.prefix import PrefixBlocks, server_block_size
 from llmload.workload.stats import request_table
 from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 from tests.agentic import write_agentic_traces
@@ -255,3 +256,19 @@ def test_each_agentic_conversations_share_equals_an_independent_recount(
         )
     assert main(["workload", "stats", str(tmp_path / "agents.yaml")]) == 0
     assert f"By conversation: min {low:.1%}, P25 {p25:.1%}" in capsys.readouterr().out
+
+
+def test_the_servers_block_is_read_from_its_hits_and_bounds_what_it_could_hit() -> None:
+    """A server's cached tokens are whole blocks of its own: their common divisor over enough hits is its
+    block. In those blocks, short of each prompt's last token (recomputed to start decoding), a request
+    reuses less than the figure's finer blocks say: 5 reusable 32-token blocks are one 128-token block,
+    a whole cached prompt of 256 tokens only one more than that."""
+    assert server_block_size(np.array([128, 256, 0, np.nan] + [384] * 18 + [1280])) == 128
+    assert server_block_size(np.array([128] * 19)) is None  # too few hits to tell 128 from a multiple of it
+    blocks = PrefixBlocks.from_hash_ids(32)
+    blocks.add_hashed_session([(0, np.arange(8), 256), (1, np.arange(8), 256)], [0.0, 1.0], 0)
+    blocks.add_hashed_session([(0, np.r_[np.arange(5), 90, 91], 224)], [2.0], 1)
+    figure = blocks.result(server_block=128)
+    assert (figure.reusable_tokens, figure.prompt_tokens) == (256 + 160, 736)
+    assert figure.server_block_size == 128 and figure.server_share == pytest.approx((128 + 128) / 736)
+    assert blocks.result().server_share is None

@@ -657,12 +657,15 @@ def _prefix_cache_check(run: Run, summary: Summary, gap: float | None) -> Check:
     if ceiling is None or ceiling.share is None:
         unknown = "what the prompts sent could hit: the workload file is gone, or no prompt was counted"
         return Check(name=name, kind=kind, status="inconclusive", detail=f"cannot tell without {unknown}")
-    below = ceiling.share - hit
+    could, blocks = ceiling.share, f"{ceiling.block_size}-token blocks"
+    if ceiling.server_share is not None:  # what the server's own blocks could hold, not finer ones
+        could, blocks = ceiling.server_share, f"the server's {ceiling.server_block_size}-token blocks"
+    below = could - hit
     return Check(
         name=name,
         kind=kind,
         status="fail" if below > gap else "pass",
-        detail=f"{hit:.1%} from cache, by {source}, where the prompts sent could hit {ceiling.share:.1%}:"
+        detail=f"{hit:.1%} from cache, by {source}, where the prompts sent could hit {could:.1%} in {blocks}:"
         f" {max(below, 0) * 100:.1f} points below; limit {gap * 100:g}",
     )
 

@@ -185,3 +185,11 @@ class ReusablePrefix(BaseModel):
         description="each conversation's reusable share (a session with its subagents and the parts --session-gap"
         " split off; each replay its own), spread over the conversations; None where not grouped",
     )
+    server_block_size: PositiveInt | None = Field(
+        default=None, description="the server's own prefix-cache block, where a run's usage showed it"
+    )
+    server_share: float | None = Field(
+        default=None,
+        description="what the server's blocks could hit: each request's reusable tokens short of its last token"
+        " (a server computes at least one), in whole server blocks; None without server_block_size",
+    )

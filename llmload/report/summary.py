@@ -46,7 +46,7 @@ from llmload.report.warnings import SHORTFALL_DELAY_MS, SHORTFALL_RATIO, SPECULA
 from llmload.rundir import Run
 from llmload.stats.percentiles import mean, percentiles, quantile, token_percentiles
 from llmload.stats.sketch import BUCKETS, Histograms
-from llmload.workload.prefix import ConversationCodes, sent_prefix
+from llmload.workload.prefix import ConversationCodes, sent_prefix, server_block_size
 
 TURN_MIX_DEEPEST = 8
 
@@ -445,8 +445,9 @@ def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:
     """The share of prompt tokens an infinite prefix cache could serve, over the prompts the run sent
     (warm-up ones fill the cache) and counted over the judged stages', as the server's hit rate is;
     rendered with ChatML (its tokens are prefix the server reuses; the served model's own template
-    is not recorded) in 16-token blocks, vLLM's default (nor is the server's). None without the workload
-    file (moved, or the report rebuilt elsewhere) or when the run sent what it does not hold."""
+    is not recorded) in 16-token blocks, vLLM's default, and in the server's own blocks where its usage
+    shows them (`server_block_size`). None without the workload file (moved, or the report rebuilt
+    elsewhere) or when the run sent what it does not hold."""
     workload = run.workload()
     if workload is None:
         return None
@@ -457,5 +458,6 @@ def sent_reusable_prefix(run: Run) -> ReusablePrefix | None:
         counted=frame.stage[sent].isin([stage.name for stage in run.manifest.judged_stages]).to_numpy(dtype=bool),
     )
     bust_run = run.manifest.run_id if run.manifest.flags.get("cache_bust") else None
-    prefix = sent_prefix(workload, rows, template="chatml", bust_run=bust_run)
+    server_block = server_block_size(frame.cached_tokens.to_numpy())
+    prefix = sent_prefix(workload, rows, template="chatml", bust_run=bust_run, server_block=server_block)
     return prefix if isinstance(prefix, ReusablePrefix) else None

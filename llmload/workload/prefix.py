@@ -59,6 +59,7 @@ from llmload.workload.stats import request_table
 from llmload.workload.tokens import GENERATION_PROMPT, MESSAGE_END, chatml_message, get_tokenizer
 
 DEFAULT_BLOCK_SIZE = 16
+MIN_HITS_FOR_BLOCK = 20
 CHAT_TEMPLATES: tuple[ChatTemplate, ...] = get_args(ChatTemplate)
 DEFAULT_CHAT_TEMPLATE: ChatTemplate = "chatml"
 NO_TEXT = "the log carries no text or hashes"
@@ -221,10 +222,16 @@ class PrefixBlocks:
         self._flushed_requests += len(self._cached_ends)
         self._pieces, self._piece_units, self._session_starts, self._cached_ends = [], 0, [], []
 
-    def result(self, counted: np.ndarray | None = None, conversations: np.ndarray | None = None) -> ReusablePrefix:
+    def result(
+        self,
+        counted: np.ndarray | None = None,
+        conversations: np.ndarray | None = None,
+        server_block: int | None = None,
+    ) -> ReusablePrefix:
         """The figure over the requests `counted` (a boolean mask in insertion order; all by default),
-        spread over `conversations` (a code per request, in insertion order) when given. Every request
-        added, counted or not, fills the cache for the later ones."""
+        spread over `conversations` (a code per request, in insertion order) when given, and in the
+        server's blocks of `server_block` tokens when known. Every request added, counted or not, fills
+        the cache for the later ones."""
         self._flush()
         share = _reuse(self)
         mask = np.ones(len(self._session), dtype=bool) if counted is None else np.asarray(counted, dtype=bool)
@@ -244,6 +251,10 @@ class PrefixBlocks:
             by_conversation = ShareSpread.of(reusable_by[prompt_by > 0] / prompt_by[prompt_by > 0])
         total = int(prompt[mask].sum())
         reusable_total = int(reusable[mask].sum())
+        server_share = None
+        if server_block is not None:  # a server recomputes a prompt's last token, and caches whole blocks
+            reachable = np.minimum(reusable, prompt - 1).clip(min=0) // server_block * server_block
+            server_share = _ratio(int(reachable[mask].sum()), total)
         shared_total = int(shared[mask].sum())
         return ReusablePrefix(
             block_size=scale,
@@ -263,6 +274,8 @@ class PrefixBlocks:
                 if n
             ],
             by_conversation=by_conversation,
+            server_block_size=server_block,
+            server_share=server_share,
         )
 
 
@@ -370,6 +383,7 @@ def sent_prefix(
     block_size: int = DEFAULT_BLOCK_SIZE,
     template: ChatTemplate = DEFAULT_CHAT_TEMPLATE,
     bust_run: str | None = None,
+    server_block: int | None = None,
 ) -> ReusablePrefix | str:
     """The reusable prefix of what a run sent: `sent` has one row per request sent (session_id,
     turn, sent_at, output_tokens, and `counted`: whether the figure counts it), in any order.
@@ -379,7 +393,8 @@ def sent_prefix(
     again (`id~n`, a run longer than the workload) is a session of its own with the same text, so its
     turns reuse the first replay's blocks as shared ones, up to its first reply, which is its own;
     unless the run was `bust_run` (its id, --cache-bust), whose plays open with their own markers.
-    Each workload session is tokenized once per marker. A string says why there is no figure."""
+    `server_block`: the server's own cache block, for what it could hit. Each workload session is
+    tokenized once per marker. A string says why there is no figure."""
     if sent.empty:
         return "the run sent no request"
     index = {session.id: number for number, session in enumerate(workload.sessions)}
@@ -401,7 +416,7 @@ def sent_prefix(
     order = np.lexsort((turn, lap, session))  # each play of a session, turn by turn
     if workload.spec.block_size is not None:
         blocks = _sent_blocks(workload, (session[order], lap[order], turn[order]), sent_at[order], bust_run)
-        return blocks.result(is_counted[order], conversation[order])
+        return blocks.result(is_counted[order], conversation[order], server_block)
     starts = np.flatnonzero(np.r_[True, (np.diff(session[order]) != 0) | (np.diff(lap[order]) != 0)])
     layout = PromptLayout(workload.spec.tokenizer, template)
     blocks = PrefixBlocks.from_text(block_size, workload.spec.tokenizer, template)
@@ -421,7 +436,16 @@ def sent_prefix(
         blocks.add_session(list(zip(tokens[:depth], reply.tolist(), strict=True)), arrival, layout.reply_end)
         counted.append(mask)
         conversations.append(np.full(depth, conversation[rows[0]]))
-    return blocks.result(np.concatenate(counted), np.concatenate(conversations))
+    return blocks.result(np.concatenate(counted), np.concatenate(conversations), server_block)
+
+
+def server_block_size(cached_tokens: np.ndarray) -> int | None:
+    """The server's prefix-cache block, read from what it served: every request's cached tokens are whole
+    blocks, so their greatest common divisor over enough hits (a coincidence of larger multiples is then
+    out of reach). None with fewer than `MIN_HITS_FOR_BLOCK` hits."""
+    hits = np.asarray(cached_tokens, dtype=float)
+    hits = hits[np.isfinite(hits) & (hits > 0)].astype(np.int64)
+    return int(np.gcd.reduce(hits)) if len(hits) >= MIN_HITS_FOR_BLOCK else None
 
 
 def _sent_blocks(

@@ -268,9 +268,17 @@ class TraceDispatcher(Dispatcher):
         self.trace = trace
         self._sessions = sessions
         self._index_of = {session.id: i for i, session in enumerate(sessions)}
+        self._spawner_of = {
+            self._index_of[name]: i
+            for i, session in enumerate(sessions)
+            for turn in session.turns
+            for name in turn.spawns
+            if name in self._index_of
+        }
         super().__init__(trace.stages, ArrivalPlan.of(trace, sessions), clock, share)
         self._owned = set(self.plan.keys[self._positions].tolist())
         self._ended: dict[int, gevent.event.Event] = {}
+        self._spawned: dict[int, gevent.event.AsyncResult] = {}  # a subagent's: when the reply that spawns it came
 
     def adopt(self, positions: Sequence[int]) -> None:
         super().adopt(positions)
@@ -291,18 +299,49 @@ class TraceDispatcher(Dispatcher):
         return expired
 
     def end(self, live: LiveSession) -> None:
-        """The session is over (done, failed, cut, or never sent): a turn that joins it goes on."""
+        """The session is over (done, failed, cut, or never sent): a turn that joins it goes on, and a
+        subagent it had yet to spawn never starts."""
         self._ended.setdefault(live.key, gevent.event.Event()).set()
+        for turn in live.session.turns:
+            self.spawn(live, turn.spawns, None)
+
+    def _key(self, live: LiveSession, name: str) -> int | None:
+        """The plan key of session `name` in `live`'s play, when this worker plays it."""
+        play = live.key // len(self._sessions) * len(self._sessions)
+        key = play + self._index_of.get(name, -len(self._sessions) - 1)
+        return key if key in self._owned else None
+
+    def spawn(self, live: LiveSession, subagents: Sequence[str], back: float | None) -> None:
+        """The reply that spawns `subagents` came back at `back` (perf seconds); None: it never will."""
+        for name in subagents:
+            key = self._key(live, name)
+            if key is not None and not (result := self._spawned.setdefault(key, gevent.event.AsyncResult())).ready():
+                result.set(back)
+
+    def start(self, live: LiveSession, at: float) -> float | None:
+        """When a session's first turn is due: at its arrival, or, for a subagent, its first think time after
+        the reply that spawns it if that is later (its agent runs ahead of, or behind, the recorded clock);
+        None when that reply never comes in the plan."""
+        spawner = self._spawner_of.get(live.key % len(self._sessions))
+        if spawner is None or self._key(live, self._sessions[spawner].id) is None:
+            return at
+        result = self._spawned.setdefault(live.key, gevent.event.AsyncResult())
+        result.wait(self.plan_end - time.perf_counter())
+        back = result.value if result.ready() else None
+        if back is None:
+            return None
+        think = live.session.turns[0].think_time_s / self.trace.speed_at(self.clock.offset(back))
+        return max(at, back + think)
 
     def join(self, live: LiveSession, subagents: Sequence[str]) -> float | None:
         """Wait until the subagents this turn joins have ended (those this worker plays: each of this
-        play's); when they did, or None when the plan ended first."""
-        play = live.key // len(self._sessions) * len(self._sessions)
+        play's; not one outside the plan, or a lost worker's resplit to another); when they did, or None
+        when the plan ended first."""
         for name in subagents:
-            key = play + self._index_of.get(name, -len(self._sessions) - 1)
-            if key not in self._owned:
-                continue  # not in the plan, or another worker's (a lost worker's share resplit)
-            if not self._ended.setdefault(key, gevent.event.Event()).wait(self.plan_end - time.perf_counter()):
+            key = self._key(live, name)
+            if key is not None and not self._ended.setdefault(key, gevent.event.Event()).wait(
+                self.plan_end - time.perf_counter()
+            ):
                 return None
         return time.perf_counter()
 
@@ -381,11 +420,13 @@ class TurnSender:
         try:
             while not live.finished:
                 turn = live.session.turns[live.next_turn]
-                scheduled = dispatcher.due(live, time.perf_counter()) if live.next_turn else arrival.at
-                joined = dispatcher.join(live, turn.waits_for) if turn.waits_for else scheduled
-                if joined is None or scheduled > dispatcher.plan_end:
+                due = (
+                    dispatcher.due(live, time.perf_counter()) if live.next_turn else dispatcher.start(live, arrival.at)
+                )
+                joined = dispatcher.join(live, turn.waits_for) if turn.waits_for else due
+                if due is None or joined is None or due > dispatcher.plan_end:
                     return  # the plan ends before this turn would be sent: never scheduled
-                scheduled = max(scheduled, joined)
+                scheduled = max(due, joined)
                 self._wait_until(live.session.id, live.next_turn, scheduled)
                 dispatcher.busy += 1 - busy
                 busy = 1
@@ -394,6 +435,7 @@ class TurnSender:
                     raise gevent.GreenletExit
                 if not result.ok:
                     return
+                dispatcher.spawn(live, turn.spawns, time.perf_counter())
         finally:
             dispatcher.busy -= busy
             dispatcher.end(live)

@@ -31,7 +31,7 @@ def write_agentic_traces(directory: Path, *, traces: int = 3, opening_blocks: in
                 requests.append({"t": 2.0 * k + 0.5, "type": "subagent", "agent_id": "agent_001", "requests": [
                     {"t": 0.0, "in": 64 * len(sub) + 10, "out": 6, "hash_ids": sub, "api_time": 0.5, "think_time": 0.0,
                      "model": "haiku"},
-                    {"t": 2.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
+                    {"t": 3.0, "in": 64 * (len(sub) + 1) + 10, "out": 6, "hash_ids": [*sub, next_id], "api_time": 0.5,
                      "think_time": 0.2, "model": "haiku"},
                 ]})  # fmt: skip
                 next_id += 1

@@ -308,10 +308,11 @@ def test_agentic_traces_are_replayed_with_their_subagents_and_served_as_their_id
 
 def test_an_agents_turn_after_its_subagent_waits_for_it_in_a_traced_replay(id_runs: dict[str, LocustRun]) -> None:
     """With think times only (1.5 s: each recorded 2 s gap less its 0.5 s answer), each agent runs ahead of
-    its recorded clock and its request after the subagent's entry (turn 3) is due about 4.7 s in, before the
-    subagent (started at its recorded 4.5 s, its second request 2 s later) has ended: that request goes out
-    when the subagent's last reply is back, not when due. Every request asks for the run's one --model,
-    whichever model of the trace it used (the subagent's was another)."""
+    its recorded clock, and so does its subagent: it starts right after the reply that spawned it (turn 2's,
+    recorded 0 s before it), not at its recorded 4.5 s. Its second request follows 2.5 s after its first
+    reply, so the agent's request after its entry (turn 3), due 1.5 s after turn 2's reply, goes out when the
+    subagent's last reply is back, not when due. Every request asks for the run's one --model, whichever
+    model of the trace it used (the subagent's was another)."""
     run = id_runs["agents-traced"]
     records = run.records
     assert run.returncode == 0 and (records.status == "ok").all(), run.output[-3000:]
@@ -324,8 +325,9 @@ def test_an_agents_turn_after_its_subagent_waits_for_it_in_a_traced_replay(id_ru
         if 3 not in agent.index or subagent.turn.max() != 1:
             continue  # the plan ended first
         joined, due = subagent.finished_at.max(), agent.finished_at[2] + 1.5
+        assert subagent.sent_at.min() - agent.finished_at[2] < 0.3, (play, agent, subagent)  # spawned by turn 2
         assert joined <= agent.sent_at[3] <= joined + 0.5, (play, agent, subagent)
-        assert joined > due + 1.0, (play, agent, subagent)  # the join held it, not its think time
+        assert joined > due + 0.5, (play, agent, subagent)  # the join held it, not its think time
         assert agent.schedule_delay_ms[3] < 100  # the trace's wait, not the load generator's lateness
         joins += 1
     assert joins >= 3

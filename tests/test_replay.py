@@ -394,3 +394,40 @@ def test_workers_split_a_trace_by_conversation_with_each_subagent_beside_its_age
         dispatcher = TraceDispatcher(trace, sessions, RunClock.now(), WorkerShare("t", index=index, count=2))
         owners[index] = [a.session.session.id for a in iter(dispatcher.claim, None) if a.session]
     assert owners == {0: ["a", "a/x", "c"], 1: ["b", "b/y", "b/y/z", "orphan/q"]}
+
+
+def test_a_subagent_starts_its_think_time_after_the_reply_that_spawns_it_and_never_if_that_fails() -> None:
+    """Think times only: the agent's first reply takes 0.3 s and spawns a subagent whose first think time is
+    0.2 s, so it starts 0.5 s in, not at its arrival (its agent's, 0 s); the agent's next turn joins it. An
+    agent whose spawning turn fails never starts its subagent, and the replay ends with the plan."""
+
+    def reply(body: dict[str, Any]) -> tuple[int, bytes, bool]:
+        words = body["messages"][-1]["content"].split()
+        if words[0] == "broken":
+            return 500, b'{"error": {"message": "boom"}}', False
+        time.sleep(0.3 if words[0] == "a" and words[1] == "0" else 0.0)
+        return 200, chat_stream(["x"]), True
+
+    def sessions(agent: str) -> list[Session]:
+        first = Turn(messages=[Message(role="user", content=f"{agent} 0")], output_tokens=2, spawns=[f"{agent}/sub"])
+        then = Turn(messages=[Message(role="user", content=f"{agent} 1")], output_tokens=2, waits_for=[f"{agent}/sub"])
+        sub = _agent(f"{agent}/sub", [(None, []), (None, [])], offset_s=0.0, parent=agent)
+        sub = sub.model_copy(update={"turns": [sub.turns[0].model_copy(update={"think_time_s": 0.2}), sub.turns[1]]})
+        later = _agent("later", [(None, [])], offset_s=5.0)  # past the plan's end: the trace plays once
+        return [Session(id=agent, offset_s=0.0, turns=[first, then]), sub, later]
+
+    with canned_server(reply) as (url, _):
+        dispatcher = TraceDispatcher(
+            TraceClock(build_stages(1.0, (100,), 1.5)), sessions("a"), RunClock.now(), WorkerShare("t")
+        )
+        records = {(r.session_id, r.turn): r for r in _play_all(dispatcher, url, users=2)}
+        broken = TraceDispatcher(
+            TraceClock(build_stages(1.0, (100,), 0.5)), sessions("broken"), RunClock.now(), WorkerShare("t")
+        )
+        began = time.perf_counter()
+        failed = _play_all(broken, url, users=2)
+    spawned = records["a", 0].finished_at or 0
+    assert (records["a/sub", 0].sent_at or 0) - spawned == pytest.approx(0.2, abs=0.05)
+    assert (records["a", 1].sent_at or 0) >= (records["a/sub", 1].finished_at or 0)
+    assert [(r.session_id, r.status) for r in failed] == [("broken", "failed")]
+    assert time.perf_counter() - began < 1.5

@@ -555,9 +555,9 @@ def _weka_request(t: float, ids: list[int], tokens: int, think: float = 0.0, mod
 
 def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path: Path) -> None:
     """Two traces of a directory, both counting their local ids from 1: each main agent is a session
-    and its subagent one of its own from the entry's time, whose parent's next request waits for it (one
-    after the parent's last request, in the background, is waited for by none); ids are the trace's own
-    (a's 1 is not b's); think times are the gaps less the recorded API time; each request keeps its
+    and its subagent one of its own from the entry's time, spawned by the parent's request before it and
+    joined by its next (one after the parent's last request, in the background, is joined by none); ids
+    are the trace's own (a's 1 is not b's); think times are the gaps less the recorded API time; each request keeps its
     model's rank in its trace (the main agent's first, then by first use); the figure is a plain recount
     of leading ids an earlier request (by time) already sent under the same trace."""
     sub = {"t": 9.0, "type": "subagent", "agent_id": "agent_001", "requests": [
@@ -584,7 +584,9 @@ def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path:
     assert [t.waits_for for t in by_id["a"].turns] == [[], [], ["a/agent_001"]]  # agent_002: in the background
     assert [t.model_rank for s in by_id.values() for t in s.turns] == [0, 0, 0, 1, 2, 0, 0, 1]
     assert [t.think_time_s for t in by_id["a"].turns] == [0.0, 3.0, 23.0]
-    assert [t.think_time_s for t in by_id["a/agent_001"].turns] == [0.0, 2.0]
+    # a subagent's first think time is from the reply that spawned it (a's at 5 s, back at 7 s)
+    assert [t.think_time_s for t in by_id["a/agent_001"].turns] == [2.0, 2.0]
+    assert [t.spawns for t in by_id["a"].turns] == [[], ["a/agent_001"], ["a/agent_002"]]
     assert [t.output_tokens for t in by_id["b"].turns] == [20, 1]  # cut off with no answer: its prefill
     first_a, first_b = by_id["a"].turns[0].blocks, by_id["b"].turns[0].blocks
     assert first_a is not None and first_b is not None and first_a[0] != first_b[0]

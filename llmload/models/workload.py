@@ -34,7 +34,9 @@ class Turn(Strict):
         default=None, description="forced output length (min_tokens = max_tokens = this, ignore_eos)"
     )
     think_time_s: NonNegativeFloat = Field(
-        default=0.0, description="pause after the previous reply before this turn is sent (a minimum in replay)"
+        default=0.0,
+        description="pause after the previous reply before this turn is sent (a minimum in replay); a subagent's"
+        " first: after the reply of the turn that spawned it",
     )
     at_s: NonNegativeFloat | None = Field(
         default=None, description="when the source sent this turn, in seconds after the session's first turn"
@@ -54,6 +56,11 @@ class Turn(Strict):
         default_factory=list,
         description="subagent sessions (ids) that must have ended before this turn is sent: the agent joins the"
         " subagents it spawned (trace replay)",
+    )
+    spawns: list[str] = Field(
+        default_factory=list,
+        description="subagent sessions (ids) this turn starts once its reply is back, each its first think time"
+        " later (trace replay)",
     )
 
     @model_validator(mode="after")

@@ -449,8 +449,8 @@ class _Finisher:
                 if self.fill is not None:
                     output = draw_tokens(self.fill, self._fill_rng, 1)[0]
             previous_reply = reply_count
-            think = 0.0
-            if previous_ts is not None and request.timestamp is not None:
+            think = request.think_s or 0.0
+            if request.think_s is None and previous_ts is not None and request.timestamp is not None:
                 # the log's gap holds the previous reply's duration too: take it out where the log says
                 start = previous_end if previous_end is not None else previous_ts
                 think = max(0.0, request.timestamp - start)
@@ -478,6 +478,8 @@ class _Finisher:
                     turn["model_rank"] = request.model_rank
                 if request.waits_for:
                     turn["waits_for"] = list(request.waits_for)
+                if request.spawns:
+                    turn["spawns"] = list(request.spawns)
                 turns.append(turn)
         if not self.write:
             return None

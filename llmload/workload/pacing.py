@@ -3,7 +3,8 @@
 A trace records when each turn was sent (`at_s`). Replayed at those times, a turn waits for a reply
 the recorded server gave, so that server's speed leaks into the run: a faster server idles, a slower
 one has turns pile up. With think time only, each follow-up goes out its think time (the recorded
-gap less the recorded answer time) after the reply the run's own server gave. An agent's idle gaps
+gap less the recorded answer time) after the reply the run's own server gave, and a subagent its first
+think time after the reply that spawned it (it arrives with its agent). An agent's idle gaps
 (a person away for an hour) hold sessions open for nothing in a soak: `--max-think-time` caps each.
 Both are applied to the workload once, where the plan loads it.
 """
@@ -20,9 +21,14 @@ def paced(workload: Workload, *, think_time_only: bool, max_think_s: float | Non
     if not think_time_only and max_think_s is None:
         return workload
     cap = float("inf") if max_think_s is None else max_think_s
+    spawner_offset = {
+        name: session.offset_s for session in workload.sessions for turn in session.turns for name in turn.spawns
+    }
     sessions = [
         session.model_copy(
             update={
+                # a subagent's arrival with its agent's: it starts its think time after the reply that spawns it
+                "offset_s": spawner_offset.get(session.id, session.offset_s) if think_time_only else session.offset_s,
                 "turns": [
                     turn.model_copy(
                         update={
@@ -31,7 +37,7 @@ def paced(workload: Workload, *, think_time_only: bool, max_think_s: float | Non
                         }
                     )
                     for turn in session.turns
-                ]
+                ],
             }
         )
         for session in workload.sessions

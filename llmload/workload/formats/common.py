@@ -49,6 +49,11 @@ class LogRequest:
     """An agentic trace's subagent: the session that spawned it."""
     waits_for: tuple[str, ...] = ()
     """The subagent sessions an agent waits for before it sends this request."""
+    spawns: tuple[str, ...] = ()
+    """The subagent sessions an agent starts once this request's reply is back."""
+    think_s: float | None = None
+    """The pause before this request where the log says it outright (a subagent's first: after the reply
+    that spawned it), not from the gap to an earlier request of its session."""
     model_rank: int | None = None
     """Which model of the trace this request used: 0 its main one, then in order of first use."""
 

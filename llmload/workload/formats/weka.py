@@ -15,6 +15,7 @@ two blocks; `global` ids are kept, shared between traces.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,33 +80,43 @@ class _Trace:
 
 
 def _requests(
-    where: str, entries: object, session: str, start: float, trace: _Trace, *, parent: str | None = None
+    where: str,
+    entries: object,
+    session: str,
+    start: float,
+    trace: _Trace,
+    *,
+    parent: str | None = None,
+    spawned_at: float | None = None,
 ) -> Iterator[LogRequest]:
-    """One agent's requests, then each of its subagents' where their entry stands. The agent's next
-    request after a subagent's entry waits for that subagent; one after its last request runs on its own."""
+    """One agent's requests, then each of its subagents' where their entry stands. The agent's request
+    before a subagent's entry spawns it (the subagent's first request follows that reply by the recorded
+    gap: `spawned_at` is when it came back), and its next request joins it; a subagent after the agent's
+    last request runs on its own."""
     if not isinstance(entries, list):
         raise BadLine(f"{where}: requests is not a list")
-    own = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("type") != "subagent"]
+    kinds = [isinstance(e, dict) and e.get("type") == "subagent" for e in entries]
+    own = [i for i, subagent in enumerate(kinds) if not subagent]
     spawned: list[str] = []
+    spawner_back: float | None = None  # when the agent's last request came back, on the trace's clock
     for index, entry in enumerate(entries):
         at = f"{where}.requests[{index}]"
         if not isinstance(entry, dict):
             raise BadLine(f"{at}: not an object")
         t = start + _number(entry.get("t"), f"{at}.t")
-        if entry.get("type") == "subagent":
-            agent = entry.get("agent_id")
-            if not isinstance(agent, str) or not agent:
-                raise BadLine(f"{at}: a subagent without an agent_id")
-            child = f"{session}/{agent}"
+        if kinds[index]:
+            child = _child(session, entry, at)
             spawned.append(child)
-            yield from _requests(at, entry.get("requests"), child, t, trace, parent=session)
+            yield from _requests(at, entry.get("requests"), child, t, trace, parent=session, spawned_at=spawner_back)
             continue
         length = integer(entry.get("in"), f"{at}.in", minimum=1)
         api = entry.get("api_time")
+        finished = None if api is None else t + _number(api, f"{at}.api_time")
+        following = list(itertools.takewhile(lambda k: kinds[k], range(index + 1, len(entries))))
         yield LogRequest(
             where=at,
             timestamp=t,
-            finished=None if api is None else t + _number(api, f"{at}.api_time"),
+            finished=finished,
             prompt_tokens=length,
             output_tokens=max(1, integer(entry.get("out"), f"{at}.out")),  # out 0 (cut off): its prefill, 1 token
             session=session,
@@ -114,9 +125,19 @@ def _requests(
             hash_ids=_ids(entry.get("hash_ids"), trace.namespace, length, at),
             parent=parent,
             waits_for=tuple(spawned),
+            spawns=tuple(_child(session, entries[k], f"{where}.requests[{k}]") for k in following),
+            think_s=None if index != own[0] or spawned_at is None else max(0.0, t - spawned_at),
             model_rank=trace.models[_model(entry)],
         )
-        spawned = []
+        spawned, spawner_back = [], finished if finished is not None else t
+
+
+def _child(session: str, entry: object, at: str) -> str:
+    """A subagent entry's session id."""
+    agent = entry.get("agent_id") if isinstance(entry, dict) else None
+    if not isinstance(agent, str) or not agent:
+        raise BadLine(f"{at}: a subagent without an agent_id")
+    return f"{session}/{agent}"
 
 
 def parse_weka(path: Path) -> Iterator[Parsed]:

@@ -38,7 +38,6 @@ from llmload.workload import load_workload
 
 RESULT_FILE = "search.json"
 PAGE_FILE = "search.html"
-DRIFT_WINDOWS = 6  # drift windows per probe hold: the fewest a slope is judged on, so each holds the most requests
 DRIFT_CONFIDENCE = 0.99  # a search judges many holds: at 95% one in four searches would meet a false drift
 E2E_SHARE_OF_HOLD = 1 / 3  # a probe whose E2E p99 is over this share of its hold is too short to judge
 PROBE_S = 30.0  # --probe-duration's default: each probe's hold
@@ -378,7 +377,7 @@ def bounds_from(
 
 
 def _judged_in(criteria: SoakCriteria, hold_s: float, confidence: float) -> DriftCriteria:
-    window = min(criteria.drift.window_s, hold_s / DRIFT_WINDOWS)
+    window = min(criteria.drift.window_s, hold_s / criteria.drift.min_windows)  # the fewest a slope is judged on
     return criteria.drift.model_copy(update={"window_s": window, "confidence": confidence})
 
 

@@ -4,9 +4,9 @@ Matching approach: the real sessions' length skeletons (each turn's new prompt t
 tokens, the time since the previous turn, the session's start gap) are resampled and given
 synthetic text of exactly those token counts. Drawing per-turn lengths from fitted distributions
 would lose how a session's turns relate (history growth, long sessions of long messages), and the
-real per-turn prompt percentiles would only be approached. The resampling is balanced (every real
-session used `n // N` times, the rest drawn without replacement) rather than a plain bootstrap:
-a bootstrap of a few hundred sessions moves a P99 by more than the 5% the check allows on its own.
+real per-turn prompt percentiles would only be approached. The resampling is not a plain draw:
+a draw of a few thousand sessions moves a P99 by more than the 5% the check allows on its own, so
+the sessions are taken stratified, then swapped until the checked percentiles hold (`Resample`).
 
 The reusable-prefix history share comes with the shapes; the shared share is matched by one pool
 of shared prefixes sized to it (`like_prefixes`), since the real figure is an aggregate.
@@ -35,14 +35,18 @@ MIN_TURN_REQUESTS = 50  # a per-turn percentile of fewer requests is too noisy t
 _QUANTILES = ("p50", "p90", "p95", "p99")
 
 
+Skeleton = tuple[list[int], list[int | None], list[float]]
+"""A real session's lengths and times: each turn's new prompt tokens, its output tokens, its think time."""
+
+
 def _balanced(total: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """n indexes into `total` items: each item n // total times, the rest without replacement, shuffled."""
     picked = np.concatenate([np.tile(np.arange(total), n // total), rng.choice(total, n % total, replace=False)])
     return rng.permutation(picked)
 
 
-def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) -> list[SessionShape]:
-    """`sessions` session shapes resampled from a request table's sessions (lengths and times only)."""
+def _skeletons(table: pd.DataFrame) -> list[Skeleton]:
+    """Each real session's skeleton, in the table's order of sessions."""
     by_session = table.groupby("session_id", sort=False)
     prompt = table["prompt_tokens"].to_numpy(dtype=float)
     output = table["output_tokens"].to_numpy(dtype=float)
@@ -54,19 +58,24 @@ def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) ->
     think = np.nan_to_num(by_session["arrival_s"].diff().to_numpy(dtype=float)).round(3)
     codes = pd.factorize(table["session_id"])[0]
     bounds = np.flatnonzero(np.diff(codes)) + 1
-    real = [
+    return [
         (news.tolist(), [None if np.isnan(o) or o < 1 else int(o) for o in outs], [0.0, *thinks[1:].tolist()])
         for news, outs, thinks in zip(
             np.split(new, bounds), np.split(output, bounds), np.split(think, bounds), strict=True
         )
     ]
-    starts = np.sort(by_session["arrival_s"].first().to_numpy(dtype=float))
+
+
+def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) -> list[SessionShape]:
+    """`sessions` session shapes resampled from a request table's sessions (lengths and times only)."""
+    real = _skeletons(table)
+    starts = np.sort(table.groupby("session_id", sort=False)["arrival_s"].first().to_numpy(dtype=float))
     offsets: list[float | None] = [None] * sessions
     if not np.isnan(starts).any():
         gaps = np.diff(starts)
         chosen = gaps[_balanced(gaps.size, sessions - 1, rng)] if gaps.size else np.zeros(sessions - 1)
         offsets = np.concatenate([[0.0], np.cumsum(chosen)]).tolist()
-    picked = [real[i] for i in _balanced(len(real), sessions, rng).tolist()]
+    picked = [real[i] for i in rng.permutation(Resample(real).pick(sessions, rng)).tolist()]
     if offsets[0] is not None:
         offsets = _paced(np.asarray(offsets), picked, _request_rate(table["arrival_s"].to_numpy(dtype=float)))
     return [
@@ -75,15 +84,120 @@ def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) ->
     ]
 
 
+_PICK_QUANTILES = np.array([float(q[1:]) for q in _QUANTILES])
+_PICK_GOAL = 0.4  # a pick is good enough when every figure is within this share of its tolerance
+_PICK_ROUNDS = 400
+_PICK_TRIES = 16  # swaps weighed per round
+_PICK_BAND = 3.0  # percentiles either side of a missed one where the sessions swapped are looked for
+
+
+class Resample:
+    """Which real sessions a synthetic workload of fewer (or not a multiple as many) sessions takes.
+
+    Every session is taken n // N times; the other n % N are a stratified sample: the sessions
+    sorted by their longest prompt and cut into n % N strata of equal count, one drawn from each,
+    so every band of lengths is there in proportion. Then, while a checked percentile of the
+    figures the check compares (prompt tokens overall and by turn, output tokens, turns per session,
+    think time) is off by more than `_PICK_GOAL` of its tolerance, a taken session with values on
+    the wrong side of the real percentile is swapped for one on the right side, near it: a tail
+    resting on a few sessions is then the real one whatever the seed. The figures are computed
+    from the skeletons as the synthetic workload will have them (a turn's prompt is the history
+    of the new tokens and replies)."""
+
+    def __init__(self, real: list[Skeleton]) -> None:
+        self.sessions = len(real)
+        lengths = np.array([len(news) for news, _, _ in real])
+        sessions = np.repeat(np.arange(self.sessions), lengths)
+        turns = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        prompt = np.concatenate(
+            [np.cumsum(news) + np.cumsum([0, *(o or 0 for o in outs[:-1])]) for news, outs, _ in real]
+        ).astype(float)
+        output = np.array([np.nan if o is None else o for _, outs, _ in real for o in outs], dtype=float)
+        think = np.array([t if k else np.nan for _, _, thinks in real for k, t in enumerate(thinks)])
+        per_turn = np.bincount(turns)
+        features = [
+            (prompt, sessions),
+            *((prompt[turns == t], sessions[turns == t]) for t in np.flatnonzero(per_turn >= MIN_TURN_REQUESTS)),
+            (output, sessions),
+            (think, sessions),
+            (lengths.astype(float), np.arange(self.sessions)),
+        ]
+        self.features = [(v[~np.isnan(v)], s[~np.isnan(v)]) for v, s in features if not np.isnan(v).all()]
+        self.targets = [np.percentile(v, _PICK_QUANTILES) for v, _ in self.features]
+        self.bands = [
+            (
+                np.percentile(v, np.maximum(_PICK_QUANTILES - _PICK_BAND, 0)),
+                np.percentile(v, np.minimum(_PICK_QUANTILES + _PICK_BAND, 100)),
+            )
+            for v, _ in self.features
+        ]
+        self.longest = np.zeros(self.sessions)
+        np.maximum.at(self.longest, sessions, prompt)
+
+    def pick(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """n session indexes (each session as many times as it is taken)."""
+        counts = np.full(self.sessions, n // self.sessions)
+        rest = n % self.sessions
+        if rest:
+            order = np.lexsort((rng.random(self.sessions), self.longest))
+            bounds = np.floor(np.arange(rest + 1) * self.sessions / rest).astype(int)
+            counts[order[bounds[:-1] + (rng.random(rest) * np.diff(bounds)).astype(int)]] += 1
+            counts = self._refined(counts, n // self.sessions, rng)
+        return np.repeat(np.arange(self.sessions), counts)
+
+    def _errors(self, counts: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], float]:
+        """Each checked percentile's miss as a share of its tolerance, the picked percentiles, and how far
+        the picked values' shares below the real percentiles are from theirs (squares summed): a swap
+        that leaves a percentile on a run of equal values still moves that share, so it tells progress."""
+        found, rank_miss = [], 0.0
+        for (values, sessions), target in zip(self.features, self.targets, strict=True):
+            picked = np.sort(np.repeat(values, counts[sessions]))
+            found.append(np.percentile(picked, _PICK_QUANTILES))
+            below = np.searchsorted(picked, target, "left") / picked.size
+            at_or_below = np.searchsorted(picked, target, "right") / picked.size
+            share = _PICK_QUANTILES / 100
+            rank_miss += float(((np.maximum(below - share, 0) + np.maximum(share - at_or_below, 0)) ** 2).sum())
+        targets = np.array(self.targets)
+        misses = np.abs(np.array(found) - targets) / np.maximum(np.abs(targets), 1e-9)
+        return misses / RELATIVE_TOLERANCE, found, rank_miss
+
+    def _refined(self, counts: np.ndarray, base: int, rng: np.random.Generator) -> np.ndarray:
+        errors, found, rank_miss = self._errors(counts)
+        for _ in range(_PICK_ROUNDS):
+            if errors.max() <= _PICK_GOAL:
+                break
+            feature, q = np.unravel_index(int(errors.argmax()), errors.shape)
+            values, sessions = self.features[feature]
+            target, low, high = self.targets[feature][q], self.bands[feature][0][q], self.bands[feature][1][q]
+            above = found[feature][q] > target  # too many picked values above the real percentile
+            near_out = (values > target) & (values <= high) if above else (values < target) & (values >= low)
+            near_in = (values <= target) & (values >= low) if above else (values >= target) & (values <= high)
+            outs = np.unique(sessions[near_out & (counts[sessions] > base)])
+            ins = np.unique(sessions[near_in & (counts[sessions] == base)])
+            if not outs.size or not ins.size:
+                break
+            best = (errors.max(), rank_miss)
+            chosen = None
+            for out, into in zip(rng.choice(outs, _PICK_TRIES), rng.choice(ins, _PICK_TRIES), strict=True):
+                trial = counts.copy()
+                trial[out] -= 1
+                trial[into] += 1
+                trial_errors, trial_found, trial_rank_miss = self._errors(trial)
+                if (trial_errors.max(), trial_rank_miss) < best:
+                    best, chosen = (trial_errors.max(), trial_rank_miss), (trial, trial_errors, trial_found)
+            if chosen is not None:  # else the next round draws other pairs
+                counts, errors, found = chosen
+                rank_miss = best[1]
+        return counts
+
+
 def _request_rate(arrivals: np.ndarray) -> float | None:
     """Requests per second as `workload_stats` counts it: gaps / first-to-last span."""
     span = float(np.nanmax(arrivals) - np.nanmin(arrivals)) if arrivals.size else 0.0
     return (arrivals.size - 1) / span if span > 0 else None
 
 
-def _paced(
-    offsets: np.ndarray, picked: list[tuple[list[int], list[int | None], list[float]]], rate: float | None
-) -> list[float | None]:
+def _paced(offsets: np.ndarray, picked: list[Skeleton], rate: float | None) -> list[float | None]:
     """Session starts stretched (bisection on one scale) so the synthetic workload has the real request
     rate: with more or fewer sessions than the real one, its last sessions' turns weigh differently in
     the first-to-last span."""

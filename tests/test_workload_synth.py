@@ -216,3 +216,34 @@ def test_like_with_fewer_sessions_keeps_every_percentile_whatever_the_seed(sourc
         for column, values in picked.items():
             off = np.percentile(np.array(values, dtype=float), quantiles) / real[column] - 1
             assert np.abs(off).max() <= 0.05, (source.name, seed, column, off.round(3))
+
+
+@pytest.mark.parametrize(
+    ("log", "shared_at_least"),
+    [
+        ("sharegpt-fastchat-dummy.json", 15.0),  # multi-turn; 26% shared, every opening under one block
+        ("sharegpt-identity.json", 0.0),  # single-turn; 1.7% shared, less than a block a prompt
+    ],
+)
+def test_like_public_sharegpt_logs_pass_their_own_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], log: str, shared_at_least: float
+) -> None:
+    for seed in ("0", "1"):
+        assert synth("--like", str(LOGS / log), "-o", str(tmp_path / "like.yaml"), "--seed", seed) == 0, seed
+        rows = table_rows(capsys.readouterr().out)
+        real, synthetic = real_and_synthetic(rows["reusable prefix shared %"])
+        assert abs(synthetic - real) <= 5 and synthetic >= shared_at_least, (seed, real, synthetic)
+
+
+def test_like_a_source_that_shares_little_gets_no_invented_prefix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A source where 3% of the sessions open with a shared prompt (1.4% shared): the pool is sized to
+    that, where a prefix in every session, its template shared too, made 17%."""
+    source = tmp_path / "source.yaml"
+    flags = ["--max-turns", "1", "--shared-prefix", "2:60", "--prefix-sessions", "0.03", "--seed", "5"]
+    assert synth("-o", str(source), "--sessions", "300", *flags) == 0
+    capsys.readouterr()
+    assert synth("--like", str(source), "-o", str(tmp_path / "like.yaml")) == 0
+    real, synthetic = real_and_synthetic(table_rows(capsys.readouterr().out)["reusable prefix shared %"])
+    assert real == pytest.approx(1.4, abs=0.3) and abs(synthetic - real) <= 1.0

@@ -20,7 +20,7 @@ from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import Workload, load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES
-from llmload.workload.like import compare, like_prefixes, like_shapes, redraw, render_comparison
+from llmload.workload.like import compare, like_prefixes, like_shapes, prefix_template, redraw, render_comparison
 from llmload.workload.prefix import CHAT_TEMPLATES, DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, workload_prefix
 from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
@@ -247,8 +247,15 @@ def _synth(args: argparse.Namespace) -> int:
         given = {field for field in _DISTRIBUTION_FLAGS if getattr(args, field) is not None}
         shapes = redraw(like_shapes(table, options.sessions, rng), options, given, rng)
         if args.shared_prefix is None and real.reusable_prefix and real.reusable_prefix.shared_share:
-            pools = like_prefixes(shapes, real.reusable_prefix.shared_share, options.prefix_sessions, args.block_size)
-            options = options.model_copy(update={"shared_prefixes": pools})
+            pools, share = like_prefixes(
+                shapes,
+                real.reusable_prefix,
+                real_prompt_tokens=float(table["prompt_tokens"].sum()),
+                prefix_sessions=options.prefix_sessions,
+                block_size=args.block_size,
+                template=prefix_template(options.tokenizer, args.chat_template),
+            )
+            options = options.model_copy(update={"shared_prefixes": pools, "prefix_sessions": share})
         generator = {"like": list(args.like), "redrawn": sorted(given), **options.model_dump(mode="json")}
         spec, sessions = synthesize_workload(
             name, options, shapes=shapes, prefix_in_first_turn=True, generator=generator

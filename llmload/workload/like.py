@@ -26,8 +26,18 @@ import numpy as np
 import pandas as pd
 
 from llmload.format import fmt
+from llmload.models import ChatTemplate, ReusablePrefix
+from llmload.workload.prefix import PromptLayout
 from llmload.workload.stats import WorkloadStats
-from llmload.workload.synth import PrefixPool, SessionShape, SynthOptions, draw_seconds, draw_tokens
+from llmload.workload.synth import (
+    PrefixPool,
+    SessionShape,
+    SynthOptions,
+    TextSynthesizer,
+    draw_seconds,
+    draw_tokens,
+)
+from llmload.workload.tokens import get_tokenizer
 
 RELATIVE_TOLERANCE = 0.05
 POINTS_TOLERANCE = 5.0
@@ -240,35 +250,75 @@ def redraw(
 LIKE_PREFIX_COUNT = 4  # the aggregate figure does not tell how many prefixes; the share hardly depends on it
 
 
-def like_prefixes(
-    shapes: list[SessionShape], shared_share: float, prefix_sessions: float, block_size: int
-) -> list[PrefixPool]:
-    """One pool of shared prefixes whose length gives the shapes the real shared share.
+_PROBE_TOKENS = 8  # the prefix length `prefix_template` measures with
 
-    A session with a prefix of T tokens (cut to its first turn's new tokens less one) shares its
-    full blocks in every turn, so the expected shared tokens are `prefix_sessions` × Σ over sessions
-    of block-floor(min(T, first turn − 1)) × turns: non-decreasing in T, found by bisection against
-    the real share of the shapes' prompt tokens. The first session to send each prefix shares
-    nothing, which leaves the figure `LIKE_PREFIX_COUNT` sessions' worth low (a fraction of a point
-    for hundreds of sessions)."""
+
+@dataclass(frozen=True)
+class PrefixTemplate:
+    """What a chat template adds to a prefixed session's prompts, in tokens."""
+
+    run: int  # beyond the prefix, at the start of every prompt of the session and the same in every session with it
+    extra: int  # beyond the prefix, in every prompt of the session: the system message's own template
+
+
+def prefix_template(tokenizer: str, template: ChatTemplate) -> PrefixTemplate:
+    """Measured on prompts of one prefix (a system message) and different user texts, and without it."""
+    layout = PromptLayout(tokenizer, template)
+    synth = TextSynthesizer(get_tokenizer(tokenizer))
+    prefix = synth.text(_PROBE_TOKENS)
+    users = [synth.text(_PROBE_TOKENS) for _ in range(3)]
+    first, *others = (layout.turn([("system", prefix), ("user", user)]) for user in users)
+    common = min(int(np.argmin(first[: len(o)] == o[: len(first)])) for o in others)
+    extra = len(first) - len(layout.turn([("user", users[0])])) - _PROBE_TOKENS
+    return PrefixTemplate(run=common - _PROBE_TOKENS, extra=extra)
+
+
+def like_prefixes(
+    shapes: list[SessionShape],
+    real: ReusablePrefix,
+    *,
+    real_prompt_tokens: float,
+    prefix_sessions: float,
+    block_size: int,
+    template: PrefixTemplate,
+) -> tuple[list[PrefixPool], float]:
+    """One pool of shared prefixes, and the share of sessions that start with one, that give the shapes
+    the real shared share.
+
+    A session with a prefix of T tokens (cut to its first turn's new tokens less one) shares, in every
+    turn, the full blocks of the T + `template.run` tokens its prompts start with, so a prefix of a
+    few tokens shares a block where the template makes the run a block long, as the short openings
+    a real log shares do. Its prompts also grow by `template.extra` tokens each, which the share's
+    whole counts. The prompts' tokens as rendered are the real ones scaled by the shapes' over the
+    real tokens. With every session prefixed, the shared tokens are non-decreasing in T: the shortest
+    T that reaches the real share is found by bisection, then the share of sessions prefixed
+    (`prefix_sessions` at most) is cut to what reaches it, not past it; a source that shares less
+    than a block gets no pool. The first session to send each prefix shares nothing, which leaves
+    the figure `LIKE_PREFIX_COUNT` sessions' worth low."""
+    share = real.shared_share or 0.0
     first = np.array([shape.new_tokens[0] - 1 for shape in shapes])
     turns = np.array([len(shape.new_tokens) for shape in shapes])
-    prompt_total = sum(
+    content = sum(
         sum(np.cumsum(shape.new_tokens)) + sum(np.cumsum([o or 0 for o in shape.output_tokens[:-1]]))
         for shape in shapes
     )
-    target = shared_share * prompt_total
+    rendered = real.prompt_tokens * content / real_prompt_tokens if real_prompt_tokens else 0.0
+    extra = float(template.extra * turns[first > 0].sum())  # the rendered tokens all prefixed sessions add
 
     def shared(tokens: int) -> float:
-        return prefix_sessions * float((np.minimum(tokens, first) // block_size * block_size * turns).sum())
+        run = np.minimum(tokens, first)
+        return float((np.where(run > 0, (run + template.run) // block_size * block_size, 0) * turns).sum())
 
-    if not shapes or target < block_size or shared(int(first.max())) == 0:
-        return []
+    if not shapes or share * rendered < block_size or shared(int(first.max())) == 0:
+        return [], prefix_sessions
+    target = share * (rendered + extra)  # with every session prefixed
     low, high = 0, int(first.max())  # shared(low) < target <= shared(high), or high when out of reach
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if shared(middle) < target else (low, middle)
-    return [PrefixPool(count=LIKE_PREFIX_COUNT, tokens=high)]
+    # p × shared(high) = share × (rendered + p × extra), p the share of sessions prefixed
+    prefixed = min(1.0, share * rendered / max(shared(high) - share * extra, 1.0))
+    return [PrefixPool(count=LIKE_PREFIX_COUNT, tokens=high)], prefix_sessions * prefixed
 
 
 # --------------------------------------------------------------------------- the side-by-side check

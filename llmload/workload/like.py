@@ -97,6 +97,7 @@ def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) ->
 _PICK_QUANTILES = np.array([float(q[1:]) for q in _QUANTILES])
 _PICK_GOAL = 0.4  # a pick is good enough when every figure is within this share of its tolerance
 _PICK_ROUNDS = 400
+_PICK_STALL = 40  # rounds in a row without a better swap that end the search
 _PICK_TRIES = 16  # swaps weighed per round
 _PICK_BAND = 3.0  # percentiles either side of a missed one where the sessions swapped are looked for
 
@@ -172,33 +173,54 @@ class Resample:
         return misses / RELATIVE_TOLERANCE, found, rank_miss
 
     def _refined(self, counts: np.ndarray, base: int, rng: np.random.Generator) -> np.ndarray:
+        """Swaps while a figure misses the goal, until `_PICK_STALL` rounds in a row find none that helps."""
         errors, found, rank_miss = self._errors(counts)
+        stalled = 0
         for _ in range(_PICK_ROUNDS):
-            if errors.max() <= _PICK_GOAL:
+            excess = np.maximum(errors - _PICK_GOAL, 0).ravel()
+            if not excess.any() or stalled >= _PICK_STALL:
                 break
-            feature, q = np.unravel_index(int(errors.argmax()), errors.shape)
-            values, sessions = self.features[feature]
-            target, low, high = self.targets[feature][q], self.bands[feature][0][q], self.bands[feature][1][q]
-            above = found[feature][q] > target  # too many picked values above the real percentile
-            near_out = (values > target) & (values <= high) if above else (values < target) & (values >= low)
-            near_in = (values <= target) & (values >= low) if above else (values >= target) & (values <= high)
-            outs = np.unique(sessions[near_out & (counts[sessions] > base)])
-            ins = np.unique(sessions[near_in & (counts[sessions] == base)])
+            stalled += 1
+            # a missed figure, the further off the likelier: always the worst can stall on one no swap helps
+            feature, q = np.unravel_index(int(rng.choice(excess.size, p=excess / excess.sum())), errors.shape)
+            outs, ins = self._swappable(counts, base, int(feature), int(q), found[feature][q])
             if not outs.size or not ins.size:
-                break
-            best = (errors.max(), rank_miss)
-            chosen = None
+                continue
+            best = (_excess(errors), rank_miss)
             for out, into in zip(rng.choice(outs, _PICK_TRIES), rng.choice(ins, _PICK_TRIES), strict=True):
                 trial = counts.copy()
                 trial[out] -= 1
                 trial[into] += 1
                 trial_errors, trial_found, trial_rank_miss = self._errors(trial)
-                if (trial_errors.max(), trial_rank_miss) < best:
-                    best, chosen = (trial_errors.max(), trial_rank_miss), (trial, trial_errors, trial_found)
-            if chosen is not None:  # else the next round draws other pairs
+                if (_excess(trial_errors), trial_rank_miss) < best:
+                    best, stalled = (_excess(trial_errors), trial_rank_miss), 0
+                    chosen = trial, trial_errors, trial_found
+            if not stalled:
                 counts, errors, found = chosen
                 rank_miss = best[1]
         return counts
+
+    def _swappable(
+        self, counts: np.ndarray, base: int, feature: int, q: int, found: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The taken sessions with a value on the wrong side of a missed percentile, and the others with
+        one on the right side: those near it (`_PICK_BAND`) where there are, else any."""
+        values, sessions = self.features[feature]
+        target = self.targets[feature][q]
+        near = (values >= self.bands[feature][0][q]) & (values <= self.bands[feature][1][q])
+        above = found > target  # too many taken values above the real percentile
+        wrong, right = (values > target, values <= target) if above else (values < target, values >= target)
+        taken, left = counts[sessions] > base, counts[sessions] == base
+
+        def near_first(mask: np.ndarray) -> np.ndarray:
+            return np.unique(sessions[mask & near] if (mask & near).any() else sessions[mask])
+
+        return near_first(wrong & taken), near_first(right & left)
+
+
+def _excess(errors: np.ndarray) -> float:
+    """How far a pick's misses are past the goal, squared and summed: every figure's progress counts."""
+    return float((np.maximum(errors - _PICK_GOAL, 0) ** 2).sum())
 
 
 def _request_rate(arrivals: np.ndarray) -> float | None:
@@ -293,8 +315,8 @@ def like_prefixes(
     real tokens. With every session prefixed, the shared tokens are non-decreasing in T: the shortest
     T that reaches the real share is found by bisection, then the share of sessions prefixed
     (`prefix_sessions` at most) is cut to what reaches it, not past it; a source that shares less
-    than a block gets no pool. The first session to send each prefix shares nothing, which leaves
-    the figure `LIKE_PREFIX_COUNT` sessions' worth low."""
+    than a block gets no pool. The first session to send each prefix shares nothing: those
+    `LIKE_PREFIX_COUNT` sessions are counted out."""
     share = real.shared_share or 0.0
     first = np.array([shape.new_tokens[0] - 1 for shape in shapes])
     turns = np.array([len(shape.new_tokens) for shape in shapes])
@@ -311,13 +333,14 @@ def like_prefixes(
 
     if not shapes or share * rendered < block_size or shared(int(first.max())) == 0:
         return [], prefix_sessions
-    target = share * (rendered + extra)  # with every session prefixed
+    lost = min(LIKE_PREFIX_COUNT / max(int((first > 0).sum()), 1), 0.5)  # the first senders' share of sessions
+    target = share * (rendered + extra) / (1 - lost)  # with every session prefixed
     low, high = 0, int(first.max())  # shared(low) < target <= shared(high), or high when out of reach
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if shared(middle) < target else (low, middle)
-    # p × shared(high) = share × (rendered + p × extra), p the share of sessions prefixed
-    prefixed = min(1.0, share * rendered / max(shared(high) - share * extra, 1.0))
+    # (p - lost) × shared(high) = share × (rendered + p × extra), p the share of sessions prefixed
+    prefixed = min(1.0, (share * rendered + lost * shared(high)) / max(shared(high) - share * extra, 1.0))
     return [PrefixPool(count=LIKE_PREFIX_COUNT, tokens=high)], prefix_sessions * prefixed
 
 

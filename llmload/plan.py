@@ -271,6 +271,10 @@ class RunPlan:
     def history_turns(self) -> int | None:
         return self.flags.history_turns or self.workload.spec.history_turns
 
+    def _ranked(self) -> bool:
+        """Whether the workload's turns ask for models by rank (ModelMix.for_turn), so no weight applies."""
+        return any(turn.model_rank is not None for session in self.workload.sessions for turn in session.turns)
+
     def manifest(
         self,
         *,
@@ -291,7 +295,8 @@ class RunPlan:
             replicas=list(replicas.hosts) if len(replicas.hosts) > 1 else [],
             session_header=session_header,
             model=models.primary,
-            model_mix=models.normalised() if len(models.shares) > 1 else [],
+            # a workload of ranked turns (an agentic trace's models) asks for each model by rank, not weight
+            model_mix=models.normalised() if len(models.shares) > 1 and not self._ranked() else [],
             workload=str(Path(self.flags.workload).absolute()),  # `llmload report` from elsewhere finds it
             arrival=self.flags.arrival,
             burstiness=self.flags.burstiness,

@@ -12,6 +12,8 @@ import pytest
 from llmload.errors import InputError
 from llmload.model_mix import ModelMix, parse_model
 from llmload.models import Message, Session, Turn
+from llmload.plan import PlanFlags, RunPlan
+from llmload.replicas import Replicas
 from llmload.sim.process import SimProcess
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
@@ -107,3 +109,19 @@ def test_a_turn_that_names_its_model_is_sent_to_it(tmp_path: Path) -> None:
     by_model = {g["name"]: g for g in run.summary["by_model"]}
     assert by_model["support-lora"]["failures"] == {"model_not_found": int(named.sum())}
     assert by_model["llmload-sim"]["share"] is None and by_model["llmload-sim"]["ok"] == int((~named).sum())
+
+
+def test_a_run_of_ranked_turns_claims_no_weights(tmp_path: Path) -> None:
+    """An agentic trace's turns ask for the run's models by rank: run.json lists no weighted mix for them
+    (the summary's by-model table then gives no share), while a plain workload keeps its mix."""
+    turn = Turn(messages=[Message(role="user", content="x")], output_tokens=2)
+    ranked = write_workload(tmp_path, "ranked", [Session(id="a", turns=[turn.model_copy(update={"model_rank": 1})])])
+    plain = write_workload(tmp_path, "plain", [Session(id="a", turns=[turn])])
+    models = ModelMix.of(["big:0.5", "small:0.5"])
+    mixes = {
+        path.stem: RunPlan.build(PlanFlags(workload=str(path), target_qps=1))
+        .manifest(run_id="r", replicas=Replicas(("http://127.0.0.1:1",)), models=models, started_at=0.0, workers=1)
+        .model_mix
+        for path in (ranked, plain)
+    }
+    assert mixes["ranked"] == [] and [share.name for share in mixes["plain"]] == ["big", "small"]

@@ -13,7 +13,6 @@ from pathlib import Path
 from llmload import rundir
 from llmload.access import Access
 from llmload.cancel import RELEASE_LIMIT_S
-from llmload.conclude import conclude
 from llmload.gates.criteria import SoakCriteria
 from llmload.live import LiveStats
 from llmload.models import FleetWorker, RequestRecord, RunManifest, Summary
@@ -90,4 +89,6 @@ class RunRecorder:
             }
         )
         rundir.write_model(self.run_dir / rundir.MANIFEST_FILE, self.manifest)
+        from llmload.conclude import conclude  # matplotlib: only the process that finishes a run draws its report
+
         return conclude(self.run_dir, criteria)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-import openai
 from locust import events
 from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
@@ -138,6 +137,8 @@ def _refuse_repeated_host(argv: list[str]) -> None:
 
 def _listed_models(host: str, access: Access) -> list[str]:
     """What /v1/models lists (vLLM lists its LoRA adapters there too); InputError when it cannot be read."""
+    import openai  # a second of every Locust start's imports, and only a run that names no model needs it
+
     client = openai.OpenAI(
         base_url=host.rstrip("/") + "/v1", api_key=access.api_key or "EMPTY", max_retries=0,
         default_headers=dict(access.headers),

@@ -10,11 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
 import pandas as pd
+import pytest
 
 from llmload.schedule import build_stages, expected_arrivals
 from tests.distributed_harness import Fleet, start_fleet, start_target, tail
@@ -184,10 +187,34 @@ def test_a_worker_killed_mid_run_is_accounted_for_and_the_others_take_over_its_s
     assert summary["requests"]["cancelled"] == 0 and len(summary["workers"]) == 2
 
 
-def test_with_on_worker_loss_stop_the_run_ends_with_exit_2_and_the_hold_fails(tmp_path: Path) -> None:
-    code, fleet, died, output, address = _lost_worker_run(
-        tmp_path, (25, 50, 100), "--on-worker-loss", "stop", "--verdict"
-    )
+class Stopped(NamedTuple):
+    """Two runs that went at once: `stopped` (_lost_worker_run with --on-worker-loss stop) and
+    `unreachable` (_cut_off_run whose worker cannot reach the target), with how long that one took."""
+
+    stopped: tuple[int, Fleet, float, str, str]
+    unreachable: tuple[int, Fleet, str, dict[str, str]]
+    unreachable_s: float
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Stopped:
+    """The stopped run's fleet starts beside the fleet that cannot reach its target, each on a network of
+    its own; that one ends at its start, long before the stopped run kills its worker 21 s in."""
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(
+            _lost_worker_run, tmp_path_factory.mktemp("stopped"), (25, 50, 100), "--on-worker-loss", "stop", "--verdict"
+        )
+        started = time.monotonic()
+        unreachable = _cut_off_run(
+            tmp_path_factory.mktemp("unreachable"), "target", "unreachable",
+            "--target-qps", "10", "--stages", "100", "--stage-duration", "20",
+        )  # fmt: skip
+        took = time.monotonic() - started
+        return Stopped(run.result(), unreachable, took)
+
+
+def test_with_on_worker_loss_stop_the_run_ends_with_exit_2_and_the_hold_fails(stopped: Stopped) -> None:
+    code, fleet, died, output, address = stopped.stopped
     assert code == 2, fleet.tails()
     assert "--on-worker-loss stop: the run ends" in output
     summary, lost, kept = _assert_the_loss_is_accounted_for(fleet, died, output, address)
@@ -214,12 +241,8 @@ def _cut_off_run(tmp_path: Path, unreachable: str, run_id: str, *flags: str) -> 
     return code, fleet, target, addresses
 
 
-def test_a_worker_that_cannot_reach_the_target_ends_the_run_without_charging_the_server(tmp_path: Path) -> None:
-    started = time.monotonic()
-    code, fleet, target, addresses = _cut_off_run(
-        tmp_path, "target", "unreachable", "--target-qps", "10", "--stages", "100", "--stage-duration", "20"
-    )
-    took = time.monotonic() - started
+def test_a_worker_that_cannot_reach_the_target_ends_the_run_without_charging_the_server(stopped: Stopped) -> None:
+    (code, fleet, target, addresses), took = stopped.unreachable, stopped.unreachable_s
     output = tail(fleet.master_log, 1_000_000)
     assert code == 2, fleet.tails()
     assert f"cannot reach the target {target}: no route to host; ending the run (exit code 2)" in output, output[-3000:]

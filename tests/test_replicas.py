@@ -40,7 +40,7 @@ def test_sessions_split_evenly_and_independently_of_the_model_mix() -> None:
     replicas = Replicas(("http://a", "http://b"))
     mix = ModelMix.of(["base:0.5", "lora:0.5"])
     ids = [f"s{i}~{i // 50}" for i in range(20_000)]
-    pairs = collections.Counter((replicas.for_session(i), mix.for_session(i)) for i in ids)
+    pairs = collections.Counter((replicas.for_session(i), mix.for_turn(i)) for i in ids)
     assert len(pairs) == 4 and all(abs(n / len(ids) - 0.25) < 0.015 for n in pairs.values()), pairs
     assert [replicas.for_session(i) for i in ids[:500]] == [replicas.for_session(i) for i in ids[:500]]
 

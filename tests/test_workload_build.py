@@ -591,6 +591,10 @@ def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path:
     first_a, first_b = by_id["a"].turns[0].blocks, by_id["b"].turns[0].blocks
     assert first_a is not None and first_b is not None and first_a[0] != first_b[0]
     assert [len(t.blocks or []) for s in workload.sessions for t in s.turns] == [2, 3, 5, 3, 4, 2, 3, 3]
+    # the file gives a run of consecutive ids as [first, count]: a's last turn, ids 1-5, is one item
+    lines = (tmp_path / workload.spec.sessions).read_bytes().splitlines()
+    written = {line["id"]: line for line in map(orjson.loads, lines)}
+    assert written["a"]["turns"][2]["blocks"] == [[by_id["a"].turns[2].blocks[0], 5]]
     # the recount: requests by time, a block reusable when an earlier one held the same leading ids
     sent = [("a", 0.0, [1, 2], 150), ("b", 0.0, [1, 2, 3], 192), ("b", 3.0, [1, 9, 10], 200),
             ("a", 5.0, [1, 2, 3], 200), ("a", 9.0, [1, 2, 7], 200), ("a", 13.0, [1, 2, 7, 8], 260),

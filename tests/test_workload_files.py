@@ -61,6 +61,17 @@ def test_bad_session_line_names_file_and_line(tmp_path: Path) -> None:
         load_workload(path)
 
 
+def test_runs_of_block_ids_are_read_as_the_ids_they_stand_for(tmp_path: Path) -> None:
+    """A sessions file may give consecutive ids as [first, count]: read, they are the ids spelt out, and
+    written again they are the same runs (an agent's turn of thousands of ids is a few items)."""
+    (tmp_path / "s.yaml").write_text("version: 1\nname: s\nsessions: s.sessions.jsonl\nblock_size: 64\n")
+    turn = '{"blocks": [[7, 4], 2, 3, [100, 3]], "prompt_tokens": 576, "output_tokens": 5}'
+    (tmp_path / "s.sessions.jsonl").write_text(f'{{"id": "a", "turns": [{turn}]}}\n')
+    (session,) = load_workload(tmp_path / "s.yaml").sessions
+    assert session.turns[0].blocks == [7, 8, 9, 10, 2, 3, 100, 101, 102]
+    assert session.model_dump(mode="json")["turns"][0]["blocks"] == [[7, 4], 2, 3, [100, 3]]
+
+
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match=r"nope\.yaml: cannot read"):
         load_workload(tmp_path / "nope.yaml")
@@ -85,6 +96,11 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
             "s.sessions.jsonl:2: turns.0: a turn of blocks needs prompt_tokens",
         ),
         ("", '{"output_tokens": 5}', "s.sessions.jsonl:2: turns.0: a turn has messages or blocks"),
+        (
+            "block_size: 64\n",
+            '{"blocks": [[1, 2, 3]], "prompt_tokens": 192, "output_tokens": 5}',
+            "s.sessions.jsonl:2: turns.0.blocks: a run of blocks is [first id, count >= 1], got [1, 2, 3]",
+        ),
     ],
 )
 def test_a_turn_of_blocks_is_checked_against_the_spec_with_its_line(

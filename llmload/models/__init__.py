@@ -90,6 +90,7 @@ from llmload.models.workload import (
     TurnReuse,
     WorkloadSource,
     WorkloadSpec,
+    block_runs,
 )
 
 __all__ = [
@@ -173,4 +174,5 @@ __all__ = [
     "WorkloadSource",
     "WorkloadSpec",
     "answer_words",
+    "block_runs",
 ]

@@ -7,11 +7,50 @@ from datetime import datetime
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from llmload.models.strict import Strict
 
 # --------------------------------------------------------------------------- workload (v1)
+
+BlockItem = int | list[int]  # in the file: one id, or a run [first, count] of consecutive ids
+
+
+def block_runs(ids: Sequence[int] | np.ndarray) -> list[BlockItem]:
+    """Ids as the sessions file writes them: each run of 3 or more consecutive ids as [first, count]. An
+    agent's history grows by whole runs, so a turn of thousands of ids is a few items."""
+    ids = np.asarray(ids, dtype=np.int64)
+    starts = np.flatnonzero(np.diff(ids, prepend=-2) != 1)  # where each run begins
+    counts = np.diff(starts, append=len(ids))
+    items: list[BlockItem] = []
+    for first, count in zip(ids[starts].tolist(), counts.tolist(), strict=True):
+        items += [[first, count]] if count > 2 else list(range(first, first + count))
+    return items
+
+
+def _expanded(items: object) -> object:
+    """The ids of a sessions file's `blocks`, runs [first, count] spelt out."""
+    if not isinstance(items, list):
+        return items
+    ids: list[object] = []
+    for item in items:
+        if not isinstance(item, list):
+            ids.append(item)
+            continue
+        if len(item) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in item) or item[1] < 1:
+            raise ValueError(f"a run of blocks is [first id, count >= 1], got {item!r}")
+        ids.extend(range(item[0], item[0] + item[1]))
+    return ids
 
 
 class Message(Strict):
@@ -27,7 +66,8 @@ class Turn(Strict):
     blocks: list[NonNegativeInt] | None = Field(
         default=None,
         description="the whole prompt, history included, as ids of the spec's block_size-token blocks (the last"
-        " may be partial); sent as one user message whose text each id gives, with no history added",
+        " may be partial); sent as one user message whose text each id gives, with no history added. The file"
+        " may give a run of consecutive ids as [first, count]",
     )
     max_tokens: PositiveInt | None = None
     output_tokens: PositiveInt | None = Field(
@@ -62,6 +102,15 @@ class Turn(Strict):
         description="subagent sessions (ids) this turn starts once its reply is back, each its first think time"
         " later (trace replay)",
     )
+
+    @field_validator("blocks", mode="before")
+    @classmethod
+    def _runs_spelt_out(cls, value: object) -> object:
+        return _expanded(value)
+
+    @field_serializer("blocks", when_used="json")
+    def _as_runs(self, blocks: list[int] | None) -> list[BlockItem] | None:
+        return None if blocks is None else block_runs(blocks)
 
     @model_validator(mode="after")
     def _bounded(self) -> Turn:

@@ -7,8 +7,9 @@ history included (a trace's ids already cover the conversation so far): it is se
 message, cut to the turn's `prompt_tokens` less what the chat template adds, with no history added.
 A partial last block with no id of its own (WEKA traces name full blocks only) is text no other
 request shares.
-A file of ids stays the size of its trace (the Mooncake conversation trace: 3 MB, where its text
-was 810 MB), and its reusable prefix is the trace's own, from the ids.
+A file of ids, consecutive ones written as runs, stays smaller than its trace (the Mooncake
+conversation trace: 1.7 MB of 3 MB, where its text was 810 MB), and its reusable prefix is the
+trace's own, from the ids.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, PositiveInt
 
-from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, WorkloadSpec
+from llmload.models import ChatTemplate, ReusablePrefix, WorkloadSource, WorkloadSpec, block_runs
 from llmload.workload.distributions import Distribution
 from llmload.workload.files import WorkloadError
 from llmload.workload.formats import FORMAT_NAMES, Issue, LogRequest, detect_format, format_named, read_log
@@ -461,7 +461,7 @@ class _Finisher:
             )
             if self.write:
                 turn: Record = (
-                    {"blocks": request.hash_ids}  # written by orjson from the array: no Python ints
+                    {"blocks": block_runs(request.hash_ids)}  # a few runs where a session's ids go on
                     if request.hash_ids is not None and len(request.hash_ids)
                     else {"messages": self._messages(request, message_counts)}
                 )

@@ -99,7 +99,7 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
         (
             "block_size: 64\n",
             '{"blocks": [[1, 2, 3]], "prompt_tokens": 192, "output_tokens": 5}',
-            "s.sessions.jsonl:2: turns.0.blocks: a run of blocks is [first id, count >= 1], got [1, 2, 3]",
+            "s.sessions.jsonl:2: turns.0.blocks: a block is an id >= 0 or a run [first id, count >= 1], got [1, 2, 3]",
         ),
     ],
 )

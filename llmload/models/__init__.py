@@ -81,6 +81,7 @@ from llmload.models.sweep import ServerStart, SweepMode, SweepResult, SweepRow
 from llmload.models.verdict import EXIT_CODES, CheckKind, Verdict, VerdictOutcome
 from llmload.models.workload import (
     REPLAY_SEPARATOR,
+    BlockIds,
     ChatTemplate,
     Message,
     ReusablePrefix,
@@ -107,6 +108,7 @@ __all__ = [
     "REPLAY_SEPARATOR",
     "VLLM_DEFAULTS",
     "AccessNote",
+    "BlockIds",
     "CancelNote",
     "ChatTemplate",
     "CheckKind",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from llmload.models import Session
+from llmload.models import BlockIds, Session
 
 
 def play_marker(run_id: str, play: int) -> str:
@@ -32,7 +32,7 @@ def marked(session: Session, marker: str) -> Session:
                 "turns": [
                     turn
                     if turn.blocks is None
-                    else turn.model_copy(update={"blocks": [_renamed(i, salt) for i in turn.blocks]})
+                    else turn.model_copy(update={"blocks": BlockIds(_renamed(i, salt) for i in turn.blocks)})
                     for turn in session.turns
                 ]
             }

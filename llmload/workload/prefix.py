@@ -370,7 +370,9 @@ def _block_prefix(workload: Workload, arrivals: np.ndarray, conversations: np.nd
     blocks = PrefixBlocks.from_hash_ids(workload.spec.block_size)
     first = 0
     for number, session in enumerate(workload.sessions):
-        requests = [(index, turn.blocks or [], turn.prompt_tokens or 0) for index, turn in enumerate(session.turns)]
+        requests: list[tuple[int, Sequence[int], int]] = [
+            (index, turn.blocks or [], turn.prompt_tokens or 0) for index, turn in enumerate(session.turns)
+        ]
         blocks.add_hashed_session(requests, arrivals[first : first + len(requests)].tolist(), number)
         first += len(requests)
     return blocks.result(conversations=conversations)

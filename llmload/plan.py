@@ -47,6 +47,8 @@ from llmload.schedule import (
     ArrivalSchedule,
     TraceClock,
     build_stages,
+    conversation_stages,
+    conversations,
     expected_arrivals,
     parse_duration,
     parse_stage_percents,
@@ -144,6 +146,15 @@ class PlanFlags(FlagModel):
             name="use-think-time-only",
         ),
     ] = False
+    sessions_in_flight: Annotated[
+        PositiveInt | None,
+        Flag(
+            "--arrival trace as a closed loop: keep N of the trace's conversations (an agent with its subagents) in"
+            " flight, each stage its percent of N, each replaced by the next in the trace's order when it ends,"
+            " the trace recycled (with --cache-bust, unwarmed); the rate is then the server's answer, not a target",
+            metavar="N",
+        ),
+    ] = None
     max_think_s: Annotated[
         PositiveFloat | None,
         Flag(
@@ -219,7 +230,11 @@ class RunPlan:
         )
         trace = flags.arrival == "trace"
         target: float | None
-        if trace:
+        if flags.sessions_in_flight is not None and not trace:
+            raise InputError("--sessions-in-flight applies to --arrival trace only: it keeps the trace's conversations")
+        if flags.sessions_in_flight is not None:
+            target = 0.0  # a closed loop asks for no rate
+        elif trace:
             if any(s.offset_s is None for s in workload.sessions):
                 raise InputError(
                     f"--arrival trace needs recorded session offsets (offset_s), and {flags.workload} has"
@@ -241,12 +256,15 @@ class RunPlan:
         warmup = flags.warmup_s if flags.warmup_s is not None else default_warmup_s(workload)
         try:
             stages = build_stages(
-                target, parse_stage_percents(flags.stages), flags.stage_duration_s, flags.hold_duration_s, warmup
+                target or 1.0, parse_stage_percents(flags.stages), flags.stage_duration_s, flags.hold_duration_s, warmup
             )
         except ValueError as exc:
             raise InputError(str(exc)) from None
         arrivals: ArrivalSchedule | TraceClock
-        if trace:
+        if flags.sessions_in_flight is not None:
+            stages = conversation_stages(stages, flags.sessions_in_flight)
+            arrivals = TraceClock(stages, flags.time_scale)
+        elif trace:
             arrivals = TraceClock(stages, flags.time_scale)
             stages = trace_stages(stages, arrivals, workload.sessions)
         else:
@@ -318,21 +336,32 @@ class RunPlan:
             flags=self.flags.model_dump(mode="json"),
         )
 
+    @property
+    def closed_loop(self) -> bool:
+        """--sessions-in-flight: conversations kept in flight, no arrival planned ahead."""
+        return self.flags.sessions_in_flight is not None
+
     def planned(self) -> int:
-        """Planned request arrivals (rate modes) or session starts (trace mode)."""
+        """Planned request arrivals (rate modes) or session starts (trace mode; none in a closed loop)."""
         if isinstance(self.arrivals, ArrivalSchedule):
             return expected_arrivals(self.stages)
-        return len(trace_session_starts(self.arrivals, self.workload.sessions))
+        return 0 if self.closed_loop else len(trace_session_starts(self.arrivals, self.workload.sessions))
 
     def offsets(self) -> np.ndarray:
-        """Every planned request's time, seconds from the start (trace mode: as recorded)."""
+        """Every planned request's time, seconds from the start (trace mode: as recorded; none in a closed loop)."""
         if isinstance(self.arrivals, ArrivalSchedule):
             return np.fromiter(self.arrivals.times(), dtype=float)
+        if self.closed_loop:
+            return np.empty(0)
         return np.asarray(trace_request_times(self.arrivals, self.workload.sessions), dtype=float)
 
     def initial_users(self) -> int:
         """Little's law with a guessed request time; the shape grows it when users run short. A user
-        holds one request in the rate modes, and a whole session (think times too) in trace mode."""
+        holds one request in the rate modes, and a whole session (think times too) in trace mode: in a
+        closed loop, one a session the conversations kept in flight hold at once."""
+        if self.closed_loop:
+            widest = int(max(np.bincount(conversations(self.workload.sessions))))
+            return min(self.flags.max_users, max(s.sessions or 1 for s in self.stages) * widest + 4)
         peak = max(s.qps for s in self.stages)
         busy_s = ASSUMED_REQUEST_S
         if isinstance(self.arrivals, TraceClock):

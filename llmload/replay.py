@@ -34,7 +34,7 @@ from llmload.model_mix import ModelMix
 from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage, Turn
 from llmload.records import request_record, with_health
 from llmload.replicas import Replicas
-from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
+from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, conversations, stage_at
 from llmload.server.request import RequestShape
 from llmload.workload.blocks import BlockText
 from llmload.workload.cache_bust import marked, play_marker
@@ -53,6 +53,7 @@ class LiveSession:
     next_turn: int = 0
     history: list[list[Message]] = field(default_factory=list)
     ready_at: float = 0.0  # perf_counter seconds: previous reply + think time
+    stopped_by: str | None = None  # trace mode: why it ended before its last turn ("failure", "plan end", ...)
 
     @property
     def finished(self) -> bool:
@@ -63,7 +64,7 @@ class LiveSession:
 class Arrival:
     """One planned request of this process (rate modes), or one planned session start (trace mode)."""
 
-    seq: int  # its position in the fleet's ArrivalPlan
+    seq: int | None  # its position in the fleet's ArrivalPlan (None: a closed loop plans none)
     at: float  # perf_counter seconds
     session: LiveSession | None = None  # trace mode: the session that starts here
 
@@ -264,6 +265,7 @@ class TraceDispatcher(Dispatcher):
         sessions: Sequence[Session],
         clock: RunClock,
         share: WorkerShare,
+        plan: ArrivalPlan | None = None,
     ) -> None:
         self.trace = trace
         self._sessions = sessions
@@ -275,7 +277,7 @@ class TraceDispatcher(Dispatcher):
             for name in turn.spawns
             if name in self._index_of
         }
-        super().__init__(trace.stages, ArrivalPlan.of(trace, sessions), clock, share)
+        super().__init__(trace.stages, plan or ArrivalPlan.of(trace, sessions), clock, share)
         self._owned = set(self.plan.keys[self._positions].tolist())
         self._ended: dict[int, gevent.event.Event] = {}
         self._spawned: dict[int, gevent.event.AsyncResult] = {}  # a subagent's: when the reply that spawns it came
@@ -354,6 +356,92 @@ class TraceDispatcher(Dispatcher):
         return reply_at + turn.think_time_s / self.trace.speed_at(self.clock.offset(reply_at))
 
 
+class ConversationDispatcher(TraceDispatcher):
+    """--sessions-in-flight: a closed loop over the trace's conversations (an agent and its subagents).
+
+    Worker k of N keeps its share of each stage's conversations in flight (slots k, k + N, ...). When a
+    conversation's last session ends, the user that ended it opens the next one, in the trace's order and
+    cycling with ids made unique; its sessions are played as in trace mode from its opening (a subagent
+    at its spawn, a join waiting for it), on the trace's clock at the recorded speed. A conversation the
+    plan's end cut holds its slot (no burst of first turns before the end), and one that failed frees it
+    a second later (a dead server gets N conversations a second, not a tight loop).
+    """
+
+    FAILED_SLOT_REST_S = 1.0
+
+    def __init__(self, trace: TraceClock, sessions: Sequence[Session], clock: RunClock, share: WorkerShare) -> None:
+        nothing = np.empty(0, dtype=np.int64)
+        super().__init__(trace, sessions, clock, share, ArrivalPlan(nothing.astype(float), nothing))
+        numbers = conversations(sessions)
+        # each conversation's sessions, its agent first: the session of its chain's top comes first in the file
+        self._members = [np.flatnonzero(numbers == c).tolist() for c in range(int(numbers.max(initial=-1)) + 1)]
+        self._opened = 0
+        self._open = 0  # conversations of this worker in flight
+        self._left: dict[int, int] = {}  # sessions still running, by conversation (its number in the loop)
+        self._conversation_of: dict[int, int] = {}  # a session's key → its conversation
+        self._stopped_by: dict[int, set[str | None]] = {}  # how each open conversation's sessions ended
+        self._resting: list[float] = []  # when the slots of failed conversations free up (perf seconds)
+        self._waiting: list[Arrival] = []  # opened conversations' subagents no user has claimed
+
+    def _slots(self, now: float) -> int:
+        """How many conversations this worker keeps in flight now: its share of the stage's."""
+        total = stage_at(self.stages, self.clock.offset(now)).sessions or 0
+        return max(0, (total - self._index + self._count - 1) // self._count)
+
+    def claim(self) -> Arrival | None:
+        now = time.perf_counter()
+        if now >= self.plan_end:
+            return None
+        if self._waiting:
+            return self._waiting.pop(0)
+        self._resting = [t for t in self._resting if t > now]
+        if self._open + len(self._resting) >= self._slots(now):
+            return None
+        number = self._index + self._count * self._opened
+        self._opened += 1
+        self._open += 1
+        play, members = divmod(number, len(self._members))[0], self._members[number % len(self._members)]
+        opened = self.trace.trace_time(self.clock.offset(now))
+        first = self._sessions[members[0]].offset_s or 0.0
+        arrivals = []
+        for index in members:
+            key = play * len(self._sessions) + index
+            start = opened + (self._sessions[index].offset_s or 0.0) - first
+            live = LiveSession(_session_copy(self._sessions, key, self.bust_run), trace_start=start, key=key)
+            at = self.clock.start_perf + self.trace.run_time(start)
+            arrivals.append(Arrival(None, max(now, at), live))
+            self._owned.add(key)
+            self._conversation_of[key] = number
+        self._left[number] = len(members)
+        self._waiting += arrivals[1:]
+        return arrivals[0]
+
+    def end(self, live: LiveSession) -> None:
+        super().end(live)
+        number = self._conversation_of.pop(live.key, None)
+        if number is None:
+            return
+        self._left[number] -= 1
+        self._stopped_by.setdefault(number, set()).add(live.stopped_by)
+        if self._left[number]:
+            return
+        del self._left[number]
+        stops = self._stopped_by.pop(number)
+        if "plan end" in stops:
+            return  # its slot stays taken to the plan's end
+        self._open -= 1
+        if "failure" in stops:  # the slot rests before it frees
+            self._resting.append(time.perf_counter() + self.FAILED_SLOT_REST_S)
+
+    def backlog(self, now: float) -> int:
+        """Subagents waiting for a user, and conversations the stage wants that are not yet open."""
+        return len(self._waiting) + max(0, self._slots(now) - self._open) if now < self.plan_end else 0
+
+    @property
+    def done(self) -> bool:
+        return time.perf_counter() >= self.plan_end and self.busy == 0
+
+
 def flatten_history(history: Sequence[list[Message]], keep_turns: int | None) -> list[Message]:
     kept = history[-keep_turns:] if keep_turns else history
     return [m for turn in kept for m in turn]
@@ -424,8 +512,12 @@ class TurnSender:
                     dispatcher.due(live, time.perf_counter()) if live.next_turn else dispatcher.start(live, arrival.at)
                 )
                 joined = dispatcher.join(live, turn.waits_for) if turn.waits_for else due
-                if due is None or joined is None or due > dispatcher.plan_end:
-                    return  # the plan ends before this turn would be sent: never scheduled
+                if due is None:
+                    live.stopped_by = "not spawned"  # the reply that spawns it never came
+                    return
+                if joined is None or due > dispatcher.plan_end:
+                    live.stopped_by = "plan end"  # before this turn would be sent: never scheduled
+                    return
                 scheduled = max(due, joined)
                 self._wait_until(live.session.id, live.next_turn, scheduled)
                 dispatcher.busy += 1 - busy
@@ -434,6 +526,7 @@ class TurnSender:
                 if result.stopped:
                     raise gevent.GreenletExit
                 if not result.ok:
+                    live.stopped_by = "failure"
                     return
                 dispatcher.spawn(live, turn.spawns, time.perf_counter())
         finally:

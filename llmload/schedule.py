@@ -8,7 +8,9 @@ burstiness, constant), and the count is the stage rate times its length, so a st
 same seed and keeps every N-th arrival, so the merged stream is exactly the planned one.
 
 Trace replay (`trace`) plays recorded times instead: `TraceClock` maps a trace's own clock onto
-the run's, each stage playing the trace at its percent of the recorded speed.
+the run's, each stage playing the trace at its percent of the recorded speed. With
+`--sessions-in-flight N` a trace is a closed loop instead (`conversation_stages`): each stage keeps
+its percent of N conversations in flight, at the recorded speed, and the rate is the server's answer.
 """
 
 from __future__ import annotations
@@ -158,14 +160,15 @@ class TraceClock:
     """Maps trace time (seconds on the trace's clock) to run time (seconds from the run's start).
 
     Each stage plays the trace at `percent / 100 × time_scale` of its recorded speed, so a 150%
-    stage replays 1.5× as fast and `time_scale` 2 halves every gap.
+    stage replays 1.5× as fast and `time_scale` 2 halves every gap; a stage that keeps a number of
+    conversations in flight (`Stage.sessions`) plays it at `time_scale`, its percent being that number's.
     """
 
     def __init__(self, stages: Sequence[Stage], time_scale: float = 1.0) -> None:
         if time_scale <= 0:
             raise ValueError(f"--time-scale must be > 0, got {time_scale:g}")
         self.stages = list(stages)
-        self.speeds = [s.percent / 100 * time_scale for s in self.stages]
+        self.speeds = [(1.0 if s.sessions is not None else s.percent / 100) * time_scale for s in self.stages]
         # trace time at the start of each stage, and at the end of the plan
         self.starts = np.concatenate(
             ([0.0], np.cumsum([s.duration_s * v for s, v in zip(stages, self.speeds, strict=True)]))
@@ -182,9 +185,23 @@ class TraceClock:
         k = max(k, 0)
         return float(self.stages[k].start_s + (trace_s - self.starts[k]) / self.speeds[k])
 
+    def trace_time(self, run_s: float) -> float:
+        """The trace time a run offset plays (inverse of `run_time`)."""
+        k = self.stages.index(stage_at(self.stages, run_s))
+        return float(self.starts[k] + (run_s - self.stages[k].start_s) * self.speeds[k])
+
     def speed_at(self, run_s: float) -> float:
         """Trace seconds per run second at a run offset."""
         return self.speeds[self.stages.index(stage_at(self.stages, run_s))]
+
+
+def conversation_stages(stages: Sequence[Stage], sessions_in_flight: int) -> list[Stage]:
+    """--sessions-in-flight: each stage keeps its percent of the conversations in flight (at least one),
+    and asks for no rate (a closed loop: the rate is the server's answer)."""
+    return [
+        s.model_copy(update={"qps": 0.0, "sessions": max(1, round(sessions_in_flight * s.percent / 100))})
+        for s in stages
+    ]
 
 
 def expected_arrivals(stages: Sequence[Stage]) -> int:

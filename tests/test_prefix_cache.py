@@ -261,7 +261,8 @@ def _block_ids_workload(directory: Path) -> Path:
 def id_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
     """Workloads given as block ids, each against an engine of its own, at once: `blocks` (see
     _block_ids_workload), `agents`, three small agentic traces built by `llmload workload build`, and the
-    same traces replayed as traced with think times only (`agents-traced`)."""
+    same traces replayed as traced with think times only (`agents-traced`), and as a closed loop of two
+    conversations in flight (`agents-closed`)."""
     directory = tmp_path_factory.mktemp("ids")
     traces = write_agentic_traces(directory / "traces")
     agents = directory / "agents.yaml"
@@ -270,7 +271,8 @@ def id_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocustRun]:
     return _at_once(
         directory / "reports",
         {"blocks": (ENGINE, _block_ids_workload(directory), ()), "agents": (ENGINE, agents, ()),
-         "agents-traced": (ENGINE, agents, traced)},
+         "agents-traced": (ENGINE, agents, traced),
+         "agents-closed": (ENGINE, agents, (*traced, "--sessions-in-flight", "2"))},
     )  # fmt: skip
 
 
@@ -331,6 +333,36 @@ def test_an_agents_turn_after_its_subagent_waits_for_it_in_a_traced_replay(id_ru
         assert agent.schedule_delay_ms[3] < 100  # the trace's wait, not the load generator's lateness
         joins += 1
     assert joins >= 3
+
+
+def test_sessions_in_flight_keep_two_conversations_open_recycling_the_traces(id_runs: dict[str, LocustRun]) -> None:
+    """--sessions-in-flight 2 over the three traces: two conversations (an agent with its subagent) are in
+    flight at every moment until the last ones stop for the plan's end, never three; the third opens when one
+    ends and the traces are recycled (`t0~1`) with the subagent still spawned and joined; a conversation the
+    plan's end cuts keeps its slot; the run asks for no rate and its report says it was a closed loop."""
+    run = id_runs["agents-closed"]
+    records = run.records
+    assert run.returncode == 0 and (records.status == "ok").all(), run.output[-3000:]
+    assert [(s["qps"], s["sessions"]) for s in run.manifest["stages"]] == [(0.0, 2), (0.0, 2)]
+    assert run.summary["run"]["sessions_in_flight"] == 2 and run.summary["run"]["target_qps"] == 0
+    assert "a closed loop of 2 trace conversations in flight" in (run.run_dir / "report.md").read_text()
+    conversation = records.session_id.str.replace("/agent_001", "", regex=False)
+    spans = records.groupby(conversation).agg(begin=("sent_at", "min"), end=("finished_at", "max"))
+    assert {"t0", "t1", "t2", "t0~1"} <= set(spans.index)
+    plan_end = run.manifest["started_at"] + sum(s["duration_s"] for s in run.manifest["stages"])
+    samples = np.arange(spans.begin.min() + 0.05, plan_end - 2.0, 0.05)
+    in_flight = np.array([((spans.begin <= t) & (t <= spans.end)).sum() for t in samples])
+    print(f"two in flight {(in_flight == 2).mean():.1%} of the plan; conversations {list(spans.index)}")
+    assert in_flight.max() == 2 and (in_flight == 2).mean() > 0.9, in_flight
+    agents = records[~records.session_id.str.contains("/")].groupby("session_id").turn.count()
+    assert (agents < 6).sum() <= 2  # only the two the plan's end cut: no burst of first turns before it
+    for play in spans.index:
+        name, _, replay = play.partition("~")
+        agent = records[records.session_id == play].set_index("turn")
+        subagent = records[records.session_id == f"{name}/agent_001" + (f"~{replay}" if replay else "")]
+        if 3 in agent.index:  # the agent's turn after its subagent's entry: spawned it, then joined it
+            assert subagent.sent_at.min() >= agent.finished_at[2]
+            assert agent.sent_at[3] >= subagent.finished_at.max()
 
 
 def test_the_live_hit_rate_counts_from_the_runs_start() -> None:

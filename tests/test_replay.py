@@ -14,8 +14,15 @@ from llmload.errors import InputError
 from llmload.model_mix import ModelMix
 from llmload.models import Message, RequestRecord, Session, Turn
 from llmload.plan import PlanFlags, RunPlan
-from llmload.replay import Dispatcher, RequestDispatcher, TraceDispatcher, TurnSender, WorkerShare
-from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
+from llmload.replay import (
+    ConversationDispatcher,
+    Dispatcher,
+    RequestDispatcher,
+    TraceDispatcher,
+    TurnSender,
+    WorkerShare,
+)
+from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages, conversation_stages
 from llmload.server.kinds import kind
 from llmload.server.request import RequestShape
 from llmload.workload.blocks import BlockText
@@ -138,6 +145,19 @@ def test_a_first_session_starts_the_replay_further_into_the_workload() -> None:
 def test_a_negative_first_session_is_refused_naming_the_flag(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--first-session: Input should be greater than or equal to 0"):
         RunPlan.build(PlanFlags.checked(workload=str(small_workload(tmp_path)), target_qps=1, first_session=-1))
+
+
+def test_sessions_in_flight_take_a_trace_and_plan_no_rate(tmp_path: Path) -> None:
+    """A closed loop keeps a trace's conversations: refused in a rate mode; in trace mode each stage keeps its
+    percent of N conversations (at least one), asks for no rate and plans no arrival."""
+    workload = str(small_workload(tmp_path))
+    with pytest.raises(InputError, match="--sessions-in-flight applies to --arrival trace only"):
+        RunPlan.build(PlanFlags.checked(workload=workload, target_qps=1, sessions_in_flight=4))
+    plan = RunPlan.build(
+        PlanFlags.checked(workload=workload, arrival="trace", sessions_in_flight=4, stages="10,50,150", warmup_s=0)
+    )
+    assert [(s.qps, s.sessions) for s in plan.stages] == [(0.0, 1), (0.0, 2), (0.0, 6)]
+    assert plan.target_qps == 0 and plan.planned() == 0 and plan.closed_loop
 
 
 def test_too_few_users_show_as_schedule_delay_and_backlog() -> None:
@@ -431,3 +451,81 @@ def test_a_subagent_starts_its_think_time_after_the_reply_that_spawns_it_and_nev
     assert (records["a", 1].sent_at or 0) >= (records["a/sub", 1].finished_at or 0)
     assert [(r.session_id, r.status) for r in failed] == [("broken", "failed")]
     assert time.perf_counter() - began < 1.5
+
+
+def _closed_loop(sessions: list[Session], in_flight: int, seconds: float) -> ConversationDispatcher:
+    stages = conversation_stages(build_stages(1.0, (100,), seconds), in_flight)
+    return ConversationDispatcher(TraceClock(stages), sessions, RunClock.now(), WorkerShare("t"))
+
+
+def _play_closed_loop(dispatcher: ConversationDispatcher, url: str, users: int = 4) -> list[RequestRecord]:
+    """Users as Locust's: each claims until the plan is over, idle while every slot is taken."""
+    records: list[RequestRecord] = []
+
+    def user() -> None:
+        client = ChatClient(url)
+        sender = TurnSender(
+            {url: client}, dispatcher, records.append, models=ModelMix.single("m"),
+            shape=RequestShape(kind("vllm")), tokenizer=get_tokenizer(),
+        )  # fmt: skip
+        while not dispatcher.done:
+            arrival = dispatcher.claim()
+            if arrival is None:
+                gevent.sleep(0.01)
+            else:
+                sender.play(arrival)
+        client.close()
+
+    gevent.joinall([gevent.spawn(user) for _ in range(users)], raise_error=True)
+    return records
+
+
+def test_sessions_in_flight_keep_n_conversations_open_recycling_the_trace() -> None:
+    """--sessions-in-flight 2 over a trace of two conversations (an agent that spawns and joins a subagent,
+    and a lone agent), every reply 0.1 s: two conversations are in flight at every moment of the plan and
+    never three, each replaced by the next as it ends (the trace recycled with unique ids), the subagent
+    spawned by its agent's reply and joined by its next turn in every play."""
+
+    def reply(_: dict[str, Any]) -> tuple[int, bytes, bool]:
+        time.sleep(0.1)
+        return 200, chat_stream(["x"]), True
+
+    def turn(text: str, **kw: Any) -> Turn:
+        return Turn(messages=[Message(role="user", content=text)], output_tokens=2, think_time_s=0.05, **kw)
+
+    sessions = [
+        Session(id="a", turns=[turn("a 0", spawns=["a/sub"]), turn("a 1", waits_for=["a/sub"])]),
+        Session(id="a/sub", parent="a", turns=[turn("sub 0")]),
+        Session(id="b", turns=[turn("b 0"), turn("b 1")]),
+    ]
+    dispatcher = _closed_loop(sessions, 2, 1.6)
+    with canned_server(reply) as (url, _):
+        records = _play_closed_loop(dispatcher, url)
+    assert all(r.status == "ok" for r in records)
+    plays: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        plays.setdefault(r.session_id.replace("/sub", ""), []).append(r)
+    assert len(records) == len({(r.session_id, r.turn) for r in records})  # no play's id used twice
+    assert {"a", "b", "a~1", "b~1"} <= set(plays)  # recycled in the trace's order
+    spans = [(min(r.sent_at or 0 for r in rs), max(r.finished_at or 0 for r in rs)) for rs in plays.values()]
+    first, plan_end = min(begin for begin, _ in spans), dispatcher.clock.wall(dispatcher.plan_end)
+    samples = [first + 0.01 * k for k in range(1, int((plan_end - first) / 0.01))]
+    in_flight = [sum(begin <= t <= end for begin, end in spans) for t in samples]
+    assert max(in_flight) == 2 and sum(n == 2 for n in in_flight) >= 0.9 * len(samples)
+    for play, rs in plays.items():
+        by_turn = {(r.session_id, r.turn): r for r in rs}
+        if play.startswith("a") and len(by_turn) == 3:  # the agent, its subagent, its joining turn
+            sub = next(r for r in rs if "/sub" in r.session_id)
+            first, joined = by_turn[play, 0], by_turn[play, 1]
+            assert (sub.sent_at or 0) >= (first.finished_at or 0) + 0.04  # spawned by the reply, its think later
+            assert (joined.sent_at or 0) >= (sub.finished_at or 0)  # the join waits for it
+
+
+def test_a_failed_conversation_frees_its_slot_a_second_later() -> None:
+    """A server that refuses everything, two conversations in flight for 1.5 s: each slot opens a conversation,
+    which fails at once, rests a second, and opens one more: four requests, not a tight loop of failures."""
+    with canned_server(lambda _: (500, b'{"error": {"message": "down"}}', False)) as (url, _):
+        records = _play_closed_loop(_closed_loop([_session(2, name="a"), _session(2, name="b")], 2, 1.5), url)
+    assert sorted((r.session_id, r.status) for r in records) == [
+        ("a", "failed"), ("a~1", "failed"), ("b", "failed"), ("b~1", "failed")
+    ]  # fmt: skip

@@ -391,6 +391,7 @@ def test_a_rate_below_require_qps_exits_1(short_searches: dict[str, Searched]) -
         (("--max-qps", "0"), "--max-qps must be > 0"),
         (("--first-session", "5"), "--first-session is set by the search for every run it starts"),
         (("--stage-dur=5",), "--stage-dur abbreviates --stage-duration, which is set by the search"),
+        (("--sessions-in", "2"), "--sessions-in-flight replays a closed loop, which asks for no rate"),
     ],
 )
 def test_bad_input_exits_2_before_any_probe(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:

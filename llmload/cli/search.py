@@ -12,7 +12,7 @@ from llmload import drain
 from llmload.errors import InputError
 from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.gates.locust_run import add_host_argument
-from llmload.gates.passthrough import refuse_overrides
+from llmload.gates.passthrough import refuse_closed_loop, refuse_overrides
 from llmload.gates.search import (
     CONFIRM_S,
     PAGE_FILE,
@@ -125,6 +125,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     interrupted before one; 2: bad input; 3: no rate passed and no probe could tell (INCONCLUSIVE)."""
     criteria, flags = probe_flags(args)
     refuse_overrides(probe_options(flags), passthrough, "the search")
+    refuse_closed_loop(passthrough, "the search")
     goodput_slo = GoodputSLO.parse(args.goodput_slo) if args.goodput_slo else None
     bounds = search_bounds(args)
     search_id = args.search_id or time.strftime("search-%Y%m%d-%H%M%S")

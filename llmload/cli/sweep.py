@@ -16,7 +16,7 @@ from pathlib import Path
 from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli.search import add_search_arguments, holds_latency, probe_flags, search_bounds
 from llmload.errors import InputError
-from llmload.gates.passthrough import refuse_overrides
+from llmload.gates.passthrough import refuse_closed_loop, refuse_overrides
 from llmload.gates.search import probe_options, write_criteria
 from llmload.gates.soak import DEFAULT_HOLD_S, SoakRun
 from llmload.models import SweepResult, SweepRow
@@ -82,6 +82,8 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     soak = SoakRun(args.locustfile, args.workload, args.target_qps, args.ramp_stage_duration, args.soak_duration)
     own = probe_options(probe) if args.mode == "search" else soak.options()
     refuse_overrides(own, passthrough, f"the sweep's {args.mode}")
+    if args.mode == "search":
+        refuse_closed_loop(passthrough, "the sweep's search")
     bounds = search_bounds(args) if args.mode == "search" else None
     memory = args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None)
     configs = expand(args.vllm_config, args.vary, args.configs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from llmload.errors import InputError
+from llmload.plan import PlanFlags
 
 
 def long_options(command: Iterable[str]) -> list[str]:
@@ -30,3 +31,12 @@ def refuse_overrides(own: Collection[str], passthrough: Iterable[str], setter: s
                 f"{what} {verb} set by {setter} for every run it starts: remove it (flags llmload does not know "
                 "go to Locust after its own, and Locust keeps the last copy)"
             )
+
+
+def refuse_closed_loop(passthrough: Iterable[str], setter: str) -> None:
+    """InputError for --sessions-in-flight under a gate that searches for a rate: a closed loop asks for none."""
+    flag = PlanFlags.option("sessions_in_flight")
+    if any(flag.startswith(given) and len(given) > 4 for given in long_options(passthrough)):
+        raise InputError(
+            f"{flag} replays a closed loop, which asks for no rate: {setter} has none to find (soak it instead)"
+        )

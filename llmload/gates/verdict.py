@@ -531,9 +531,15 @@ def _rate_checks(stage: StageSummary, criteria: SoakCriteria, hold: Hold) -> lis
             name="achieved rate",
             kind="rate",
             status="fail" if sent_in_hold < needed or stage.lost else "pass",
-            detail=f"{stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target in the hold ({ratio:.1%}; "
-            f"offered {stage.offered_qps:.2f}; {sent_in_hold} requests sent); limit ≥ "
-            f"{criteria.min_achieved_ratio:.0%} of the target ({needed} requests)"
+            detail=(
+                f"{stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target in the hold ({ratio:.1%}; "
+                f"offered {stage.offered_qps:.2f}; {sent_in_hold} requests sent); limit ≥ "
+                f"{criteria.min_achieved_ratio:.0%} of the target ({needed} requests)"
+                if hold.stage.sessions is None
+                else f"{stage.achieved_qps:.2f} req/s in the hold ({sent_in_hold} requests sent) from"
+                f" {hold.stage.sessions} conversations kept in flight: a closed loop, whose rate is the server's"
+                " answer, not a target"
+            )
             + (
                 f"; {stage.lost} of the hold's requests were lost with a worker (never sent, or in flight when it"
                 " died): the target was not offered the whole load"

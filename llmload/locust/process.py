@@ -36,7 +36,7 @@ from llmload.models import EXIT_CODES, PrefixCacheReset, RequestRecord, ServerId
 from llmload.observe.gpu import gpu_reader
 from llmload.plan import PlanFlags, RunPlan
 from llmload.recorder import RunRecorder
-from llmload.replay import RequestDispatcher, TraceDispatcher, WorkerShare
+from llmload.replay import ConversationDispatcher, RequestDispatcher, TraceDispatcher, WorkerShare
 from llmload.replicas import Replicas
 from llmload.schedule import ArrivalSchedule, RunClock
 from llmload.server.cache_reset import reset_prefix_caches
@@ -339,6 +339,8 @@ def _dispatch(environment: Environment, run: ProcessRun, *, index: int, count: i
         run.dispatcher = RequestDispatcher(
             plan.arrivals, plan.workload.sessions, run.clock, share, plan.flags.first_session
         )
+    elif plan.closed_loop:
+        run.dispatcher = ConversationDispatcher(plan.arrivals, plan.workload.sessions, run.clock, share)
     else:
         run.dispatcher = TraceDispatcher(plan.arrivals, plan.workload.sessions, run.clock, share)
     run.greenlets.append(gevent.spawn(_flush_loop, environment, run))
@@ -363,11 +365,11 @@ def _start_recording(
     )
     run.greenlets.append(gevent.spawn(_live_loop, environment, run))
     what = "request arrivals" if isinstance(plan.arrivals, ArrivalSchedule) else "trace sessions"
+    planned = f"{plan.planned()} planned {what}"
+    if plan.closed_loop:
+        planned = f"closed loop: {'/'.join(str(s.sessions) for s in plan.stages)} conversations in flight by stage"
     warmup = plan.stages[0].duration_s if plan.stages[0].warmup else 0.0
-    log.info(
-        "llmload: run %s -> %s (%d planned %s; %g s unjudged warm-up)",
-        run.run_id, run_dir, plan.planned(), what, warmup,
-    )  # fmt: skip
+    log.info("llmload: run %s -> %s (%s; %g s unjudged warm-up)", run.run_id, run_dir, planned, warmup)
     log.info("llmload: %s", server_line(found.server, run.shape, lengths_asked=plan.workload.asks_lengths))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import Field, PositiveFloat, ValidationError, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from llmload.errors import InputError, validation_message
 from llmload.models.serving import ServerIdentity
@@ -93,6 +93,11 @@ class Stage(Strict):
     start_s: float
     duration_s: float
     warmup: bool = Field(default=False, description="reported but never judged: it fills sessions to every depth")
+    sessions: PositiveInt | None = Field(
+        default=None,
+        description="--sessions-in-flight: the conversations kept in flight (a closed loop: qps is 0, the rate is"
+        " the server's answer)",
+    )
 
     @property
     def end_s(self) -> float:

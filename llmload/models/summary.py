@@ -271,6 +271,11 @@ class RunInfo(BaseModel):
     )
     arrival: str
     target_qps: float
+    sessions_in_flight: int | None = Field(
+        default=None,
+        description="--sessions-in-flight: the conversations kept in flight at 100% (a closed loop, target_qps 0);"
+        " None: the run's rate was planned",
+    )
     started_at: float
     finished_at: float
     workers: int

@@ -282,12 +282,14 @@ def _header_lines(summary: Summary) -> list[str]:
     models = f"models {mix}" if mix else f"model `{run.model or '?'}`"
     hosts = f"replicas {', '.join(f'`{g.name}`' for g in summary.by_host)}" if summary.by_host else f"`{run.host}`"
     scaled = f" with every length ×{run.token_scale:g} (--scale-tokens)" if run.token_scale != 1 else ""
+    load = f"{run.arrival} arrivals, target {run.target_qps:g} req/s"
+    if run.sessions_in_flight is not None:
+        load = f"a closed loop of {run.sessions_in_flight} trace conversations in flight at 100% (--sessions-in-flight)"
     lines = [
         f"# llmload run `{run.run_id}`",
         "",
         f"Target {hosts}{f', {run.server.name}' if run.server else ''} ({models}), workload"
-        f" `{run.workload}`{scaled}, {run.arrival} arrivals, "
-        f"target {run.target_qps:g} req/s, {run.workers} load-generator process(es), "
+        f" `{run.workload}`{scaled}, {load}, {run.workers} load-generator process(es), "
         f"{run.finished_at - run.started_at:.0f} s.",
         "",
         *_access_line(run.access),

@@ -236,6 +236,7 @@ def _run_info(manifest: RunManifest, *, finished: float, lag_max_ms: float | Non
         token_scale=manifest.flags.get("scale_tokens", 1.0),
         arrival=manifest.arrival,
         target_qps=manifest.target_qps,
+        sessions_in_flight=manifest.flags.get("sessions_in_flight"),
         started_at=manifest.started_at,
         finished_at=finished,
         workers=manifest.workers,

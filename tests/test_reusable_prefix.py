@@ -272,3 +272,9 @@ def test_the_servers_block_is_read_from_its_hits_and_bounds_what_it_could_hit() 
     assert (figure.reusable_tokens, figure.prompt_tokens) == (256 + 160, 736)
     assert figure.server_block_size == 128 and figure.server_share == pytest.approx((128 + 128) / 736)
     assert blocks.result().server_share is None
+    # the verdict and report.md judge a hit rate against the server's blocks where known, else the figure's
+    assert (
+        figure.ceiling == (figure.server_share, 128, True) and figure.ceiling.blocks == "the server's 128-token blocks"
+    )
+    finer = blocks.result().ceiling
+    assert finer == (figure.share, 32, False) and finer.blocks == "32-token blocks"

@@ -646,9 +646,9 @@ def _prefix_cache_check(run: Run, summary: Summary, gap: float | None) -> Check:
     if gap is None:
         return Check(name=name, kind=kind, status="skip", detail="off (no gap set: --max-prefix-cache-gap)")
     server = summary.server
-    ceiling = server.workload_prefix if server is not None else None
-    if ceiling is None:
-        ceiling = sent_reusable_prefix(run)
+    reuse = server.workload_prefix if server is not None else None
+    if reuse is None:  # a run whose server.jsonl read nothing has no server block to hold it
+        reuse = sent_reusable_prefix(run)
     judged = run.records.frame
     judged = judged[judged.stage.isin([s.name for s in run.manifest.judged_stages]) & (judged.status == "ok")]
     told = judged[judged.cached_tokens.notna()]
@@ -660,19 +660,17 @@ def _prefix_cache_check(run: Run, summary: Summary, gap: float | None) -> Check:
     if hit is None:
         unknown = "the server's hit rate: neither cached_tokens in the usage nor prefix-cache counters in /metrics"
         return Check(name=name, kind=kind, status="inconclusive", detail=f"cannot tell without {unknown}")
-    if ceiling is None or ceiling.share is None:
+    could = reuse.ceiling if reuse is not None else None
+    if could is None or could.share is None:
         unknown = "what the prompts sent could hit: the workload file is gone, or no prompt was counted"
         return Check(name=name, kind=kind, status="inconclusive", detail=f"cannot tell without {unknown}")
-    could, blocks = ceiling.share, f"{ceiling.block_size}-token blocks"
-    if ceiling.server_share is not None:  # what the server's own blocks could hold, not finer ones
-        could, blocks = ceiling.server_share, f"the server's {ceiling.server_block_size}-token blocks"
-    below = could - hit
+    below = could.share - hit
     return Check(
         name=name,
         kind=kind,
         status="fail" if below > gap else "pass",
-        detail=f"{hit:.1%} from cache, by {source}, where the prompts sent could hit {could:.1%} in {blocks}:"
-        f" {max(below, 0) * 100:.1f} points below; limit {gap * 100:g}",
+        detail=f"{hit:.1%} from cache, by {source}, where the prompts sent could hit {could.share:.1%} in"
+        f" {could.blocks}: {max(below, 0) * 100:.1f} points below; limit {gap * 100:g}",
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Literal, overload
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -302,3 +302,28 @@ class ReusablePrefix(BaseModel):
         description="what the server's blocks could hit: each request's reusable tokens short of its last token"
         " (a server computes at least one), in whole server blocks; None without server_block_size",
     )
+
+    @property
+    def ceiling(self) -> PrefixCeiling:
+        """The share a server's hit rate is judged against: in its own blocks where its usage showed them, as
+        finer blocks count hits its cache cannot make; else in `block_size`."""
+        if self.server_share is not None and self.server_block_size is not None:
+            return PrefixCeiling(self.server_share, self.server_block_size, in_server_blocks=True)
+        return PrefixCeiling(self.share, self.block_size, in_server_blocks=False)
+
+
+class PrefixCeiling(NamedTuple):
+    """What a prefix cache could hit (`share`) and the blocks it is counted in (`ReusablePrefix.ceiling`)."""
+
+    share: float | None
+    block_size: int
+    in_server_blocks: bool
+
+    @property
+    def blocks(self) -> str:
+        """The blocks, in words."""
+        return (
+            f"the server's {self.block_size}-token blocks"
+            if self.in_server_blocks
+            else f"{self.block_size}-token blocks"
+        )

@@ -101,14 +101,13 @@ def _prefix_ceiling(reuse: ReusablePrefix, hit_rate: float | None, figure: Calla
         f" {percent(reuse.history_share, 1)} history, {percent(reuse.shared_share, 1)} shared);"
         f" the server hit {figure('prefix_cache_hits_total', percent(hit_rate, 1))}."
     )
-    could = reuse.share
-    if reuse.server_share is not None:
-        could = reuse.server_share
+    could = reuse.ceiling
+    if could.in_server_blocks:
         line += (
-            f" In its own {reuse.server_block_size}-token blocks (its usage's cached tokens are multiples of it) it"
-            f" could hit {percent(reuse.server_share, 1)}: a block's tail and each prompt's last token are not reused."
+            f" In its own {could.block_size}-token blocks (its usage's cached tokens are multiples of it) it"
+            f" could hit {percent(could.share, 1)}: a block's tail and each prompt's last token are not reused."
         )
-    if hit_rate is not None and could is not None and could - hit_rate >= CACHE_GAP_NOTED:
+    if hit_rate is not None and could.share is not None and could.share - hit_rate >= CACHE_GAP_NOTED:
         line += (
             " The gap is the cache's own size and eviction: blocks an infinite cache would have kept were"
             " evicted before their prefix came back (a bigger KV cache, fewer concurrent sequences or"

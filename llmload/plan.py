@@ -36,6 +36,7 @@ from llmload.models import (
     Pricing,
     RunManifest,
     ServerIdentity,
+    SessionLinks,
     Stage,
 )
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
@@ -360,7 +361,8 @@ class RunPlan:
         holds one request in the rate modes, and a whole session (think times too) in trace mode: in a
         closed loop, one a session the conversations kept in flight hold at once."""
         if self.closed_loop:
-            widest = int(max(np.bincount(conversations(self.workload.sessions))))
+            sessions = self.workload.sessions
+            widest = int(max(np.bincount(conversations(sessions, SessionLinks.of(sessions).by_id))))
             return min(self.flags.max_users, max(s.sessions or 1 for s in self.stages) * widest + 4)
         peak = max(s.qps for s in self.stages)
         busy_s = ASSUMED_REQUEST_S

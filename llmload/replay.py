@@ -31,7 +31,7 @@ from llmload.cancel import CancelPlan
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.model_mix import ModelMix
-from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, Stage, Turn
+from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, SessionLinks, Stage, Turn
 from llmload.records import request_record, with_health
 from llmload.replicas import Replicas
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, conversations, stage_at
@@ -269,15 +269,9 @@ class TraceDispatcher(Dispatcher):
     ) -> None:
         self.trace = trace
         self._sessions = sessions
-        self._index_of = {session.id: i for i, session in enumerate(sessions)}
-        self._spawner_of = {
-            self._index_of[name]: i
-            for i, session in enumerate(sessions)
-            for turn in session.turns
-            for name in turn.spawns
-            if name in self._index_of
-        }
-        super().__init__(trace.stages, plan or ArrivalPlan.of(trace, sessions), clock, share)
+        links = SessionLinks.of(sessions)
+        self._index_of, self._spawner_of = links.by_id, links.spawner
+        super().__init__(trace.stages, plan or ArrivalPlan.of(trace, sessions, links), clock, share)
         self._owned = set(self.plan.keys[self._positions].tolist())
         self._ended: dict[int, gevent.event.Event] = {}
         self._spawned: dict[int, gevent.event.AsyncResult] = {}  # a subagent's: when the reply that spawns it came
@@ -372,7 +366,7 @@ class ConversationDispatcher(TraceDispatcher):
     def __init__(self, trace: TraceClock, sessions: Sequence[Session], clock: RunClock, share: WorkerShare) -> None:
         nothing = np.empty(0, dtype=np.int64)
         super().__init__(trace, sessions, clock, share, ArrivalPlan(nothing.astype(float), nothing))
-        numbers = conversations(sessions)
+        numbers = conversations(sessions, self._index_of)
         # each conversation's sessions, its agent first: the session of its chain's top comes first in the file
         self._members = [np.flatnonzero(numbers == c).tolist() for c in range(int(numbers.max(initial=-1)) + 1)]
         self._opened = 0

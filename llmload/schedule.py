@@ -19,13 +19,13 @@ import argparse
 import itertools
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from llmload.models import Session, Stage
+from llmload.models import Session, SessionLinks, Stage
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|s|)\s*$")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
@@ -255,7 +255,11 @@ class ArrivalPlan:
     groups: np.ndarray | None = None  # trace mode: the key of the conversation each arrival belongs to
 
     @classmethod
-    def of(cls, arrivals: ArrivalSchedule | TraceClock, sessions: Sequence[Session]) -> ArrivalPlan:
+    def of(
+        cls, arrivals: ArrivalSchedule | TraceClock, sessions: Sequence[Session], links: SessionLinks | None = None
+    ) -> ArrivalPlan:
+        """The plan of `arrivals`. `links`: the sessions' links where the caller holds them (the trace
+        dispatcher), so they are built once; else built here for a trace's conversations."""
         if isinstance(arrivals, ArrivalSchedule):
             offsets = np.fromiter(arrivals.times(), dtype=float)
             return cls(offsets, np.arange(len(offsets), dtype=np.int64))
@@ -263,7 +267,7 @@ class ArrivalPlan:
         trace_s = np.array([t for t, _ in starts], dtype=float)
         run_s = np.array([arrivals.run_time(t) for t in trace_s], dtype=float)
         keys = np.array([i for _, i in starts], dtype=np.int64)
-        conversation = conversations(sessions)
+        conversation = conversations(sessions, (links if links is not None else SessionLinks.of(sessions)).by_id)
         count, conversations_count = len(sessions), int(conversation.max(initial=-1)) + 1
         return cls(run_s, keys, trace_s, keys // count * conversations_count + conversation[keys % count])
 
@@ -275,10 +279,10 @@ class ArrivalPlan:
         return np.flatnonzero((self.keys if self.groups is None else self.groups) % count == index)
 
 
-def conversations(sessions: Sequence[Session]) -> np.ndarray:
+def conversations(sessions: Sequence[Session], index: Mapping[str, int]) -> np.ndarray:
     """Each session's conversation, numbered in order: the one of the session at the top of its chain of
-    parents (its own for a session without one, or whose parent the workload lacks)."""
-    index = {session.id: i for i, session in enumerate(sessions)}
+    parents (its own for a session without one, or whose parent the workload lacks); `index`: each
+    session's position by id (`SessionLinks`)."""
     roots = np.arange(len(sessions), dtype=np.int64)
     for i in range(len(sessions)):
         seen = {i}

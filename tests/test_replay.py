@@ -26,6 +26,8 @@ from llmload.schedule import ArrivalSchedule, RunClock, TraceClock, build_stages
 from llmload.server.kinds import kind
 from llmload.server.request import RequestShape
 from llmload.workload.blocks import BlockText
+from llmload.workload.files import load_workload
+from llmload.workload.pacing import paced
 from llmload.workload.tokens import get_tokenizer
 from tests.locust_runs import small_workload, write_workload
 from tests.wire_server import canned_server, chat_stream
@@ -265,6 +267,21 @@ def test_think_time_only_sends_a_trace_turn_after_the_reply_not_at_its_recorded_
     assert gaps["think"] == pytest.approx(0.2, abs=0.05) and gaps["capped"] == pytest.approx(0.05, abs=0.04), gaps
     with pytest.raises(InputError, match="--use-think-time-only applies to --arrival trace only"):
         RunPlan.build(PlanFlags(workload=str(path), target_qps=1, think_time_only=True))
+
+
+def test_think_time_only_brings_a_subagents_arrival_to_its_agents(tmp_path: Path) -> None:
+    """With think times only, a subagent starts its first think time after the reply that spawns it, so it
+    arrives with the agent whose turn spawns it, not at its recorded offset; as recorded, it keeps its own."""
+    spawning = Turn(messages=[Message(role="user", content="a 0")], output_tokens=2, spawns=["a/sub"])
+    sessions = [
+        _agent("b", [(None, [])], offset_s=2.0),
+        _agent("a/sub", [(None, [])], offset_s=4.0, parent="a"),
+        Session(id="a", offset_s=1.0, turns=[spawning]),
+    ]
+    workload = load_workload(write_workload(tmp_path, "agents", sessions))
+    paced_offsets = [s.offset_s for s in paced(workload, think_time_only=True, max_think_s=None).sessions]
+    capped_offsets = [s.offset_s for s in paced(workload, think_time_only=False, max_think_s=1.0).sessions]
+    assert (paced_offsets, capped_offsets) == ([2.0, 1.0, 1.0], [2.0, 4.0, 1.0])
 
 
 def test_a_trace_repeats_with_unique_ids_when_the_plan_is_longer() -> None:

@@ -196,6 +196,26 @@ class Session(Strict):
     turns: list[Turn] = Field(min_length=1)
 
 
+class SessionLinks(NamedTuple):
+    """Sessions by id and who spawns whom, built once for all that read them: the worker split, the trace
+    dispatcher and `--use-think-time-only`'s pacing."""
+
+    by_id: dict[str, int]  # each session's position
+    spawner: dict[int, int]  # a subagent's position: that of the session whose turn spawns it
+
+    @classmethod
+    def of(cls, sessions: Sequence[Session]) -> SessionLinks:
+        index = {session.id: i for i, session in enumerate(sessions)}
+        spawner = {
+            index[name]: i
+            for i, session in enumerate(sessions)
+            for turn in session.turns
+            for name in turn.spawns
+            if name in index
+        }
+        return cls(index, spawner)
+
+
 class WorkloadSource(Strict):
     files: list[str] = Field(default_factory=list)
     format: str

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmload.models import SessionLinks
 from llmload.workload.files import Workload
 
 
@@ -21,14 +22,14 @@ def paced(workload: Workload, *, think_time_only: bool, max_think_s: float | Non
     if not think_time_only and max_think_s is None:
         return workload
     cap = float("inf") if max_think_s is None else max_think_s
-    spawner_offset = {
-        name: session.offset_s for session in workload.sessions for turn in session.turns for name in turn.spawns
-    }
+    spawner = SessionLinks.of(workload.sessions).spawner
     sessions = [
         session.model_copy(
             update={
                 # a subagent's arrival with its agent's: it starts its think time after the reply that spawns it
-                "offset_s": spawner_offset.get(session.id, session.offset_s) if think_time_only else session.offset_s,
+                "offset_s": workload.sessions[spawner[i]].offset_s
+                if think_time_only and i in spawner
+                else session.offset_s,
                 "turns": [
                     turn.model_copy(
                         update={
@@ -40,6 +41,6 @@ def paced(workload: Workload, *, think_time_only: bool, max_think_s: float | Non
                 ],
             }
         )
-        for session in workload.sessions
+        for i, session in enumerate(workload.sessions)
     ]
     return dataclasses.replace(workload, sessions=sessions)

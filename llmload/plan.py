@@ -294,6 +294,17 @@ class RunPlan:
         """Whether the workload's turns ask for models by rank (ModelMix.for_turn), so no weight applies."""
         return any(turn.model_rank is not None for session in self.workload.sessions for turn in session.turns)
 
+    def unused_weights(self, models: ModelMix) -> str | None:
+        """Why the weights given to --model split nothing, for the console at the run's start: the workload's
+        turns ask for models by rank. None where they split the sessions, or none was given (each 1)."""
+        if len(models.shares) < 2 or all(share.weight == 1.0 for share in models.shares) or not self._ranked():
+            return None
+        given = " ".join(f"--model {share.name}:{share.weight:g}" for share in models.shares)
+        return (
+            f"{given}: the weights are not used: the workload's turns ask for models by rank (model_rank: the"
+            " trace's main model the first --model, its others the next ones), so run.json lists no mix"
+        )
+
     def manifest(
         self,
         *,

@@ -118,10 +118,38 @@ def test_a_run_of_ranked_turns_claims_no_weights(tmp_path: Path) -> None:
     ranked = write_workload(tmp_path, "ranked", [Session(id="a", turns=[turn.model_copy(update={"model_rank": 1})])])
     plain = write_workload(tmp_path, "plain", [Session(id="a", turns=[turn])])
     models = ModelMix.of(["big:0.5", "small:0.5"])
+    plans = {path.stem: RunPlan.build(PlanFlags(workload=str(path), target_qps=1)) for path in (ranked, plain)}
     mixes = {
-        path.stem: RunPlan.build(PlanFlags(workload=str(path), target_qps=1))
-        .manifest(run_id="r", replicas=Replicas(("http://127.0.0.1:1",)), models=models, started_at=0.0, workers=1)
-        .model_mix
-        for path in (ranked, plain)
+        name: plan.manifest(
+            run_id="r", replicas=Replicas(("http://127.0.0.1:1",)), models=models, started_at=0.0, workers=1
+        ).model_mix
+        for name, plan in plans.items()
     }
     assert mixes["ranked"] == [] and [share.name for share in mixes["plain"]] == ["big", "small"]
+    # what the console says at the start: weights given for ranked turns split nothing; none given, nothing said
+    unused = plans["ranked"].unused_weights(models)
+    assert unused is not None and unused.startswith("--model big:0.5 --model small:0.5: the weights are not used")
+    assert plans["plain"].unused_weights(models) is None
+    assert plans["ranked"].unused_weights(ModelMix.of(["big", "small"])) is None
+    assert plans["ranked"].unused_weights(ModelMix.of(["big:0.7"])) is None
+
+
+def test_a_ranked_run_says_once_at_its_start_that_the_weights_are_not_used(tmp_path: Path) -> None:
+    """The console line comes once per run, whatever the number of requests, and the run goes on."""
+    synth = TextSynthesizer(get_tokenizer("cl100k_base"), seed=3)
+    sessions = [
+        Session(id=f"s{i}", turns=[Turn(messages=[Message(role="user", content=synth.text(20))], output_tokens=4,
+                                        model_rank=0)])
+        for i in range(40)
+    ]  # fmt: skip
+    workload = write_workload(tmp_path, "ranked", sessions)
+    with SimProcess("--itl-ms", "2") as sim:
+        run = run_locust(
+            sim.url, workload, tmp_path / "reports", "ranked", "--target-qps", "8", "--stages", "100",
+            "--stage-duration", "3", "--warmup", "0", "--arrival", "constant",
+            "--model", "llmload-sim:0.7", "--model", "other:0.3",
+        )  # fmt: skip
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.output.count("the weights are not used") == 1, run.output[-3000:]
+    assert "--model llmload-sim:0.7 --model other:0.3: the weights are not used" in run.output
+    assert run.summary["requests"]["ok"] >= 20 and run.manifest["model_mix"] == []

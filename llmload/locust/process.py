@@ -371,6 +371,8 @@ def _start_recording(
     warmup = plan.stages[0].duration_s if plan.stages[0].warmup else 0.0
     log.info("llmload: run %s -> %s (%s; %g s unjudged warm-up)", run.run_id, run_dir, planned, warmup)
     log.info("llmload: %s", server_line(found.server, run.shape, lengths_asked=plan.workload.asks_lengths))
+    if (unused := plan.unused_weights(run.models)) is not None:
+        log.warning("llmload: %s", unused)
 
 
 def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> None:

@@ -17,7 +17,8 @@ import pytest
 
 from llmload.cli import main
 from llmload.errors import InputError
-from llmload.models import Turn
+from llmload.models import SessionLinks, Turn
+from llmload.schedule import conversations
 from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
 from llmload.workload.build import BuildError, BuildOptions, build_workload
@@ -608,6 +609,36 @@ def test_weka_traces_build_main_agents_and_subagents_as_block_sessions(tmp_path:
     reuse = workload_prefix(workload)
     assert reuse.block_size == 64 and reuse.prompt_tokens == sum(t for *_, t in sent)
     assert reuse.reusable_tokens == reusable == 64 * (0 + 0 + 1 + 2 + 2 + 3 + 3 + 1)
+
+
+def test_a_gap_that_splits_an_agent_links_each_subagent_to_the_part_that_spawns_it(tmp_path: Path) -> None:
+    """--session-gap 100: the agent's request at 500 s starts a part of its own (`a#2`), and so does its
+    request at 900 s (`a#3`), after a subagent whose own 300 s gap split it too. The subagent spawned after the
+    first gap is `a#2`'s (its parent, so a distributed run plays it on `a#2`'s worker), and the request that
+    joins it waits for its last part."""
+    sub = {"t": 9.0, "type": "subagent", "agent_id": "agent_001", "requests": [
+        _weka_request(0.0, [1, 7], 150), _weka_request(4.0, [1, 7, 8], 200)]}  # fmt: skip
+    late = {"t": 505.0, "type": "subagent", "agent_id": "agent_002", "requests": [
+        _weka_request(0.0, [1, 9], 150), _weka_request(300.0, [1, 9, 10], 200)]}  # fmt: skip
+    a = [_weka_request(0.0, [1], 100), _weka_request(5.0, [1, 2], 150), sub, _weka_request(30.0, [1, 2, 3], 200),
+         _weka_request(500.0, [1, 2, 3, 4], 260), late, _weka_request(900.0, [1, 2, 3, 4, 5], 330)]  # fmt: skip
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "a.json").write_bytes(orjson.dumps(_weka_trace("a", a)))
+    sessions = build(tmp_path, traces, session_gap_s=100.0).sessions
+    assert [s.id for s in sessions] == ["a", "a/agent_001", "a#2", "a/agent_002", "a/agent_002#2", "a#3"]
+    assert [s.parent for s in sessions] == [None, "a", None, "a#2", "a#2", None]
+    assert [[t.spawns for t in s.turns] for s in sessions if s.parent is None] == [
+        [[], ["a/agent_001"], []],
+        [["a/agent_002"]],
+        [[]],
+    ]
+    assert [[t.waits_for for t in s.turns] for s in sessions if s.parent is None] == [
+        [[], [], ["a/agent_001"]],
+        [[]],
+        [["a/agent_002#2"]],
+    ]
+    assert conversations(sessions, SessionLinks.of(sessions).by_id).tolist() == [0, 0, 1, 1, 1, 2]
 
 
 @pytest.mark.parametrize(

@@ -142,23 +142,36 @@ class _Open:
     keys: tuple[Key, ...] = ()
     last_seen: float | None = None
     closed: bool = False
-    label: str | None = None  # the log's own name for it (a ShareGPT id)
+    id: str = ""  # the session's id: the log's own name for it (a ShareGPT id, an agent's) where it has one
 
 
 class _Sessions:
-    """Groups requests into sessions and hands back closed sessions in start order."""
+    """Groups requests into sessions and hands back closed sessions in start order.
 
-    def __init__(self, gap_s: float, max_open: int) -> None:
+    Each session's id is given as it starts, so an agentic trace's links name the parts a gap split its
+    sessions into (the log names an agent or subagent, never its parts): a subagent's `parent` is the part
+    whose request spawns it, a `spawns` its first part, a `waits_for` its latest part, all of whose requests
+    come before the request that joins it."""
+
+    def __init__(self, name: str, gap_s: float, max_open: int) -> None:
+        self._name = name
         self._gap_s = gap_s
         self._max_open = max_open
         self._by_key: dict[Key, list[_Open]] = {}
         self._active: dict[int, _Open] = {}  # by last activity, oldest first
         self._started: deque[_Open] = deque()
+        self._taken: set[str] = set()
+        self._first_part: dict[str, str] = {}  # a subagent spawned, not yet started: its first part's id
+        self._spawner: dict[str, str] = {}  # a subagent: the id of the part whose request spawns it
+        self._latest_part: dict[str, str] = {}  # a subagent: the id of its latest part
         self.count = 0
 
     def add(self, request: LogRequest) -> None:
         if request.timestamp is not None:
             self._expire(request.timestamp)
+        if request.parent is not None and request.label is not None:
+            request.parent = self._spawner.get(request.label, request.parent)
+        request.waits_for = tuple(self._latest_part.get(name, name) for name in request.waits_for)
         messages = request.messages
         if messages is None and request.session is None:  # length-only trace: a session of its own
             self._close(self._start(request))
@@ -182,6 +195,8 @@ class _Sessions:
             found.turns.append(request)
             del self._active[found.index]
             self._active[found.index] = found
+        if request.spawns:
+            request.spawns = tuple(self._spawn(name, found) for name in request.spawns)
         found.n_messages = len(messages or ())
         found.last_seen = request.timestamp
         found.keys = keys
@@ -237,8 +252,30 @@ class _Sessions:
                     del self._by_key[key]
         session.keys = ()
 
+    def _spawn(self, name: str, spawner: _Open) -> str:
+        """The id of subagent `name`'s first part, given when `spawner`'s request spawns it."""
+        self._spawner[name] = spawner.id
+        self._first_part[name] = self._unique(name)
+        return self._first_part[name]
+
+    def _unique(self, base: str) -> str:
+        """`base`, made unique with `#n` when taken (a log that repeats a name, or a part a gap split off)."""
+        unique, n = base, 1
+        while unique in self._taken:
+            n += 1
+            unique = f"{base}#{n}"
+        self._taken.add(unique)
+        return unique
+
     def _start(self, request: LogRequest) -> _Open:
-        session = _Open(self.count, [request], last_seen=request.timestamp, label=request.label)
+        session = _Open(self.count, [request], last_seen=request.timestamp)
+        label = request.label
+        if label is not None and label in self._first_part:
+            session.id = self._first_part.pop(label)
+        else:
+            session.id = self._unique(label if label is not None else _session_id(self._name, self.count))
+        if request.parent is not None and label is not None:
+            self._latest_part[label] = session.id
         self.count += 1
         self._active[session.index] = session
         self._started.append(session)
@@ -312,7 +349,6 @@ class _Finisher:
 
     def __init__(
         self,
-        name: str,
         tokenizer: Tokenizer,
         prefix: PrefixBlocks,
         layout: PromptLayout,
@@ -322,7 +358,6 @@ class _Finisher:
         seed: int,
         fill: Distribution | None = None,
     ) -> None:
-        self.name = name
         self.prefix = prefix
         self.layout = layout
         self.tokenizer = tokenizer
@@ -333,7 +368,6 @@ class _Finisher:
         self.ids: list[str] = []  # each session's id, in session order: the log's own name where it has one
         self._conversations = ConversationCodes()
         self.prefix_conversations = array("q")  # the conversation of each request the prefix figure holds
-        self._taken: set[str] = set()
         self.t0: float | None = None
         self.think_basis: Counter[str] = Counter()  # follow-up turns by how their think time was found
         self.fill = fill
@@ -401,19 +435,8 @@ class _Finisher:
         texts = [text for t in turns for text in (*(m["content"] for m in t.messages or ()), t.reply or "")]
         return iter(self.tokenizer.count_batch(texts))
 
-    def _id(self, session: _Open) -> str:
-        """The log's own name for the session (ShareGPT's `id`), else `NAME-000042`; made unique with `#n`
-        when the log repeats one."""
-        base = session.label if session.label is not None else _session_id(self.name, session.index)
-        unique, n = base, 1
-        while unique in self._taken:
-            n += 1
-            unique = f"{base}#{n}"
-        self._taken.add(unique)
-        return unique
-
     def _session(self, session: _Open, counts: Iterator[int]) -> Record | None:
-        self.ids.append(self._id(session))
+        self.ids.append(session.id)
         turns: list[Record] = []
         history: list[dict[str, str]] = []  # for templated counting only
         templated = self.tokenizer.templated
@@ -593,10 +616,10 @@ def _run(
     )
     layout = PromptLayout(options.tokenizer, options.chat_template)
     finisher = _Finisher(
-        name, tokenizer, prefix, layout, write=out is not None, redact=options.redact, seed=options.seed,
+        tokenizer, prefix, layout, write=out is not None, redact=options.redact, seed=options.seed,
         fill=options.output_tokens,
     )  # fmt: skip
-    sessions = _Sessions(options.session_gap_s, options.max_open_sessions)
+    sessions = _Sessions(name, options.session_gap_s, options.max_open_sessions)
     issues: list[Issue] = []
     skipped: Counter[str] = Counter()
     ignored: Counter[str] = Counter()

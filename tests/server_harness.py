@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ from types import TracebackType
 from typing import Self
 
 from llmload.process_group import start_in_group, stop_group
-from llmload.sweep.server import free_port
+from llmload.sweep.server import free_port, health_status
 
 CACHE_ROOT = Path(os.environ.get("LLMLOAD_CACHE", "~/.cache/llmload")).expanduser()
 SERVED_MODEL_NAME = "tiny-llama"
@@ -169,13 +167,7 @@ class HarnessServer:
 
     def health(self, timeout: float = 2.0) -> int | None:
         """HTTP status of `GET /health`, or None when nothing answers."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (OSError, ValueError):
-            return None
+        return health_status(self.url, timeout)
 
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

@@ -26,6 +26,17 @@ LOG_TAIL_LINES = 3  # a start that failed without vLLM's error or an exception: 
 LOG_LINE_CHARS = 200
 
 
+def health_status(url: str, timeout: float = 2.0) -> int | None:
+    """HTTP status of `GET {url}/health`, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (OSError, ValueError):
+        return None
+
+
 def serve_command(template: str, config: Path, port: int) -> list[str]:
     """The `--serve` template with {config} and {port} filled in, split as a shell would split it."""
     missing = [p for p in PLACEHOLDERS if p not in template]
@@ -134,7 +145,7 @@ class ServerProcess:
             if code is not None:
                 fallback = f"exited with code {code} before /health answered"
                 break
-            if self._health() == 200:
+            if health_status(self.url) == 200:
                 return read_startup(self._log(), started=True, seconds=time.monotonic() - self._started)
             if time.monotonic() >= deadline:
                 fallback = f"/health did not answer 200 within {timeout_s:g} s"
@@ -143,15 +154,6 @@ class ServerProcess:
         seconds = time.monotonic() - self._started
         self.stop()  # a server still starting is stopped before its log is read: the log is then whole
         return read_startup(self._log(), started=False, seconds=seconds, fallback=fallback)
-
-    def _health(self) -> int | None:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-        except (OSError, ValueError):
-            return None
 
     def _log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -35,11 +35,12 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from tests.server_harness import (
     CACHE_ROOT,
     SERVED_MODEL_NAME,
+    HarnessOptions,
     HarnessServer,
     child_env,
     file_lock,
@@ -266,32 +267,17 @@ class LlamaServer(HarnessServer):
 
     label = "llama-server"
     stop_timeout_s = 10.0
+    startup_timeout_s = 60.0
 
     def __init__(
-        self,
-        model_path: Path,
-        *,
-        ctx_size: int = 4096,
-        parallel: int = 4,
-        extra_args: Sequence[str] = (),
-        log_path: Path | None = None,
-        binary: Path | None = None,
-        startup_timeout: float = 60.0,
+        self, model_path: Path, *, ctx_size: int = 4096, parallel: int = 4, **options: Unpack[HarnessOptions]
     ) -> None:
-        super().__init__(log_path=log_path, startup_timeout=startup_timeout)
-        self.model_path = Path(model_path)
+        super().__init__(model_path, **options)
         self.ctx_size = ctx_size
         self.parallel = parallel
-        self.extra_args = tuple(extra_args)
-        self.binary = binary
 
-    @property
-    def served_model_name(self) -> str:
-        return SERVED_MODEL_NAME
-
-    def prepare(self) -> None:
-        if self.binary is None:
-            self.binary = ensure_llama_server()
+    def install(self) -> Path:
+        return ensure_llama_server()
 
     def env(self) -> dict[str, str]:
         """child_env() without LLAMA_ARG_* variables, which llama-server reads as flags."""
@@ -300,8 +286,8 @@ class LlamaServer(HarnessServer):
     def command(self) -> list[str]:
         assert self.port is not None
         return [
-            str(self.binary or server_binary()),
-            "-m", str(self.model_path),
+            str(self.program or server_binary()),
+            "-m", str(self.model),
             "--alias", SERVED_MODEL_NAME,
             "--host", "127.0.0.1",
             "--port", str(self.port),

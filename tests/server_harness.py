@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypedDict
 
 from llmload.process_group import start_in_group, stop_group
 from llmload.sweep.server import free_port, health_status
@@ -80,15 +80,40 @@ def failure_report(path: Path) -> str:
     return f"exceptions in log:\n{head}last 40 lines of {path}:\n{tail(path)}"
 
 
+class HarnessOptions(TypedDict, total=False):
+    """What every server takes beside its own settings (`HarnessServer.__init__`)."""
+
+    program: Path | None
+    extra_args: Sequence[str]
+    log_path: Path | None
+    startup_timeout: float
+
+
 class HarnessServer:
-    """One server on loopback in its own process group. Subclasses give `label` and `command()`, and
-    may install what they need in `prepare()` and change the environment in `env()`."""
+    """One server of one model on loopback in its own process group. Subclasses give `label`,
+    `install()` and `command()`, and may change the environment in `env()`.
+
+    `program`: what serves (an interpreter or a binary), installed by `install()` on the first start
+    when None; `extra_args`: appended to its command line; `startup_timeout`: how long `/health` is
+    awaited, the class's `startup_timeout_s` when None."""
 
     label = "server"
     stop_timeout_s = 20.0
+    startup_timeout_s = 240.0
 
-    def __init__(self, *, log_path: Path | None = None, startup_timeout: float = 240.0) -> None:
-        self.startup_timeout = startup_timeout
+    def __init__(
+        self,
+        model: Path,
+        *,
+        program: Path | None = None,
+        extra_args: Sequence[str] = (),
+        log_path: Path | None = None,
+        startup_timeout: float | None = None,
+    ) -> None:
+        self.model = Path(model)
+        self.program = program
+        self.extra_args = tuple(extra_args)
+        self.startup_timeout = self.startup_timeout_s if startup_timeout is None else startup_timeout
         self.port: int | None = None
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
@@ -97,11 +122,22 @@ class HarnessServer:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def install(self) -> Path:
+        """The program that serves, installed or built (cached)."""
+        raise NotImplementedError
+
     def prepare(self) -> None:
-        """Before the first start: install or build what the server needs (cached)."""
+        """Before the first start: the program, unless one was given."""
+        if self.program is None:
+            self.program = self.install()
 
     def env(self) -> dict[str, str]:
         return child_env()
+
+    @property
+    def served_model_name(self) -> str:
+        """What a request's `model` must be."""
+        return SERVED_MODEL_NAME
 
     # -- attributes that only make sense once started --------------------------------------------
     @property

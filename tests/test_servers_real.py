@@ -51,7 +51,7 @@ def _events(raw: bytes) -> list[dict[str, Any]]:
 
 def test_each_real_server_is_what_its_row_says(real: tuple[HarnessServer, str]) -> None:
     server, expected = real
-    model = getattr(server, "served_model_name")  # noqa: B009 (every harness server has one)
+    model = server.served_model_name
     found = identify(server.url)
     assert found.kind == expected, found
     row = kind(found.kind)
@@ -97,7 +97,7 @@ def test_the_sample_workload_runs_against_another_server_with_no_false_failure(
     """Fixed output lengths, growing chats: every request answered, each at exactly its length, the
     report naming the server and putting the measured lengths beside the workload's."""
     server: HarnessServer = request.getfixturevalue(fixture)
-    model = getattr(server, "served_model_name")  # noqa: B009
+    model = server.served_model_name
     run = run_locust(
         server.url, SAMPLE, tmp_path / "reports", fixture, "--model", model, "--target-qps", "1", "--stages", "100",
         "--stage-duration", "20", "--warmup", "0", "--arrival", "constant", "--drain-timeout", "60", timeout=180,

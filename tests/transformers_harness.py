@@ -30,9 +30,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
-from tests.server_harness import CACHE_ROOT, HarnessServer, child_env, file_lock, serve_until_interrupted
-from tests.vllm_harness import build_tiny_model, ensure_vllm_venv, import_check, venv_dir
+from tests.server_harness import (
+    CACHE_ROOT,
+    HarnessOptions,
+    HarnessServer,
+    child_env,
+    file_lock,
+    serve_until_interrupted,
+)
+from tests.vllm_harness import build_tiny_model, ensure_vllm_venv, import_check, python_check, venv_dir
 
 ACCELERATE_VERSION = "1.15.0"
 _SERVE_CHECK = "import accelerate, fastapi, openai, uvicorn; from transformers.cli.serve import Serve"
@@ -54,18 +62,6 @@ def serve_env() -> dict[str, str]:
     return env
 
 
-def _check(python: Path, code: str) -> bool:
-    proc = subprocess.run(
-        [str(python), "-c", code],
-        env=serve_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=600,
-        check=False,
-    )
-    return proc.returncode == 0
-
-
 def ensure_transformers_serve() -> Path:
     """The python that runs ``transformers serve``: the vLLM venv's, with ``accelerate`` added once."""
     python = ensure_vllm_venv()
@@ -75,7 +71,7 @@ def ensure_transformers_serve() -> Path:
     with file_lock(CACHE_ROOT / ".transformers-serve.lock"):
         if _marker().exists():  # another process finished while we waited
             return python
-        if not _check(python, _SERVE_CHECK):
+        if not python_check(python, _SERVE_CHECK, serve_env()):
             cmd = [str(python), "-m", "pip", "install", f"accelerate=={ACCELERATE_VERSION}"]
             with log.open("a") as out:
                 out.write(f"\n$ {' '.join(cmd)}\n")
@@ -84,7 +80,7 @@ def ensure_transformers_serve() -> Path:
                 out.write(f"exit {rc}\n")
             if rc != 0:
                 raise RuntimeError(f"installing accelerate into the vLLM venv failed (exit {rc}); see {log}")
-            if not _check(python, _SERVE_CHECK):
+            if not python_check(python, _SERVE_CHECK, serve_env()):
                 raise RuntimeError(f"accelerate installed but `{_SERVE_CHECK}` fails; see {log}")
         if not import_check(python):  # the vLLM venv must stay usable for the vLLM tests
             raise RuntimeError(f"the vLLM venv no longer imports vLLM after adding accelerate; see {log}")
@@ -97,6 +93,7 @@ class TransformersServer(HarnessServer):
     server under load runs (without it, requests are served one at a time)."""
 
     label = "transformers serve"
+    startup_timeout_s = 120.0
 
     def __init__(
         self,
@@ -105,37 +102,30 @@ class TransformersServer(HarnessServer):
         continuous_batching: bool = True,
         cb_num_blocks: int | None = 128,
         cb_max_batch_tokens: int | None = 2048,
-        extra_args: Sequence[str] = (),
-        log_path: Path | None = None,
-        python: Path | None = None,
-        startup_timeout: float = 120.0,
+        **options: Unpack[HarnessOptions],
     ) -> None:
-        super().__init__(log_path=log_path, startup_timeout=startup_timeout)
-        self.model_dir = Path(model_dir)
+        super().__init__(model_dir, **options)
         self.continuous_batching = continuous_batching
         self.cb_num_blocks = cb_num_blocks
         self.cb_max_batch_tokens = cb_max_batch_tokens
-        self.extra_args = tuple(extra_args)
-        self.python = python
 
     @property
     def served_model_name(self) -> str:
         """What a request's `model` must be: the preloaded model exactly as given on the command line."""
-        return str(self.model_dir)
+        return str(self.model)
 
-    def prepare(self) -> None:
-        if self.python is None:
-            self.python = ensure_transformers_serve()
+    def install(self) -> Path:
+        return ensure_transformers_serve()
 
     def env(self) -> dict[str, str]:
         return serve_env()
 
     def command(self) -> list[str]:
-        assert self.port is not None and self.python is not None
+        assert self.port is not None and self.program is not None
         cmd = [
-            str(self.python),
+            str(self.program),
             "-m", "transformers.cli.transformers",
-            "serve", str(self.model_dir),
+            "serve", str(self.model),
             "--device", "cpu",
             "--dtype", "float32",
             "--host", "127.0.0.1",

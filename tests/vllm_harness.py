@@ -21,12 +21,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Unpack
 
 import yaml
 
 from tests.server_harness import (
     CACHE_ROOT,
     SERVED_MODEL_NAME,
+    HarnessOptions,
     HarnessServer,
     child_env,
     file_lock,
@@ -50,18 +52,21 @@ def venv_python() -> Path:
     return venv_dir() / "bin" / "python"
 
 
-def import_check(python: Path) -> bool:
-    if not python.exists():
-        return False
+def python_check(python: Path, code: str, env: dict[str, str]) -> bool:
+    """Whether `python -c code` exits 0 in `env` (its output dropped)."""
     proc = subprocess.run(
-        [str(python), "-c", _IMPORT_CHECK],
-        env=child_env(),
+        [str(python), "-c", code],
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         timeout=600,
         check=False,
     )
     return proc.returncode == 0
+
+
+def import_check(python: Path) -> bool:
+    return python.exists() and python_check(python, _IMPORT_CHECK, child_env())
 
 
 def ensure_vllm_venv() -> Path:
@@ -142,26 +147,16 @@ class VllmServer(HarnessServer):
         *,
         max_model_len: int = 2048,
         kv_cache_bytes: int = 64 * 2**20,
-        extra_args: Sequence[str] = (),
-        log_path: Path | None = None,
-        python: Path | None = None,
-        startup_timeout: float = 240.0,
+        **options: Unpack[HarnessOptions],
     ) -> None:
-        super().__init__(log_path=log_path, startup_timeout=startup_timeout)
-        self.model_dir = Path(model_dir)
+        super().__init__(model_dir, **options)
         self.max_model_len = max_model_len
         self.kv_cache_bytes = kv_cache_bytes
-        self.extra_args = tuple(extra_args)
-        self.python = python
-
-    @property
-    def served_model_name(self) -> str:
-        return SERVED_MODEL_NAME
 
     def config(self) -> dict[str, object]:
         """The `vllm serve --config` YAML this server starts from (the way users configure vLLM)."""
         return {
-            "model": str(self.model_dir),
+            "model": str(self.model),
             "served-model-name": SERVED_MODEL_NAME,
             "dtype": "float32",
             "max-model-len": self.max_model_len,
@@ -175,15 +170,14 @@ class VllmServer(HarnessServer):
     def config_path(self) -> Path:
         return self.log_path.with_suffix(".yaml")
 
-    def prepare(self) -> None:
-        if self.python is None:
-            self.python = ensure_vllm_venv()
+    def install(self) -> Path:
+        return ensure_vllm_venv()
 
     def command(self) -> list[str]:
         assert self.port is not None
         self.config_path.write_text(yaml.safe_dump(self.config(), sort_keys=False), encoding="utf-8")
         return [
-            str(self.python or venv_python()),
+            str(self.program or venv_python()),
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--config", str(self.config_path),
@@ -208,7 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"venv python: {python}\nmodel: {model}", flush=True)
     server = VllmServer(
         model, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes, extra_args=args.extra,
-        python=python,
+        program=python,
     )  # fmt: skip
     return serve_until_interrupted(server, SERVED_MODEL_NAME)
 

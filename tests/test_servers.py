@@ -20,7 +20,7 @@ from llmload.server.kinds import compatibility_table, kind, kinds
 from llmload.server.request import RequestShape, parse_extra_body
 from llmload.sim.process import SimProcess
 from tests.locust_runs import fixed_output_workload, run_locust
-from tests.wire_server import serve
+from tests.wire_server import QuietHandler, serve
 
 Page = tuple[int, Any, dict[str, str]]  # status, JSON body, headers
 
@@ -28,23 +28,14 @@ Page = tuple[int, Any, dict[str, str]]  # status, JSON body, headers
 def _answering(pages: dict[str, Page]) -> type[BaseHTTPRequestHandler]:
     """GETs answered from `pages` (404 otherwise); every path asked is kept in `asked`."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
         asked: ClassVar[list[str]] = []
 
         def do_GET(self) -> None:
             Handler.asked.append(self.path)
             status, body, headers = pages.get(self.path, (404, {"detail": "Not Found"}, {}))
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            for name, value in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.answer(status, json.dumps(body).encode(), "application/json", headers)
 
     return Handler
 

@@ -7,9 +7,7 @@ is a real server's log. Every built workload is read back with the strict loader
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -25,6 +23,7 @@ from llmload.workload.build import BuildError, BuildOptions, build_workload
 from llmload.workload.formats import detect_format, read_log, sharegpt
 from llmload.workload.prefix import workload_prefix
 from llmload.workload.tokens import get_tokenizer
+from tests.wire_server import QuietHandler, serve
 
 LOGS = Path(__file__).parent / "data" / "logs"
 TINY = f"hf:{LOGS / 'tiny-tokenizer'}"
@@ -490,7 +489,7 @@ def test_unknown_text_is_not_a_format(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- server: tokenizer
 
 
-class _TokenizeHandler(BaseHTTPRequestHandler):
+class _TokenizeHandler(QuietHandler):
     """vLLM's /v1/models and /tokenize shapes (as captured from vLLM 0.32), backed by the tiny tokenizer."""
 
     def do_GET(self) -> None:
@@ -504,26 +503,13 @@ class _TokenizeHandler(BaseHTTPRequestHandler):
         self._reply({"count": n, "max_model_len": 2048, "tokens": list(range(n)), "token_strs": None})
 
     def _reply(self, payload: object) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.answer(200, json.dumps(payload).encode(), "application/json")
 
 
 @pytest.fixture
 def tokenize_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _TokenizeHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serve(_TokenizeHandler) as url:
+        yield url
 
 
 def test_server_tokenizer_counts_chats_with_the_server(tmp_path: Path, tokenize_server: str) -> None:

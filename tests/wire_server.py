@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,6 +27,21 @@ def chat_stream(text_tokens: list[str], prompt_tokens: int = 7) -> bytes:
     )
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing, with `answer` for a whole (not streamed) body."""
+
+    def answer(self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in {"Content-Type": content_type, **(headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @contextmanager
 def canned_server(
     respond: Responder, headers: list[dict[str, str]] | None = None
@@ -34,7 +49,7 @@ def canned_server(
     """Yields (base URL, list of received JSON bodies); each request's headers go to `headers` when given."""
     received: list[dict[str, Any]] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:
@@ -43,8 +58,8 @@ def canned_server(
             if headers is not None:
                 headers.append(dict(self.headers))
             status, payload, streamed = respond(body)
-            self.send_response(status)
             if streamed:
+                self.send_response(status)
                 self.send_header("Content-Type", "text/event-stream; charset=utf-8")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
@@ -54,13 +69,7 @@ def canned_server(
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
                 self.wfile.write(b"0\r\n\r\n")
             else:
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        def log_message(self, *args: object) -> None:
-            pass
+                self.answer(status, payload, "application/json")
 
     with serve(Handler) as url:
         yield url, received
@@ -83,17 +92,9 @@ def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 def text_pages(page: Callable[[str], str | None]) -> type[BaseHTTPRequestHandler]:
     """A GET handler answering `page(path)` as Prometheus text, or 404 when it is None."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             body = page(self.path)
-            data = (body or "").encode()
-            self.send_response(404 if body is None else 200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.answer(404 if body is None else 200, (body or "").encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     return Handler

@@ -56,6 +56,15 @@ def _compare(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int
     return code, captured.out, captured.err
 
 
+def _compare_with_thresholds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, thresholds_yaml: str, base: Path, other: Path
+) -> tuple[int, str, str]:
+    """`llmload compare base other --thresholds FILE`, FILE holding `thresholds_yaml`."""
+    thresholds = tmp_path / "thresholds.yaml"
+    thresholds.write_text(thresholds_yaml)
+    return _compare(capsys, base, other, "--thresholds", thresholds)
+
+
 def _results(out: str) -> dict[str, str]:
     """metric → result column of the stdout table."""
     rows = {}
@@ -127,9 +136,8 @@ def test_engine_deaths_regress_error_rate_oom_family_and_throughput(runs: dict[s
 def test_a_misspelt_threshold_key_is_named(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    thresholds = tmp_path / "thresholds.yaml"
-    thresholds.write_text("latency_rise:\n  p99: 0.2\nthroughput_dorp: 0.1\n")
-    code, out, err = _compare(capsys, runs["base"], runs["again"], "--thresholds", thresholds)
+    yaml = "latency_rise:\n  p99: 0.2\nthroughput_dorp: 0.1\n"
+    code, out, err = _compare_with_thresholds(capsys, tmp_path, yaml, runs["base"], runs["again"])
     assert code == 2 and not out
     assert "throughput_dorp: unknown key" in err
 
@@ -137,9 +145,8 @@ def test_a_misspelt_threshold_key_is_named(
 def test_looser_thresholds_from_yaml_let_the_slower_run_pass(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    thresholds = tmp_path / "thresholds.yaml"
-    thresholds.write_text("latency_floor_ms: {ttft: 100, e2e: 100}\n")
-    code, out, _ = _compare(capsys, runs["base"], runs["slow"], "--thresholds", thresholds)
+    yaml = "latency_floor_ms: {ttft: 100, e2e: 100}\n"
+    code, out, _ = _compare_with_thresholds(capsys, tmp_path, yaml, runs["base"], runs["slow"])
     assert code == 0, out
 
 

@@ -49,6 +49,11 @@ def llmload(*args: str) -> tuple[str, ...]:
     return tuple(llmload_command(*args))
 
 
+def build(log: str, *flags: str, output: str = "{dir}/w.yaml") -> tuple[str, ...]:
+    """`llmload workload build` of one log into `output`."""
+    return llmload("workload", "build", log, "-o", output, *flags)
+
+
 OUT_OF_RANGE = (
     "--stage-duration", "0", "--hold-duration", "-5", "--target-qps", "0", "--timeout-total", "0",
     "--history-turns", "0", "--first-session", "-1",
@@ -149,45 +154,45 @@ CASES = [
     ),
     Case("sim-ttft", llmload("sim", "--ttft-ms", "-1"), "--ttft-ms: Input should be greater than or equal to 0"),
     # request logs
-    Case("build-empty", llmload("workload", "build", "{dir}/empty.jsonl", "-o", "{dir}/w.yaml"), "empty.jsonl: empty"),
+    Case("build-empty", build("{dir}/empty.jsonl"), "empty.jsonl: empty"),
     Case(
         "build-empty-azure",
-        llmload("workload", "build", "{dir}/empty.jsonl", "--format", "azure-trace", "-o", "{dir}/w.yaml"),
+        build("{dir}/empty.jsonl", "--format", "azure-trace"),
         "empty.jsonl: empty",
     ),
     Case(
         "build-missing-column",
-        llmload("workload", "build", "{dir}/no-generated.csv", "-o", "{dir}/w.yaml"),
+        build("{dir}/no-generated.csv"),
         "no-generated.csv:1: no column GeneratedTokens (it has TIMESTAMP, ContextTokens)",
     ),
     Case(
         "build-bad-value",
-        llmload("workload", "build", "{dir}/bad-value.csv", "-o", "{dir}/w.yaml"),
+        build("{dir}/bad-value.csv"),
         "bad-value.csv:7: GeneratedTokens 'abc' is not a whole number",
     ),
     Case(
         "build-short-row",
-        llmload("workload", "build", "{dir}/short-row.csv", "-o", "{dir}/w.yaml"),
+        build("{dir}/short-row.csv"),
         "short-row.csv:3: 2 column(s), not 3",
     ),
     Case(
         "build-no-replies",
-        llmload("workload", "build", "{dir}/asked.json", "-o", "{dir}/w.yaml"),
+        build("{dir}/asked.json"),
         "3 of 3 requests in {dir}/asked.json have no output length",
     ),
     Case(
         "build-output-tokens",
-        llmload("workload", "build", "{dir}/asked.json", "-o", "{dir}/w.yaml", "--output-tokens", "bogus:1"),
+        build("{dir}/asked.json", "--output-tokens", "bogus:1"),
         "--output-tokens 'bogus:1': unknown distribution 'bogus'",
     ),
     Case(
         "build-session-gap",
-        llmload("workload", "build", str(LOGS / "openai.jsonl"), "-o", "{dir}/w.yaml", "--session-gap", "0"),
+        build(str(LOGS / "openai.jsonl"), "--session-gap", "0"),
         "argument --session-gap: must be positive, not 0",
     ),
     Case(
         "build-unwritable",
-        llmload("workload", "build", str(LOGS / "openai.jsonl"), "-o", "{dir}/notes.txt/w.yaml"),
+        build(str(LOGS / "openai.jsonl"), output="{dir}/notes.txt/w.yaml"),
         "{dir}/notes.txt/w.yaml: cannot write: ",
     ),
     Case(
@@ -197,7 +202,7 @@ CASES = [
     ),
     Case(
         "build-seed",
-        llmload("workload", "build", "{dir}/asked.json", "-o", "{dir}/w.yaml", "--output-tokens", "9", "--seed", "-1"),
+        build("{dir}/asked.json", "--output-tokens", "9", "--seed", "-1"),
         "--seed: Input should be greater than or equal to 0",
     ),
     Case(
@@ -207,17 +212,17 @@ CASES = [
     ),
     Case(
         "build-no-file",
-        llmload("workload", "build", "{dir}/missing.jsonl", "-o", "{dir}/w.yaml"),
+        build("{dir}/missing.jsonl"),
         "missing.jsonl: no such file",
     ),
     Case(
         "build-unknown-format",
-        llmload("workload", "build", "{dir}/notes.txt", "-o", "{dir}/w.yaml"),
+        build("{dir}/notes.txt"),
         "notes.txt: cannot tell the log format; use --format",
     ),
     Case(
         "build-broken-json",
-        llmload("workload", "build", "{dir}/broken.jsonl", "-o", "{dir}/w.yaml"),
+        build("{dir}/broken.jsonl"),
         "broken.jsonl:1: first line is not a JSON object; use --format",
     ),
     # workload files

@@ -350,29 +350,31 @@ def validation_error(message: str, param: str | None = None, value: object = Non
     return VllmError(400, "BadRequestError", text, param)
 
 
+def _prompt_too_long(max_model_len: int, contains: str, param: str, value: int) -> VllmError:
+    """vLLM's refusal of a prompt over the context length; `contains`: what the prompt holds, and how it knows."""
+    return validation_error(
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains {contains}. Please reduce the length of the input prompt.",
+        param=param,
+        value=value,
+    )
+
+
 def context_length_error(max_model_len: int, prompt_tokens: int) -> VllmError:
     # vLLM tokenizes with truncation at max_model_len + 1 tokens, so it reports at most that many.
     shown = min(prompt_tokens, max_model_len + 1)
     qualifier = "at least " if shown == max_model_len + 1 else ""
-    return validation_error(
-        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
-        f"contains {qualifier}{shown} input tokens, which exceeds this limit even without any "
-        f"output tokens. Please reduce the length of the input prompt.",
-        param="input_tokens",
-        value=shown,
-    )
+    contains = f"{qualifier}{shown} input tokens, which exceeds this limit even without any output tokens"
+    return _prompt_too_long(max_model_len, contains, "input_tokens", shown)
 
 
 def prompt_chars_error(max_model_len: int, chars: int, max_chars_per_token: int) -> VllmError:
     """vLLM's cheap pre-check on the rendered prompt's length, before it tokenizes anything."""
     limit = max_model_len * max_chars_per_token
-    return validation_error(
-        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
-        f"contains {chars} characters (more than {limit} characters, which is the upper bound "
-        f"for {max_model_len} input tokens). Please reduce the length of the input prompt.",
-        param="input_text",
-        value=chars,
+    contains = (
+        f"{chars} characters (more than {limit} characters, which is the upper bound for {max_model_len} input tokens)"
     )
+    return _prompt_too_long(max_model_len, contains, "input_text", chars)
 
 
 def max_tokens_over_limit(param: str, value: int, max_model_len: int) -> VllmError:

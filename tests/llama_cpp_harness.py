@@ -306,7 +306,7 @@ class LlamaServer(HarnessServer):
 
 def _serve(args: argparse.Namespace) -> int:
     server = LlamaServer(build_tiny_gguf(), ctx_size=args.ctx_size, parallel=args.parallel, extra_args=args.extra)
-    return serve_until_interrupted(server, SERVED_MODEL_NAME)
+    return serve_until_interrupted(server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -232,7 +232,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def serve_until_interrupted(server: HarnessServer, model: str) -> int:
+def serve_until_interrupted(server: HarnessServer) -> int:
     """The developer CLIs (`python -m tests.<server>_harness serve`): start, say where, wait for Ctrl-C."""
     # SIGTERM (and SIGINT even if a non-interactive shell ignored it) must reach the finally below, or
     # the server's process group would be orphaned
@@ -243,7 +243,7 @@ def serve_until_interrupted(server: HarnessServer, model: str) -> int:
     server.start()
     try:
         print(f"healthy after {time.monotonic() - t0:.1f}s", flush=True)
-        print(f"URL: {server.url}  (OpenAI base_url {server.base_url}, model {model!r})")
+        print(f"URL: {server.url}  (OpenAI base_url {server.base_url}, model {server.served_model_name!r})")
         print(f"PID: {server.pid}  log: {server.log_path}", flush=True)
         print("Ctrl-C to stop.", flush=True)
         while server.is_running():

@@ -144,7 +144,7 @@ class TransformersServer(HarnessServer):
 def _serve(args: argparse.Namespace) -> int:
     model = build_tiny_model()
     server = TransformersServer(model, continuous_batching=not args.sequential, extra_args=args.extra)
-    return serve_until_interrupted(server, server.served_model_name)
+    return serve_until_interrupted(server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -204,7 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
         model, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes, extra_args=args.extra,
         program=python,
     )  # fmt: skip
-    return serve_until_interrupted(server, SERVED_MODEL_NAME)
+    return serve_until_interrupted(server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -346,6 +346,7 @@ def test_sessions_in_flight_keep_two_conversations_open_recycling_the_traces(id_
     assert [(s["qps"], s["sessions"]) for s in run.manifest["stages"]] == [(0.0, 2), (0.0, 2)]
     assert run.summary["run"]["sessions_in_flight"] == 2 and run.summary["run"]["target_qps"] == 0
     assert "a closed loop of 2 trace conversations in flight" in (run.run_dir / "report.md").read_text()
+    assert "closed loop · achieved" in run.output and "target 0.00" not in run.output  # the live figures
     conversation = records.session_id.str.replace("/agent_001", "", regex=False)
     spans = records.groupby(conversation).agg(begin=("sent_at", "min"), end=("finished_at", "max"))
     assert {"t0", "t1", "t2", "t0~1"} <= set(spans.index)

@@ -16,8 +16,9 @@ from llmload.conclude import conclude, judge
 from llmload.errors import InputError
 from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.gates.verdict import SoakResult
-from llmload.models import RequestRecord, RunManifest
+from llmload.models import RequestRecord, RunManifest, StageSummary
 from llmload.records import RecordWriter
+from llmload.report.warnings import shortfall_reason
 from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE
 from llmload.schedule import build_stages
 from llmload.sim.process import SimProcess
@@ -482,3 +483,14 @@ def test_the_report_warns_when_the_load_generator_stalled(tmp_path: Path) -> Non
         run = conclude(run_dir).run
         assert run.load_generator_lag_max_ms == (2600.0 if warned else 3.0)
         assert any("load generator stalled for up to 2.60 s" in w for w in run.warnings) is warned
+
+
+def test_a_closed_loop_stage_late_on_its_schedule_is_reported_without_a_target() -> None:
+    """A --sessions-in-flight stage asks for no rate (target 0): its shortfall (a late schedule) says what it
+    achieved and how late it was, with no ratio to a target it never had."""
+    stage = StageSummary.model_construct(
+        name="100%", target_qps=0.0, achieved_qps=2.7, offered_qps=0.0, schedule_delay_p99_ms=175.0
+    )
+    assert shortfall_reason(stage) == (
+        "stage 100%: achieved 2.70 req/s (a closed loop: no target), schedule delay p99 175 ms (limit 100 ms)"
+    )

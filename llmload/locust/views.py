@@ -66,6 +66,8 @@ def add_llm_tab(web_ui: WebUI, current: CurrentLive) -> None:
 
 def rates_text(rates: Rates, *, target: bool = True) -> str:
     """Rates in the words of the report, so a live figure and the report's read alike."""
+    if not rates.target and not rates.offered:  # a closed loop (--sessions-in-flight) plans no rate
+        return f"closed loop · achieved {rates.achieved:.2f} req/s"
     head = f"target {rates.target:.2f} · " if target else ""
     return f"{head}offered {rates.offered:.2f} · achieved {rates.achieved:.2f} req/s"
 

@@ -32,10 +32,15 @@ SPECULATION_ON_SYNTHETIC_TEXT = (
 
 def shortfall_reason(stage: StageSummary) -> str:
     """Why a stage is short, with the numbers."""
-    return (
-        f"stage {stage.name}: achieved {stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target"
+    achieved = (
+        f"achieved {stage.achieved_qps:.2f} of {stage.target_qps:.2f} req/s target"
         f" ({stage.achieved_qps / stage.target_qps:.1%}; limit ≥ {SHORTFALL_RATIO:.0%}), offered"
-        f" {stage.offered_qps:.2f}, schedule delay p99 {stage.schedule_delay_p99_ms or 0:.0f} ms"
+        f" {stage.offered_qps:.2f}"
+        if stage.target_qps
+        else f"achieved {stage.achieved_qps:.2f} req/s (a closed loop: no target)"
+    )
+    return (
+        f"stage {stage.name}: {achieved}, schedule delay p99 {stage.schedule_delay_p99_ms or 0:.0f} ms"
         f" (limit {SHORTFALL_DELAY_MS:g} ms)"
     )
 

@@ -367,8 +367,10 @@ class ConversationDispatcher(TraceDispatcher):
         nothing = np.empty(0, dtype=np.int64)
         super().__init__(trace, sessions, clock, share, ArrivalPlan(nothing.astype(float), nothing))
         numbers = conversations(sessions, self._index_of)
-        # each conversation's sessions, its agent first: the session of its chain's top comes first in the file
-        self._members = [np.flatnonzero(numbers == c).tolist() for c in range(int(numbers.max(initial=-1)) + 1)]
+        self._members = [  # each conversation's sessions, its agent (no parent in the workload) first
+            sorted(np.flatnonzero(numbers == c).tolist(), key=lambda i: sessions[i].parent in self._index_of)
+            for c in range(int(numbers.max(initial=-1)) + 1)
+        ]
         self._opened = 0
         self._open = 0  # conversations of this worker in flight
         self._left: dict[int, int] = {}  # sessions still running, by conversation (its number in the loop)

@@ -17,7 +17,7 @@ from llmload.replicas import Replicas
 from llmload.sim.process import SimProcess
 from llmload.workload.synth import TextSynthesizer
 from llmload.workload.tokens import get_tokenizer
-from tests.locust_runs import run_locust, small_workload, write_workload
+from tests.locust_runs import LocustRun, run_locust, small_workload, write_workload
 
 
 def test_a_weight_is_read_only_from_a_numeric_tail() -> None:
@@ -84,6 +84,15 @@ def test_a_mix_with_an_adapter_the_server_lacks(tmp_path: Path) -> None:
     assert "<h2>By model</h2>" in page and '<td class="l">support-lora</td><td>40%</td>' in page
 
 
+def _four_seconds_at_8_qps(tmp_path: Path, workload: Path, *flags: str) -> LocustRun:
+    """A short constant-rate run of `workload` against an engine of its own."""
+    with SimProcess("--itl-ms", "2") as sim:
+        return run_locust(
+            sim.url, workload, tmp_path / "reports", workload.stem, "--target-qps", "8", "--stages", "100",
+            "--stage-duration", "4", "--warmup", "0", "--arrival", "constant", *flags,
+        )  # fmt: skip
+
+
 def test_a_turn_that_names_its_model_is_sent_to_it(tmp_path: Path) -> None:
     """A workload turn's own `model` is sent as it is; turns naming none get the run's (here /v1/models')."""
     synth = TextSynthesizer(get_tokenizer("cl100k_base"), seed=3)
@@ -94,12 +103,7 @@ def test_a_turn_that_names_its_model_is_sent_to_it(tmp_path: Path) -> None:
         ])
         for i in range(40)
     ]  # fmt: skip
-    workload = write_workload(tmp_path, "named", sessions)
-    with SimProcess("--itl-ms", "2") as sim:
-        run = run_locust(
-            sim.url, workload, tmp_path / "reports", "named", "--target-qps", "8", "--stages", "100",
-            "--stage-duration", "4", "--warmup", "0", "--arrival", "constant",
-        )  # fmt: skip
+    run = _four_seconds_at_8_qps(tmp_path, write_workload(tmp_path, "named", sessions))
     assert "model support-lora: " in run.output and "does not list it (it lists llmload-sim)" in run.output
     sent = run.records[run.records.sent_at.notna()]
     named = sent.session_id.str[1:].astype(int) % 3 == 0
@@ -143,12 +147,7 @@ def test_a_ranked_run_says_once_at_its_start_that_the_weights_are_not_used(tmp_p
         for i in range(40)
     ]  # fmt: skip
     workload = write_workload(tmp_path, "ranked", sessions)
-    with SimProcess("--itl-ms", "2") as sim:
-        run = run_locust(
-            sim.url, workload, tmp_path / "reports", "ranked", "--target-qps", "8", "--stages", "100",
-            "--stage-duration", "3", "--warmup", "0", "--arrival", "constant",
-            "--model", "llmload-sim:0.7", "--model", "other:0.3",
-        )  # fmt: skip
+    run = _four_seconds_at_8_qps(tmp_path, workload, "--model", "llmload-sim:0.7", "--model", "other:0.3")
     assert run.returncode == 0, run.output[-3000:]
     assert run.output.count("the weights are not used") == 1, run.output[-3000:]
     assert "--model llmload-sim:0.7 --model other:0.3: the weights are not used" in run.output

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 
 from llmload.errors import InputError
 from llmload.models import CancelNote, CutAftermath, ServerRelease, Summary
 from llmload.session_split import pick
 from llmload.workload.distributions import Distribution, parse_distribution
+
+if TYPE_CHECKING:  # pandas only types aftermath's frame: Locust's start imports this module (llmload.client)
+    import pandas as pd
 
 CUT_UNITS = ("tokens", "seconds")
 RELEASE_LIMIT_S = 3.0  # after the run's last request: a server that aborts on disconnect is idle by then

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from llmload.models import FleetWorker, RequestRecord, Stage
-from llmload.records import lost_record
+from llmload.recordlog import lost_record
 from llmload.schedule import ArrivalPlan, stage_at
 
 OnWorkerLoss = Literal["resplit", "stop"]

@@ -24,8 +24,8 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from llmload.models import ServerIdentity, Stage, Verdict
+from llmload.observe.metrics import hit_rate
 from llmload.observe.observer import ServerSample
-from llmload.observe.summary import hit_rate
 
 # seconds; first-token and whole-request times span ms to minutes, gaps between tokens ms to seconds
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)

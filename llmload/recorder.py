@@ -20,7 +20,7 @@ from llmload.observe.gpu import GpuReader
 from llmload.observe.metrics import VLLM
 from llmload.observe.observer import Observer
 from llmload.plan import RunPlan
-from llmload.records import RecordWriter, with_server_state
+from llmload.recordlog import RecordWriter, with_server_state
 from llmload.server.kinds import kind
 
 log = logging.getLogger("llmload")

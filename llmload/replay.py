@@ -32,7 +32,7 @@ from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.model_mix import ModelMix
 from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, SessionLinks, Stage, Turn
-from llmload.records import request_record, with_health
+from llmload.recordlog import request_record, with_health
 from llmload.replicas import Replicas
 from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, conversations, stage_at
 from llmload.server.request import RequestShape
@@ -206,7 +206,7 @@ class Dispatcher:
         return self._next >= len(self._times) and self.busy == 0
 
     def record(self, session_id: str, turn: int, scheduled: float, result: StreamResult | None) -> RequestRecord:
-        """The record of one of this process's scheduled requests (records.request_record)."""
+        """The record of one of this process's scheduled requests (recordlog.request_record)."""
         stage = stage_at(self.stages, self.clock.offset(scheduled)).name
         return request_record(
             run_id=self.run_id, worker=self._index, stage=stage, session_id=session_id, turn=turn,

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from llmload.errors import InputError, validation_message
 from llmload.models import RunManifest, Summary, Verdict
-from llmload.observe.summary import ServerSamples, read_server
-from llmload.records import RunRecords
 from llmload.workload.files import Workload, WorkloadError, load_workload
 from llmload.workload.scale import scaled
+
+if TYPE_CHECKING:  # pandas and Arrow: loaded by `load`, not by every Locust process that writes a run
+    from llmload.observe.summary import ServerSamples
+    from llmload.records import RunRecords
 
 MANIFEST_FILE = "run.json"
 RECORDS_FILE = "requests.jsonl"
@@ -111,6 +114,9 @@ class Run:
 def load(run_dir: Path) -> Run:
     """The run in `run_dir` (requests.parquet written from requests.jsonl when it is not fresh), or
     an InputError that says what is missing or broken."""
+    from llmload.observe.summary import read_server
+    from llmload.records import RunRecords
+
     manifest = read_manifest(run_dir)
     if not (run_dir / RECORDS_FILE).is_file():
         raise InputError(f"{run_dir} has no {RECORDS_FILE}")

@@ -18,7 +18,8 @@ from llmload.errors import InputError
 from llmload.gates import compare
 from llmload.gates.criteria import SoakCriteria
 from llmload.models import GoodputSLO, RequestRecord, RunManifest
-from llmload.records import RecordWriter, RunRecords
+from llmload.recordlog import RecordWriter
+from llmload.records import RunRecords
 from llmload.report.goodput import conforming, good_requests
 from llmload.rundir import MANIFEST_FILE, PARQUET_FILE, RECORDS_FILE
 from llmload.schedule import build_stages

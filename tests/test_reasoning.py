@@ -17,7 +17,7 @@ from llmload.client import ChatClient
 from llmload.live import LiveStats
 from llmload.locust.views import console_line, tab_rows
 from llmload.models import GoodputSLO, Message, RequestRecord, Session, Turn
-from llmload.records import request_record
+from llmload.recordlog import request_record
 from llmload.schedule import RunClock, build_stages
 from llmload.server.request import chat_body
 from llmload.sim.process import SimProcess

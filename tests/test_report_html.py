@@ -13,7 +13,7 @@ from llmload.conclude import conclude
 from llmload.models import NO_ENERGY, RequestRecord, RunManifest, Stage, Verdict
 from llmload.observe.gpu import DCGM_FIELDS, GpuSample
 from llmload.observe.observer import ServerSample
-from llmload.records import RecordWriter, with_server_state
+from llmload.recordlog import RecordWriter, with_server_state
 from llmload.report.html import CHARTS
 from llmload.rundir import HTML_FILE, MANIFEST_FILE, RECORDS_FILE, SERVER_FILE, SUMMARY_FILE, VERDICT_FILE
 from llmload.sim.process import SimProcess

@@ -17,7 +17,7 @@ from llmload.errors import InputError
 from llmload.gates.criteria import SoakCriteria, add_criteria_arguments, criteria_from_args
 from llmload.gates.verdict import SoakResult
 from llmload.models import RequestRecord, RunManifest, StageSummary
-from llmload.records import RecordWriter
+from llmload.recordlog import RecordWriter
 from llmload.report.warnings import shortfall_reason
 from llmload.rundir import MANIFEST_FILE, RECORDS_FILE, SERVER_FILE
 from llmload.schedule import build_stages

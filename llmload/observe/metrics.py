@@ -86,3 +86,8 @@ def fetch(http: HTTPClient, path: str, timeout_s: float) -> tuple[int | None, by
                 response.release()
     except (OSError, HTTPException):
         return None, b""
+
+
+def hit_rate(hits: float | None, queries: float | None) -> float | None:
+    """Prefix-cache hits / queries (both in tokens); None when nothing was queried."""
+    return None if hits is None or not queries else hits / queries

@@ -13,6 +13,7 @@ import pandas as pd
 
 from llmload.models import GpuSummary, ReplicaServerSummary, ReusablePrefix, ServerSummary, SpecDecodeSummary
 from llmload.observe.gpu import GpuSample
+from llmload.observe.metrics import hit_rate
 from llmload.observe.observer import ServerSample
 from llmload.observe.scraper import ReplicaSample
 from llmload.server.kinds import METRIC_FIELDS
@@ -117,11 +118,6 @@ def window_increase(frame: pd.DataFrame, column: str, start: float) -> float | N
     seen = frame.loc[frame[column].notna(), ["t", column]]
     before = seen.t[seen.t <= start]
     return counter_increase(seen.loc[seen.t >= (before.iloc[-1] if len(before) else start), column])
-
-
-def hit_rate(hits: float | None, queries: float | None) -> float | None:
-    """Prefix-cache hits / queries (both in tokens); None when nothing was queried."""
-    return None if hits is None or not queries else hits / queries
 
 
 def server_summary(

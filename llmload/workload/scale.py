@@ -19,7 +19,6 @@ import math
 
 from llmload.models import Message, Session, Turn
 from llmload.workload.files import Workload, WorkloadError
-from llmload.workload.stats import request_table
 from llmload.workload.tokens import Tokenizer, get_tokenizer
 
 
@@ -54,6 +53,8 @@ def scaled(workload: Workload, factor: float) -> Workload:
 def factor_for_max_prompt(workload: Workload, max_prompt: int) -> float:
     """The largest factor that brings the longest prompt to at most `max_prompt` tokens (1 where it fits),
     of a block workload the largest that keeps a block a whole number of tokens."""
+    from llmload.workload.stats import request_table  # pandas: not for every Locust start (llmload.plan)
+
     longest = int(request_table(workload).prompt_tokens.max())
     if longest <= max_prompt:
         return 1.0

@@ -6,6 +6,7 @@ import logging
 import math
 import time
 
+import gevent
 from locust import LoadTestShape
 from locust.runners import STATE_SPAWNING, MasterRunner
 
@@ -13,6 +14,8 @@ from llmload.locust.messaging import WorkerState
 from llmload.locust.state import STATE
 
 log = logging.getLogger("llmload")
+TICK_S = 1.0  # how often Locust asks the shape (its shape worker)
+END_POLL_S = 0.05  # how often the end of the run is looked for near it
 
 
 class StagedRamp(LoadTestShape):
@@ -42,16 +45,22 @@ class StagedRamp(LoadTestShape):
         if run is None or run.recorder is None or run.finished:  # before this start's test_start
             self._users = plan.initial_users()
             return self._users, self.spawn_rate
-        now = time.time()
-        plan_end = run.plan_end
-        fleet = run.fleet(self.runner.user_count) if self.runner else WorkerState()
-        if now >= plan_end and fleet.done:
-            run.plan_done = True
-            return None
-        if now >= plan_end + plan.flags.drain_s + 10:
-            log.warning("llmload: workers did not report done within the drain time; stopping")
-            run.plan_done = True
-            return None
+        plan_end, asked = run.plan_end, time.time()
+        while True:
+            now = time.time()
+            fleet = run.fleet(self.runner.user_count) if self.runner else WorkerState()
+            if now >= plan_end and fleet.done:
+                run.plan_done = True
+                return None
+            if now >= plan_end + plan.flags.drain_s + 10:
+                log.warning("llmload: workers did not report done within the drain time; stopping")
+                run.plan_done = True
+                return None
+            # Locust asks once a second; from a second before the plan's end this tick looks again every
+            # END_POLL_S until the next, so the run ends with its last record, not up to a second later
+            if now < plan_end - TICK_S or now + END_POLL_S >= asked + TICK_S:
+                break
+            gevent.sleep(END_POLL_S)
         spawning = self.runner is not None and self.runner.state == STATE_SPAWNING
         idle = fleet.users - fleet.busy
         if not spawning and now < plan_end and (fleet.backlog > 0 or idle < max(2, 0.1 * self._users)):

@@ -256,7 +256,7 @@ class RunPlan:
             raise InputError(f"no target rate: give --target-qps (the workload {flags.workload} names none)")
         warmup = flags.warmup_s if flags.warmup_s is not None else default_warmup_s(workload)
         try:
-            stages = build_stages(
+            stages = build_stages(  # a closed loop's rate is a placeholder: its stages keep sessions, below
                 target or 1.0, parse_stage_percents(flags.stages), flags.stage_duration_s, flags.hold_duration_s, warmup
             )
         except ValueError as exc:

@@ -21,6 +21,7 @@ import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import gevent
 import gevent.event
@@ -41,6 +42,7 @@ from llmload.workload.cache_bust import marked, play_marker
 from llmload.workload.tokens import Tokenizer
 
 RecordSink = Callable[[RequestRecord], None]
+SessionStop = Literal["failure", "plan end", "not spawned"]
 
 
 @dataclass(eq=False)
@@ -53,7 +55,7 @@ class LiveSession:
     next_turn: int = 0
     history: list[list[Message]] = field(default_factory=list)
     ready_at: float = 0.0  # perf_counter seconds: previous reply + think time
-    stopped_by: str | None = None  # trace mode: why it ended before its last turn ("failure", "plan end", ...)
+    stopped_by: SessionStop | None = None  # trace mode: why it ended before its last turn
 
     @property
     def finished(self) -> bool:
@@ -375,7 +377,7 @@ class ConversationDispatcher(TraceDispatcher):
         self._open = 0  # conversations of this worker in flight
         self._left: dict[int, int] = {}  # sessions still running, by conversation (its number in the loop)
         self._conversation_of: dict[int, int] = {}  # a session's key → its conversation
-        self._stopped_by: dict[int, set[str | None]] = {}  # how each open conversation's sessions ended
+        self._stopped_by: dict[int, set[SessionStop | None]] = {}  # how each open conversation's sessions ended
         self._resting: list[float] = []  # when the slots of failed conversations free up (perf seconds)
         self._waiting: list[Arrival] = []  # opened conversations' subagents no user has claimed
 

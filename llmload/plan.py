@@ -38,6 +38,7 @@ from llmload.models import (
     ServerIdentity,
     SessionLinks,
     Stage,
+    conversations,
 )
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.replicas import Replicas
@@ -49,7 +50,6 @@ from llmload.schedule import (
     TraceClock,
     build_stages,
     conversation_stages,
-    conversations,
     expected_arrivals,
     parse_duration,
     parse_stage_percents,

@@ -32,10 +32,19 @@ from llmload.cancel import CancelPlan
 from llmload.client import ChatClient, StreamResult
 from llmload.failures import HEALTH_PROBED
 from llmload.model_mix import ModelMix
-from llmload.models import REPLAY_SEPARATOR, Message, RequestRecord, Session, SessionLinks, Stage, Turn
+from llmload.models import (
+    REPLAY_SEPARATOR,
+    Message,
+    RequestRecord,
+    Session,
+    SessionLinks,
+    Stage,
+    Turn,
+    conversations,
+)
 from llmload.recordlog import request_record, with_health
 from llmload.replicas import Replicas
-from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, conversations, stage_at
+from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
 from llmload.server.request import RequestShape
 from llmload.workload.blocks import BlockText
 from llmload.workload.cache_bust import marked, play_marker

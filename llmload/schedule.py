@@ -19,13 +19,13 @@ import argparse
 import itertools
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from llmload.models import Session, SessionLinks, Stage
+from llmload.models import Session, SessionLinks, Stage, conversations
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(h|m|s|)\s*$")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
@@ -277,19 +277,6 @@ class ArrivalPlan:
         if not 0 <= index < count:
             raise ValueError(f"worker index {index} outside 0..{count - 1}")
         return np.flatnonzero((self.keys if self.groups is None else self.groups) % count == index)
-
-
-def conversations(sessions: Sequence[Session], index: Mapping[str, int]) -> np.ndarray:
-    """Each session's conversation, numbered in order: the one of the session at the top of its chain of
-    parents (its own for a session without one, or whose parent the workload lacks); `index`: each
-    session's position by id (`SessionLinks`)."""
-    roots = np.arange(len(sessions), dtype=np.int64)
-    for i in range(len(sessions)):
-        seen = {i}
-        while (name := sessions[roots[i]].parent) is not None and index.get(name, i) not in seen:
-            roots[i] = index[name]
-            seen.add(int(roots[i]))
-    return np.unique(roots, return_inverse=True)[1].astype(np.int64)
 
 
 def trace_request_times(trace: TraceClock, sessions: Sequence[Session]) -> list[float]:

@@ -15,8 +15,7 @@ import pytest
 
 from llmload.cli import main
 from llmload.errors import InputError
-from llmload.models import SessionLinks, Turn
-from llmload.schedule import conversations
+from llmload.models import SessionLinks, Turn, conversations
 from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
 from llmload.workload.build import BuildError, BuildOptions, build_workload

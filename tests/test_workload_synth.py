@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from pathlib import Path
 
@@ -11,12 +12,14 @@ import pytest
 
 from llmload.cli import main
 from llmload.errors import InputError
+from llmload.models import Session
 from llmload.workload import load_workload
 from llmload.workload.build import source_table
 from llmload.workload.distributions import parse_distribution
 from llmload.workload.like import like_shapes
 from llmload.workload.synth import SynthOptions, draw_tokens, synthesize_workload
 from llmload.workload.tokens import get_tokenizer
+from tests.agentic import write_compacting_traces
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "tests" / "data" / "logs"
@@ -259,3 +262,81 @@ def test_like_a_source_that_shares_little_gets_no_invented_prefix(
     assert synth("--like", str(source), "-o", str(tmp_path / "like.yaml")) == 0
     real, synthetic = real_and_synthetic(table_rows(capsys.readouterr().out)["reusable prefix shared %"])
     assert real == pytest.approx(1.4, abs=0.3) and abs(synthetic - real) <= 1.0
+
+
+@pytest.fixture(scope="module")
+def compacting(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 agentic traces (tests/agentic.py) whose agents compact their context at request 9, built."""
+    directory = tmp_path_factory.mktemp("compacting")
+    traces = write_compacting_traces(directory / "traces")
+    assert main(["workload", "build", str(traces), "--format", "weka", "-o", str(directory / "real.yaml")]) == 0
+    return directory / "real.yaml"
+
+
+def _prompts(sessions: list[Session]) -> list[tuple[int | None, ...]]:
+    return sorted(tuple(turn.prompt_tokens for turn in session.turns) for session in sessions)
+
+
+def test_like_an_agentic_trace_set_takes_its_conversations_whole(
+    compacting: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A prompt that shrinks at a compaction (which a history of appended turns cannot give) is kept, each
+    subagent stays with the agent that spawns and joins it, and every figure is the real one."""
+    capsys.readouterr()
+    out = tmp_path / "like.yaml"
+    assert synth("--like", str(compacting), "-o", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "Every judged figure is within tolerance." in printed and "prompts as ids of 64-token blocks" in printed
+    real, like = load_workload(compacting).sessions, load_workload(out).sessions
+    assert _prompts(like) == _prompts(real)  # each of the 12 conversations once
+    assert any(later < earlier for prompts in _prompts(real) for earlier, later in itertools.pairwise(prompts))
+    ids = {session.id for session in like}
+    subagents = [session for session in like if session.parent is not None]
+    assert len(subagents) == 12 and len(ids) == len(like) == 24
+    for sub in subagents:
+        agent = next(session for session in like if session.id == sub.parent)
+        assert sub.id.startswith(f"{agent.id}/")
+        assert [turn.spawns for turn in agent.turns].count([sub.id]) == 1
+        assert [turn.waits_for for turn in agent.turns].count([sub.id]) == 1
+    assert all(turn.blocks is not None and not turn.messages for session in like for turn in session.turns)
+
+
+def test_like_twice_the_conversations_shares_only_what_the_traces_share(
+    compacting: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """24 of 12 conversations: each taken twice, its two copies share the system prompt every trace sends
+    and none of the rest (as two plays under --cache-bust); starts that were all at 0 are spread so the
+    request rate is the real one."""
+    capsys.readouterr()
+    out = tmp_path / "like.yaml"
+    assert synth("--like", str(compacting), "-o", str(out), "--sessions", "24") == 0
+    rows = table_rows(capsys.readouterr().out)
+    real_rate, like_rate = real_and_synthetic(rows["arrival rate requests/s"])
+    assert like_rate == pytest.approx(real_rate, rel=0.01)
+    agents = [session for session in load_workload(out).sessions if session.parent is None]
+    assert len(agents) == 24
+
+    def ids(session: Session) -> set[int]:
+        return {block for turn in session.turns for block in turn.blocks or []}
+
+    system = set.intersection(*(ids(agent) for agent in agents))
+    assert len(system) == 2
+    copies = Counter(tuple(turn.prompt_tokens for turn in agent.turns) for agent in agents)
+    assert set(copies.values()) == {2}
+    for prompts in copies:
+        first, second = (ids(agent) for agent in agents if tuple(t.prompt_tokens for t in agent.turns) == prompts)
+        assert first & second == system and len(first) > 2
+
+
+def test_like_of_block_ids_reads_a_trace_directory_as_its_build_and_refuses_what_would_redraw_it(
+    compacting: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    traces = compacting.parent / "traces"
+    for source, directory in ((compacting, "from-yaml"), (traces, "from-traces")):
+        (tmp_path / directory).mkdir()
+        assert synth("--like", str(source), "-o", str(tmp_path / directory / "like.yaml"), "--seed", "3") == 0
+    from_yaml, from_traces = (tmp_path / d / "like.sessions.jsonl" for d in ("from-yaml", "from-traces"))
+    assert from_yaml.read_bytes() == from_traces.read_bytes()
+    capsys.readouterr()
+    assert synth("--like", str(compacting), "-o", str(tmp_path / "x.yaml"), "--prompt-tokens", "fixed:90") == 2
+    assert "--prompt-tokens cannot be given with --like on a trace of block ids" in capsys.readouterr().err

@@ -4,25 +4,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
-from llmload.models import ReusablePrefix
+from llmload.models import ReusablePrefix, Session, WorkloadSource, WorkloadSpec
 from llmload.plan import PlanFlags
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import Workload, load_workload, save_workload
-from llmload.workload.formats import FORMAT_NAMES
+from llmload.workload.formats import FORMAT_NAMES, format_named
 from llmload.workload.like import compare, like_prefixes, like_shapes, prefix_template, redraw, render_comparison
+from llmload.workload.like_blocks import conversation_units, has_blocks, like_conversations
 from llmload.workload.prefix import CHAT_TEMPLATES, DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, workload_prefix
-from llmload.workload.stats import plot_stats, render_stats, request_table, workload_stats
+from llmload.workload.stats import WorkloadStats, plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
 
 HELP = "build, synthesize and inspect workload files"
@@ -173,26 +177,42 @@ def _workload_prefix(workload: Workload, args: argparse.Namespace) -> ReusablePr
     return workload_prefix(workload, block_size=args.block_size, template=args.chat_template)
 
 
-def _input_table(
-    inputs: list[str], args: argparse.Namespace
-) -> tuple[pd.DataFrame, str | None, ReusablePrefix | str | None]:
-    """The request table of a workload YAML or of logs (read as `build` reads them), how its think
-    times were found, and its reusable prefix (or why it has none)."""
+@dataclass(frozen=True)
+class _Source:
+    """A workload YAML or logs, read: the request table, how its think times were found, its reusable
+    prefix (or why it has none), and the workload or the logs' format it came from."""
+
+    table: pd.DataFrame
+    think_times: str | None
+    reuse: ReusablePrefix | str | None
+    workload: Workload | None = None
+    log_format: str | None = None
+
+
+def _input_table(inputs: list[str], args: argparse.Namespace) -> _Source:
+    """A workload YAML, or logs read as `build` reads them."""
     paths = [Path(p) for p in inputs]
     if len(paths) == 1 and paths[0].suffix in _WORKLOAD_SUFFIXES:
         workload = load_workload(paths[0])
         think_times = (workload.spec.stats or {}).get("think_times")  # as the build found them
-        reuse: ReusablePrefix | str | None = _workload_prefix(workload, args)
-        return request_table(workload), think_times if isinstance(think_times, str) else None, reuse
+        return _Source(
+            request_table(workload),
+            think_times if isinstance(think_times, str) else None,
+            _workload_prefix(workload, args),
+            workload=workload,
+        )
     log = source_table(paths, _options(args))
     _report_counts("skipped bad", log.skipped)
     _report_counts("ignored", log.ignored)
-    return log.table, log.think_times, log.reusable_prefix
+    return _Source(log.table, log.think_times, log.reusable_prefix, log_format=log.format)
 
 
 def _stats(args: argparse.Namespace) -> int:
-    table, think_times, reuse = _input_table(args.inputs, args)
-    stats = workload_stats(table, max_tokens=args.max_tokens, think_times=think_times, reusable_prefix=reuse)
+    source = _input_table(args.inputs, args)
+    table = source.table
+    stats = workload_stats(
+        table, max_tokens=args.max_tokens, think_times=source.think_times, reusable_prefix=source.reuse
+    )
     print(stats.model_dump_json(indent=2) if args.json else render_stats(stats), end="\n" if args.json else "")
     if args.plot:
         print(f"plot: {plot_stats(table, stats, Path(args.plot))}", file=sys.stderr)
@@ -228,54 +248,118 @@ def _synth(args: argparse.Namespace) -> int:
     out = Path(args.output)
     name = out.name.removesuffix(".yaml").removesuffix(".yml")
     target_qps = PlanFlags.checked(target_qps=args.target_qps).target_qps
+    real: WorkloadStats | None = None
     if args.like is None:
-        options = _synth_options(args)
-        spec, sessions = synthesize_workload(name, options)
+        spec, sessions = synthesize_workload(name, _synth_options(args))
     else:
-        if args.turns is not None:
-            raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
-        table, _, reuse = _input_table(args.like, args)
-        unknown = int(table["output_tokens"].isna().sum())
-        if unknown and args.output_tokens is None:  # a reply of no known length cannot be copied
-            raise InputError(
-                f"{unknown:,} of {len(table):,} requests in {', '.join(args.like)} have no known output length (no"
-                " reply or output_tokens): give --output-tokens DISTRIBUTION to draw the replies' lengths"
-            )
-        real = workload_stats(table, reusable_prefix=reuse)
-        options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
-        rng = np.random.default_rng([options.seed, 1])
-        given = {field for field in _DISTRIBUTION_FLAGS if getattr(args, field) is not None}
-        shapes = redraw(like_shapes(table, options.sessions, rng), options, given, rng)
-        if args.shared_prefix is None and real.reusable_prefix and real.reusable_prefix.shared_share:
-            pools, share = like_prefixes(
-                shapes,
-                real.reusable_prefix,
-                real_prompt_tokens=float(table["prompt_tokens"].sum()),
-                prefix_sessions=options.prefix_sessions,
-                block_size=args.block_size,
-                template=prefix_template(options.tokenizer, args.chat_template),
-            )
-            options = options.model_copy(update={"shared_prefixes": pools, "prefix_sessions": share})
-        generator = {"like": list(args.like), "redrawn": sorted(given), **options.model_dump(mode="json")}
-        spec, sessions = synthesize_workload(
-            name, options, shapes=shapes, prefix_in_first_turn=True, generator=generator
-        )
-        spec = spec.model_copy(update={"target_qps": real.requests_per_s})
+        real, spec, sessions = _like(args, name)
     if target_qps is not None:
         spec = spec.model_copy(update={"target_qps": target_qps})
     save_workload(spec, sessions, out)
     requests = sum(len(s.turns) for s in sessions)
-    print(
-        f"wrote {out} ({len(sessions)} sessions, {requests} requests) and {out.parent / spec.sessions}; "
-        f"text of {options.tokenizer} tokens, every length exact under it"
+    made = (
+        f"prompts as ids of {spec.block_size}-token blocks, their text made at send time"
+        if has_blocks(sessions)
+        else f"text of {spec.tokenizer} tokens, every length exact under it"
     )
-    if args.like is None:
+    print(f"wrote {out} ({len(sessions)} sessions, {requests} requests) and {out.parent / spec.sessions}; {made}")
+    if real is None:
         return 0
     written = load_workload(out)  # figures as written, not as intended
     synthetic = workload_stats(request_table(written), reusable_prefix=_workload_prefix(written, args))
     rows = compare(real, synthetic)
     print(render_comparison(rows), end="")
     return 1 if any(row.within is False for row in rows) else 0
+
+
+def _like(args: argparse.Namespace, name: str) -> tuple[WorkloadStats, WorkloadSpec, list[Session]]:
+    """The real source's figures, and a synthetic workload like it: conversations taken whole where its
+    prompts are block ids, else session shapes given synthetic text."""
+    if args.turns is not None:
+        raise InputError("--turns cannot be given with --like: the turns come with the real sessions' shapes")
+    source = _input_table(args.like, args)
+    blocks = _block_workload(source, args)
+    if blocks is not None:
+        return _like_blocks(args, name, blocks)
+    table = source.table
+    unknown = int(table["output_tokens"].isna().sum())
+    if unknown and args.output_tokens is None:  # a reply of no known length cannot be copied
+        raise InputError(
+            f"{unknown:,} of {len(table):,} requests in {', '.join(args.like)} have no known output length (no"
+            " reply or output_tokens): give --output-tokens DISTRIBUTION to draw the replies' lengths"
+        )
+    real = workload_stats(table, reusable_prefix=source.reuse)
+    options = _synth_options(args, sessions=real.sessions, shared_prefixes=[])
+    rng = np.random.default_rng([options.seed, 1])
+    given = {field for field in _DISTRIBUTION_FLAGS if getattr(args, field) is not None}
+    shapes = redraw(like_shapes(table, options.sessions, rng), options, given, rng)
+    if args.shared_prefix is None and real.reusable_prefix and real.reusable_prefix.shared_share:
+        pools, share = like_prefixes(
+            shapes,
+            real.reusable_prefix,
+            real_prompt_tokens=float(table["prompt_tokens"].sum()),
+            prefix_sessions=options.prefix_sessions,
+            block_size=args.block_size,
+            template=prefix_template(options.tokenizer, args.chat_template),
+        )
+        options = options.model_copy(update={"shared_prefixes": pools, "prefix_sessions": share})
+    generator = {"like": list(args.like), "redrawn": sorted(given), **options.model_dump(mode="json")}
+    spec, sessions = synthesize_workload(name, options, shapes=shapes, prefix_in_first_turn=True, generator=generator)
+    return real, spec.model_copy(update={"target_qps": real.requests_per_s}), sessions
+
+
+def _block_workload(source: _Source, args: argparse.Namespace) -> Workload | None:
+    """The source as a workload when its prompts are block ids: the YAML given, or a trace with hash ids
+    built to a scratch directory (read a second time, as `workload build` reads it)."""
+    if source.workload is not None:
+        return source.workload if has_blocks(source.workload.sessions) else None
+    hashed = source.log_format is not None and format_named(source.log_format).hash_block_tokens is not None
+    if not hashed or not isinstance(source.reuse, ReusablePrefix):  # a trace of lengths alone has no ids
+        return None
+    with tempfile.TemporaryDirectory(prefix="llmload-like-") as scratch:
+        workload = load_workload(build_workload(args.like, Path(scratch) / "source.yaml", _options(args)).path)
+    return workload if has_blocks(workload.sessions) else None
+
+
+_BLOCK_LIKE_REFUSED = {
+    **_DISTRIBUTION_FLAGS,
+    "max_turns": "--max-turns",
+    "shared_prefix": "--shared-prefix",
+    "prefix_popularity": "--prefix-popularity",
+    "prefix_sessions": "--prefix-sessions",
+}
+
+
+def _like_blocks(
+    args: argparse.Namespace, name: str, workload: Workload
+) -> tuple[WorkloadStats, WorkloadSpec, list[Session]]:
+    """`like_conversations` of a block workload; --sessions counts conversations (an agent with its subagents).
+    The real figures are the workload's, as built: the synthetic one is made of its sessions."""
+    refused = [flag for field, flag in _BLOCK_LIKE_REFUSED.items() if getattr(args, field) is not None]
+    if refused:
+        raise InputError(
+            f"{', '.join(refused)} cannot be given with --like on a trace of block ids ({', '.join(args.like)}): its"
+            " lengths, turns and shared prefixes come with its conversations, which are taken whole"
+        )
+    real = workload_stats(request_table(workload), reusable_prefix=_workload_prefix(workload, args))
+    count = args.sessions or int(conversation_units(workload.sessions).max()) + 1
+    seed = args.seed or 0
+    output_length: Literal["fixed", "free"] = args.output_length or "fixed"
+    sessions = like_conversations(workload, count, np.random.default_rng([seed, 1]), name, output_length)
+    spec = WorkloadSpec(
+        version=1,
+        name=name,
+        source=WorkloadSource(
+            format="synthetic-blocks",
+            built_at=datetime.now(UTC).replace(microsecond=0),
+            generator={"like": list(args.like), "conversations": count, "seed": seed, "output_length": output_length},
+        ),
+        tokenizer=workload.spec.tokenizer,
+        target_qps=real.requests_per_s,
+        sessions=f"{name}.sessions.jsonl",
+        block_size=workload.spec.block_size,
+    )
+    return real, spec, sessions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -291,7 +375,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("-o", "--output", required=True, help="workload YAML to write (sessions JSONL beside it)")
     synth.add_argument("--like", nargs="+", metavar="WORKLOAD|SOURCE", help="a workload YAML, or logs, to match")
     _source_arguments(synth)
-    synth.add_argument("--sessions", type=_positive(int), help="default: 200, or as many as the --like source")
+    synth.add_argument("--sessions", type=_positive(int), help="default: 200, or as many as the --like source; "
+                       "of a trace of block ids, conversations (an agent with its subagents)")  # fmt: skip
     synth.add_argument("--seed", type=int)
     synth.add_argument("--prompt-tokens", help="new tokens of each turn (default lognormal:median=90,sigma=0.9)")
     synth.add_argument("--output-tokens", help="tokens of each reply (default lognormal:median=160,sigma=0.7)")

@@ -94,6 +94,7 @@ from llmload.models.workload import (
     WorkloadSource,
     WorkloadSpec,
     block_runs,
+    conversations,
 )
 
 __all__ = [
@@ -181,4 +182,5 @@ __all__ = [
     "WorkloadSpec",
     "answer_words",
     "block_runs",
+    "conversations",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Literal, NamedTuple, overload
 
@@ -214,6 +214,19 @@ class SessionLinks(NamedTuple):
             if name in index
         }
         return cls(index, spawner)
+
+
+def conversations(sessions: Sequence[Session], index: Mapping[str, int]) -> np.ndarray:
+    """Each session's conversation, numbered in order: the one of the session at the top of its chain of
+    parents (its own for a session without one, or whose parent the workload lacks); `index`: each
+    session's position by id (`SessionLinks`)."""
+    roots = np.arange(len(sessions), dtype=np.int64)
+    for i in range(len(sessions)):
+        seen = {i}
+        while (name := sessions[roots[i]].parent) is not None and index.get(name, i) not in seen:
+            roots[i] = index[name]
+            seen.add(int(roots[i]))
+    return np.unique(roots, return_inverse=True)[1].astype(np.int64)
 
 
 class WorkloadSource(Strict):

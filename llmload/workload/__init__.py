@@ -1,5 +1,6 @@
 """Workloads: the file format (v1) and loading (`files`), synthesis (`synth`) from
-distributions (`distributions`) or like a real workload (`like`), building from request logs
+distributions (`distributions`) or like a real workload (`like`; a trace of block ids by its whole
+conversations: `like_blocks`), building from request logs
 (`formats`, `build`), statistics (`stats`), the reusable prefix an infinite prefix cache could
 serve (`prefix`), token counts (`tokens`), the markers that keep replays of a session from
 warming each other's cache (`cache_bust`), every length times F for `--scale-tokens` (`scale`),

@@ -76,18 +76,24 @@ def _skeletons(table: pd.DataFrame) -> list[Skeleton]:
     ]
 
 
+def resampled_starts(starts: np.ndarray, n: int, rng: np.random.Generator) -> list[float | None]:
+    """n start offsets whose gaps are the real starts' gaps, each taken in turn (None when a start is unknown)."""
+    if np.isnan(starts).any():
+        return [None] * n
+    gaps = np.diff(np.sort(starts))
+    chosen = gaps[_balanced(gaps.size, n - 1, rng)] if gaps.size else np.zeros(n - 1)
+    return np.concatenate([[0.0], np.cumsum(chosen)]).tolist()
+
+
 def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) -> list[SessionShape]:
     """`sessions` session shapes resampled from a request table's sessions (lengths and times only)."""
     real = _skeletons(table)
-    starts = np.sort(table.groupby("session_id", sort=False)["arrival_s"].first().to_numpy(dtype=float))
-    offsets: list[float | None] = [None] * sessions
-    if not np.isnan(starts).any():
-        gaps = np.diff(starts)
-        chosen = gaps[_balanced(gaps.size, sessions - 1, rng)] if gaps.size else np.zeros(sessions - 1)
-        offsets = np.concatenate([[0.0], np.cumsum(chosen)]).tolist()
-    picked = [real[i] for i in rng.permutation(Resample(real).pick(sessions, rng)).tolist()]
+    starts = table.groupby("session_id", sort=False)["arrival_s"].first().to_numpy(dtype=float)
+    offsets = resampled_starts(starts, sessions, rng)
+    picked = [real[i] for i in rng.permutation(Resample.of_skeletons(real).pick(sessions, rng)).tolist()]
     if offsets[0] is not None:
-        offsets = _paced(np.asarray(offsets), picked, _request_rate(table["arrival_s"].to_numpy(dtype=float)))
+        arrivals = [np.cumsum(thinks) for _, _, thinks in picked]
+        offsets = paced(np.asarray(offsets), arrivals, request_rate(table["arrival_s"].to_numpy(dtype=float)))
     return [
         SessionShape(new_tokens=news, output_tokens=outs, think_times_s=thinks, offset_s=offset)
         for (news, outs, thinks), offset in zip(picked, offsets, strict=True)
@@ -102,37 +108,35 @@ _PICK_TRIES = 16  # swaps weighed per round
 _PICK_BAND = 3.0  # percentiles either side of a missed one where the sessions swapped are looked for
 
 
+@dataclass(frozen=True)
+class RequestFigures:
+    """Per request: its unit of resampling, its session (numbered from 0), its turn index, its prompt and
+    output tokens, and its think time (NaN for a first turn)."""
+
+    units: np.ndarray
+    sessions: np.ndarray
+    turns: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    think: np.ndarray
+
+
 class Resample:
     """Which real sessions a synthetic workload of fewer (or not a multiple as many) sessions takes.
 
     Every session is taken n // N times; the other n % N are a stratified sample: the sessions
     sorted by their longest prompt and cut into n % N strata of equal count, one drawn from each,
-    so every band of lengths is there in proportion. Then, while a checked percentile of the
+    so every band of lengths is there in proportion. A unit is a session, or a conversation (an
+    agent with its subagents) where whole conversations are taken. Then, while a checked percentile of the
     figures the check compares (prompt tokens overall and by turn, output tokens, turns per session,
     think time) is off by more than `_PICK_GOAL` of its tolerance, a taken session with values on
     the wrong side of the real percentile is swapped for one on the right side, near it: a tail
-    resting on a few sessions is then the real one whatever the seed. The figures are computed
-    from the skeletons as the synthetic workload will have them (a turn's prompt is the history
-    of the new tokens and replies)."""
+    resting on a few sessions is then the real one whatever the seed."""
 
-    def __init__(self, real: list[Skeleton]) -> None:
-        self.sessions = len(real)
-        lengths = np.array([len(news) for news, _, _ in real])
-        sessions = np.repeat(np.arange(self.sessions), lengths)
-        turns = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        prompt = np.concatenate(
-            [np.cumsum(news) + np.cumsum([0, *(o or 0 for o in outs[:-1])]) for news, outs, _ in real]
-        ).astype(float)
-        output = np.array([np.nan if o is None else o for _, outs, _ in real for o in outs], dtype=float)
-        think = np.array([t if k else np.nan for _, _, thinks in real for k, t in enumerate(thinks)])
-        per_turn = np.bincount(turns)
-        features = [
-            (prompt, sessions),
-            *((prompt[turns == t], sessions[turns == t]) for t in np.flatnonzero(per_turn >= MIN_TURN_REQUESTS)),
-            (output, sessions),
-            (think, sessions),
-            (lengths.astype(float), np.arange(self.sessions)),
-        ]
+    def __init__(self, features: list[tuple[np.ndarray, np.ndarray]], longest: np.ndarray) -> None:
+        """`features`: each checked figure's values and the unit (session, or conversation) each value
+        comes with; `longest`: each unit's longest prompt, which the strata are cut by."""
+        self.units = longest.size
         self.features = [(v[~np.isnan(v)], s[~np.isnan(v)]) for v, s in features if not np.isnan(v).all()]
         self.targets = [np.percentile(v, _PICK_QUANTILES) for v, _ in self.features]
         self.bands = [
@@ -142,19 +146,56 @@ class Resample:
             )
             for v, _ in self.features
         ]
-        self.longest = np.zeros(self.sessions)
-        np.maximum.at(self.longest, sessions, prompt)
+        self.longest = longest
+
+    @classmethod
+    def of_requests(cls, requests: RequestFigures, session_units: np.ndarray, units: int) -> Resample:
+        """The figures of requests that each belong to a unit (`requests.units`), and of sessions
+        (`session_units`: each session's unit, so its turn count is a value of that unit)."""
+        per_turn = np.bincount(requests.turns)
+        turns_per_session = np.bincount(requests.sessions).astype(float)
+        longest = np.zeros(units)
+        np.maximum.at(longest, requests.units, requests.prompt)
+        features = [
+            (requests.prompt, requests.units),
+            *(
+                (requests.prompt[requests.turns == t], requests.units[requests.turns == t])
+                for t in np.flatnonzero(per_turn >= MIN_TURN_REQUESTS)
+            ),
+            (requests.output, requests.units),
+            (requests.think, requests.units),
+            (turns_per_session, session_units),
+        ]
+        return cls(features, longest)
+
+    @classmethod
+    def of_skeletons(cls, real: list[Skeleton]) -> Resample:
+        """Units are the sessions; a turn's prompt is the history of the new tokens and replies, as the
+        synthetic workload will have it."""
+        lengths = np.array([len(news) for news, _, _ in real])
+        sessions = np.repeat(np.arange(len(real)), lengths)
+        requests = RequestFigures(
+            units=sessions,
+            sessions=sessions,
+            turns=np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths),
+            prompt=np.concatenate(
+                [np.cumsum(news) + np.cumsum([0, *(o or 0 for o in outs[:-1])]) for news, outs, _ in real]
+            ).astype(float),
+            output=np.array([np.nan if o is None else o for _, outs, _ in real for o in outs], dtype=float),
+            think=np.array([t if k else np.nan for _, _, thinks in real for k, t in enumerate(thinks)]),
+        )
+        return cls.of_requests(requests, np.arange(len(real)), len(real))
 
     def pick(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """n session indexes (each session as many times as it is taken)."""
-        counts = np.full(self.sessions, n // self.sessions)
-        rest = n % self.sessions
+        counts = np.full(self.units, n // self.units)
+        rest = n % self.units
         if rest:
-            order = np.lexsort((rng.random(self.sessions), self.longest))
-            bounds = np.floor(np.arange(rest + 1) * self.sessions / rest).astype(int)
+            order = np.lexsort((rng.random(self.units), self.longest))
+            bounds = np.floor(np.arange(rest + 1) * self.units / rest).astype(int)
             counts[order[bounds[:-1] + (rng.random(rest) * np.diff(bounds)).astype(int)]] += 1
-            counts = self._refined(counts, n // self.sessions, rng)
-        return np.repeat(np.arange(self.sessions), counts)
+            counts = self._refined(counts, n // self.units, rng)
+        return np.repeat(np.arange(self.units), counts)
 
     def _errors(self, counts: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], float]:
         """Each checked percentile's miss as a share of its tolerance, the picked percentiles, and how far
@@ -223,32 +264,34 @@ def _excess(errors: np.ndarray) -> float:
     return float((np.maximum(errors - _PICK_GOAL, 0) ** 2).sum())
 
 
-def _request_rate(arrivals: np.ndarray) -> float | None:
+def request_rate(arrivals: np.ndarray) -> float | None:
     """Requests per second as `workload_stats` counts it: gaps / first-to-last span."""
     span = float(np.nanmax(arrivals) - np.nanmin(arrivals)) if arrivals.size else 0.0
     return (arrivals.size - 1) / span if span > 0 else None
 
 
-def _paced(offsets: np.ndarray, picked: list[Skeleton], rate: float | None) -> list[float | None]:
+def paced(offsets: np.ndarray, arrivals: list[np.ndarray], rate: float | None) -> list[float | None]:
     """Session starts stretched (bisection on one scale) so the synthetic workload has the real request
     rate: with more or fewer sessions than the real one, its last sessions' turns weigh differently in
-    the first-to-last span."""
-    arrivals = [np.cumsum(thinks) for _, _, thinks in picked]
+    the first-to-last span. `arrivals`: each session's request times from its start. Starts that are all
+    at once (a set of agent traces, each on its own clock) are spread evenly where more sessions than the
+    real ones would otherwise run faster."""
     if rate is None or sum(a.size for a in arrivals) < 2:
         return offsets.round(3).tolist()
 
-    def rate_at(scale: float) -> float:
-        times = np.concatenate([offset * scale + a for offset, a in zip(offsets, arrivals, strict=True)])
-        return _request_rate(times) or float("inf")
+    def rate_at(starts: np.ndarray) -> float:
+        times = np.concatenate([start + a for start, a in zip(starts, arrivals, strict=True)])
+        return request_rate(times) or float("inf")
 
+    if not offsets.any() and rate_at(offsets) > rate:
+        offsets = np.arange(offsets.size, dtype=float)
     low, high = 0.0, 1.0
-    while rate_at(high) > rate and high < 1e6:  # the rate falls as the starts stretch
+    while rate_at(offsets * high) > rate and high < 1e6:  # the rate falls as the starts stretch
         low, high = high, high * 2
     for _ in range(40):
         middle = (low + high) / 2
-        low, high = (middle, high) if rate_at(middle) > rate else (low, middle)
-    scale = high
-    return (offsets * scale).round(3).tolist()
+        low, high = (middle, high) if rate_at(offsets * middle) > rate else (low, middle)
+    return (offsets * high).round(3).tolist()
 
 
 def redraw(

@@ -43,8 +43,8 @@ from tests.server_harness import (
     HarnessOptions,
     HarnessServer,
     child_env,
+    developer_cli,
     file_lock,
-    serve_until_interrupted,
     tail,
 )
 from tests.vllm_harness import TINY_MODEL_SCRIPT, build_tiny_model, venv_python
@@ -304,27 +304,29 @@ class LlamaServer(HarnessServer):
         return data
 
 
-def _serve(args: argparse.Namespace) -> int:
-    server = LlamaServer(build_tiny_gguf(), ctx_size=args.ctx_size, parallel=args.parallel, extra_args=args.extra)
-    return serve_until_interrupted(server)
+def _server(args: argparse.Namespace) -> LlamaServer:
+    return LlamaServer(build_tiny_gguf(), ctx_size=args.ctx_size, parallel=args.parallel, extra_args=args.extra)
+
+
+def _print_built_paths() -> None:
+    print(ensure_llama_server())
+    print(build_tiny_gguf())
+
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--ctx-size", type=int, default=4096)
+    serve.add_argument("--parallel", type=int, default=4)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.llama_cpp_harness", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build (or find) llama-server and the tiny GGUF, print their paths")
-    serve = sub.add_parser("serve", help="start a tiny-model llama-server until Ctrl-C")
-    serve.add_argument("--ctx-size", type=int, default=4096)
-    serve.add_argument("--parallel", type=int, default=4)
-    serve.add_argument("extra", nargs=argparse.REMAINDER, help="extra llama-server flags, after `--`")
-    args = parser.parse_args(argv)
-    if args.cmd == "build":
-        print(ensure_llama_server())
-        print(build_tiny_gguf())
-        return 0
-    if args.extra and args.extra[0] == "--":
-        args.extra = args.extra[1:]
-    return _serve(args)
+    return developer_cli(
+        argv,
+        server="llama-server",
+        flags="llama-server",
+        serve_options=_serve_options,
+        start=_server,
+        commands={"build": ("build (or find) llama-server and the tiny GGUF, print their paths", _print_built_paths)},
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """What every real server the tests start has in common (vLLM, transformers serve, llama.cpp's
 llama-server): a process group of its own that stop() ends whole, a log under the cache, `/health`
 awaited before a test uses it, offline settings, one-time installs under a lock, and the developer
-CLI's serve-until-Ctrl-C loop. Each server's module says only how it is installed and started."""
+CLI: its parser and serve-until-Ctrl-C loop. Each server's module says only how it is installed and started."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import os
@@ -14,9 +15,9 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Self, TypedDict
 
 from llmload.process_group import start_in_group, stop_group
@@ -255,3 +256,35 @@ def serve_until_interrupted(server: HarnessServer) -> int:
     finally:
         server.stop()
         print("stopped.", flush=True)
+
+
+def developer_cli(
+    argv: Sequence[str] | None,
+    *,
+    server: str,
+    flags: str,
+    serve_options: Callable[[argparse.ArgumentParser], None],
+    start: Callable[[argparse.Namespace], HarnessServer],
+    commands: Mapping[str, tuple[str, Callable[[], None]]] = MappingProxyType({}),
+) -> int:
+    """The developer CLI of every harness, `python -m tests.<server>_harness serve [its options] [-- extra
+    flags]`: `start` makes the server from the parsed options (`extra` without its `--`), which then serves
+    until interrupted; `server` and `flags` name it in the help; `commands` are the harness's others, by
+    name: (help, what it runs). The module defining `start` gives the CLI its name and description (its
+    docstring), whether it runs with -m or is imported."""
+    harness = sys.modules[start.__module__]
+    assert harness.__spec__ is not None
+    parser = argparse.ArgumentParser(prog=f"python -m {harness.__spec__.name}", description=harness.__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name, (summary, _) in commands.items():
+        sub.add_parser(name, help=summary)
+    serve = sub.add_parser("serve", help=f"start a tiny-model {server} until Ctrl-C")
+    serve_options(serve)
+    serve.add_argument("extra", nargs=argparse.REMAINDER, help=f"extra {flags} flags, after `--`")
+    args = parser.parse_args(argv)
+    if args.cmd != "serve":
+        commands[args.cmd][1]()
+        return 0
+    if args.extra[:1] == ["--"]:
+        args.extra = args.extra[1:]
+    return serve_until_interrupted(start(args))

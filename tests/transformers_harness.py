@@ -37,8 +37,8 @@ from tests.server_harness import (
     HarnessOptions,
     HarnessServer,
     child_env,
+    developer_cli,
     file_lock,
-    serve_until_interrupted,
 )
 from tests.vllm_harness import build_tiny_model, ensure_vllm_venv, import_check, python_check, venv_dir
 
@@ -141,22 +141,18 @@ class TransformersServer(HarnessServer):
         return [*cmd, *self.extra_args]
 
 
-def _serve(args: argparse.Namespace) -> int:
-    model = build_tiny_model()
-    server = TransformersServer(model, continuous_batching=not args.sequential, extra_args=args.extra)
-    return serve_until_interrupted(server)
+def _server(args: argparse.Namespace) -> TransformersServer:
+    return TransformersServer(build_tiny_model(), continuous_batching=not args.sequential, extra_args=args.extra)
+
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--sequential", action="store_true", help="without continuous batching: one request at a time")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.transformers_harness", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    serve = sub.add_parser("serve", help="start a tiny-model transformers server until Ctrl-C")
-    serve.add_argument("--sequential", action="store_true", help="without continuous batching: one request at a time")
-    serve.add_argument("extra", nargs=argparse.REMAINDER, help="extra `transformers serve` flags, after `--`")
-    args = parser.parse_args(argv)
-    if args.extra and args.extra[0] == "--":
-        args.extra = args.extra[1:]
-    return _serve(args)
+    return developer_cli(
+        argv, server="transformers server", flags="`transformers serve`", serve_options=_serve_options, start=_server
+    )
 
 
 if __name__ == "__main__":

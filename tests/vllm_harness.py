@@ -31,8 +31,8 @@ from tests.server_harness import (
     HarnessOptions,
     HarnessServer,
     child_env,
+    developer_cli,
     file_lock,
-    serve_until_interrupted,
 )
 
 VLLM_VERSION = "0.32.0"
@@ -196,28 +196,23 @@ class VllmServer(HarnessServer):
             return []
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _server(args: argparse.Namespace) -> VllmServer:
     python = ensure_vllm_venv()
     model = build_tiny_model()
     print(f"venv python: {python}\nmodel: {model}", flush=True)
-    server = VllmServer(
+    return VllmServer(
         model, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes, extra_args=args.extra,
         program=python,
     )  # fmt: skip
-    return serve_until_interrupted(server)
+
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--max-model-len", type=int, default=2048)
+    serve.add_argument("--kv-cache-bytes", type=int, default=64 * 2**20)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.vllm_harness", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    serve = sub.add_parser("serve", help="start a tiny-model vLLM server until Ctrl-C")
-    serve.add_argument("--max-model-len", type=int, default=2048)
-    serve.add_argument("--kv-cache-bytes", type=int, default=64 * 2**20)
-    serve.add_argument("extra", nargs=argparse.REMAINDER, help="extra vLLM flags, after `--`")
-    args = parser.parse_args(argv)
-    if args.extra and args.extra[0] == "--":
-        args.extra = args.extra[1:]
-    return _serve(args)
+    return developer_cli(argv, server="vLLM server", flags="vLLM", serve_options=_serve_options, start=_server)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import Fixed
 from llmload.workload.stats import TABLE_COLUMNS, render_stats, request_table, workload_stats
 from llmload.workload.tokens import get_tokenizer
+from tests.agentic import write_compacting_traces
 
 AZURE = Path(__file__).resolve().parents[1] / "data" / "azure_llm_inference_conv_2023.csv"
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -78,11 +79,17 @@ def test_max_tokens_override_and_rounding() -> None:
 
 
 def test_built_workload_has_the_stats_of_its_source(tmp_path: Path) -> None:
-    for name in ("openai.jsonl", "sharegpt.json", "vllm-0.32-debug.log", "mooncake.jsonl"):
-        out = tmp_path / f"{Path(name).stem}.yaml"
+    """Agentic traces record each request's API time: the think time leaves it out, the arrivals and the
+    request rate keep it, from the trace and from its build alike (before, the trace's arrivals were its
+    think times summed, a request rate 6% high, and its build's think times the recorded gaps, 1 s long)."""
+    agentic = write_compacting_traces(tmp_path / "traces")
+    for source in (*(LOGS / name for name in ("openai.jsonl", "sharegpt.json", "vllm-0.32-debug.log")),
+                   LOGS / "mooncake.jsonl", agentic):  # fmt: skip
+        out = tmp_path / f"{source.stem}.yaml"
         options = BuildOptions(output_tokens=Fixed(kind="fixed", value=7))  # sharegpt.json ends unanswered
-        result = build_workload([LOGS / name], out, options, progress=None)
-        log = source_table([LOGS / name], options)
+        result = build_workload([source], out, options, progress=None)
+        log = source_table([source], options)
+        name = source.name
         reuse = log.reusable_prefix  # the same log's figure: here the request tables are compared
         from_source = workload_stats(log.table, think_times=log.think_times, reusable_prefix=reuse)
         from_file = workload_stats(
@@ -90,12 +97,14 @@ def test_built_workload_has_the_stats_of_its_source(tmp_path: Path) -> None:
         )
         assert result.stats == from_source == from_file, name
         assert load_workload(out).spec.stats == result.stats.model_dump(mode="json")
+    think = result.stats.think_time_s
+    assert think.count == 192 and think.max is not None and think.max <= 28  # each gap (at most 29 s) less 1 s
 
 
 def test_history_growth_and_session_shape() -> None:
     table = source_table([LOGS / "openai.jsonl"]).table
     assert list(table.columns) == list(TABLE_COLUMNS)
-    assert table.dtypes.astype(str).tolist() == ["str", "int64", "float64", "int64", "float64", "float64"]
+    assert table.dtypes.astype(str).tolist() == ["str", "int64", "float64", "float64", "int64", "float64", "float64"]
     stats = workload_stats(table)
     count = get_tokenizer().count
     third_session_second_turn = sum(count(t) for t in (SYSTEM_PROMPT, "hi", "Hi, what can I do for you?"))

@@ -313,6 +313,7 @@ class _Table:
     session: array[int] = field(default_factory=lambda: array("q"))
     turn: array[int] = field(default_factory=lambda: array("q"))
     arrival: array[float] = field(default_factory=lambda: array("d"))
+    think: array[float] = field(default_factory=lambda: array("d"))
     prompt: array[int] = field(default_factory=lambda: array("q"))
     output: array[float] = field(default_factory=lambda: array("d"))
     max_tokens: array[float] = field(default_factory=lambda: array("d"))
@@ -327,6 +328,7 @@ class _Table:
                 "session_id": names[column(self.session)],  # one string per session, shared by its requests
                 "turn": column(self.turn),
                 "arrival_s": column(self.arrival),
+                "think_s": column(self.think),
                 "prompt_tokens": column(self.prompt),
                 "output_tokens": column(self.output),
                 "max_tokens": column(self.max_tokens),
@@ -479,8 +481,18 @@ class _Finisher:
                 think = max(0.0, request.timestamp - start)
                 self.think_basis["after_reply" if previous_end is not None else "with_reply"] += 1
             previous_ts, previous_end = request.timestamp, request.finished
+            at = (
+                None if not index or first is None or request.timestamp is None else max(0.0, request.timestamp - first)
+            )
             self._row(
-                session.index, index, offset=offset, think=think, prompt=prompt, output=output, limit=request.max_tokens
+                session.index,
+                index,
+                offset=offset,
+                at=at,
+                think=think,
+                prompt=prompt,
+                output=output,
+                limit=request.max_tokens,
             )
             if self.write:
                 turn: Record = (
@@ -493,8 +505,8 @@ class _Finisher:
                 if output:
                     turn["output_tokens"] = output
                 turn["think_time_s"] = think
-                if index and first is not None and request.timestamp is not None:
-                    turn["at_s"] = max(0.0, request.timestamp - first)
+                if at is not None:
+                    turn["at_s"] = at
                 if prompt:
                     turn["prompt_tokens"] = prompt
                 if request.model_rank is not None:
@@ -520,16 +532,25 @@ class _Finisher:
         turn: int,
         *,
         offset: float | None,
+        at: float | None,
         think: float,
         prompt: int,
         output: int | None,
         limit: int | None,
     ) -> None:
+        """One request's row, timed as `request_table` times the turn the build writes: its recorded time
+        (`at`, after the session's first request) where the log gives one, else the previous request's plus
+        the think time; no time and no think time where the session's start is unknown."""
         table = self.table
-        arrival = math.nan if offset is None else (offset if turn == 0 else table.arrival[-1] + think)
+        if offset is None:
+            arrival = pause = math.nan
+        else:
+            arrival = offset if turn == 0 else offset + at if at is not None else table.arrival[-1] + think
+            pause = math.nan if turn == 0 else think
         table.session.append(session)
         table.turn.append(turn)
         table.arrival.append(arrival)
+        table.think.append(pause)
         table.prompt.append(prompt)
         table.output.append(output or math.nan)  # 0 tokens cannot be replayed: unknown
         table.max_tokens.append(math.nan if limit is None else limit)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -45,8 +45,18 @@ MIN_TURN_REQUESTS = 50  # a per-turn percentile of fewer requests is too noisy t
 _QUANTILES = ("p50", "p90", "p95", "p99")
 
 
-Skeleton = tuple[list[int], list[int | None], list[float]]
-"""A real session's lengths and times: each turn's new prompt tokens, its output tokens, its think time."""
+class Skeleton(NamedTuple):
+    """A real session's lengths and times: each turn's new prompt tokens, its output tokens, its think time,
+    and when it was sent after the session's first turn (None where the source has no times)."""
+
+    new_tokens: list[int]
+    output_tokens: list[int | None]
+    think_times_s: list[float]
+    at_s: list[float] | None
+
+    def arrivals(self) -> np.ndarray:
+        """Each turn's time after the session's first: as recorded, else the think times summed."""
+        return np.array(self.at_s) if self.at_s is not None else np.cumsum(self.think_times_s)
 
 
 def _balanced(total: int, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -65,13 +75,20 @@ def _skeletons(table: pd.DataFrame) -> list[Skeleton]:
     )
     first = table["turn"].to_numpy() == 0
     new = np.maximum(np.where(first, prompt, prompt - previous), 1).astype(int)
-    think = np.nan_to_num(by_session["arrival_s"].diff().to_numpy(dtype=float)).round(3)
+    think = np.nan_to_num(table["think_s"].to_numpy(dtype=float)).round(3)
+    arrival = table["arrival_s"].to_numpy(dtype=float)
+    at = (arrival - by_session["arrival_s"].transform("first").to_numpy(dtype=float)).round(3)
     codes = pd.factorize(table["session_id"])[0]
     bounds = np.flatnonzero(np.diff(codes)) + 1
     return [
-        (news.tolist(), [None if np.isnan(o) or o < 1 else int(o) for o in outs], [0.0, *thinks[1:].tolist()])
-        for news, outs, thinks in zip(
-            np.split(new, bounds), np.split(output, bounds), np.split(think, bounds), strict=True
+        Skeleton(
+            news.tolist(),
+            [None if np.isnan(o) or o < 1 else int(o) for o in outs],
+            [0.0, *thinks[1:].tolist()],
+            None if np.isnan(ats).any() else ats.tolist(),
+        )
+        for news, outs, thinks, ats in zip(
+            np.split(new, bounds), np.split(output, bounds), np.split(think, bounds), np.split(at, bounds), strict=True
         )
     ]
 
@@ -92,11 +109,17 @@ def like_shapes(table: pd.DataFrame, sessions: int, rng: np.random.Generator) ->
     offsets = resampled_starts(starts, sessions, rng)
     picked = [real[i] for i in rng.permutation(Resample.of_skeletons(real).pick(sessions, rng)).tolist()]
     if offsets[0] is not None:
-        arrivals = [np.cumsum(thinks) for _, _, thinks in picked]
+        arrivals = [skeleton.arrivals() for skeleton in picked]
         offsets = paced(np.asarray(offsets), arrivals, request_rate(table["arrival_s"].to_numpy(dtype=float)))
     return [
-        SessionShape(new_tokens=news, output_tokens=outs, think_times_s=thinks, offset_s=offset)
-        for (news, outs, thinks), offset in zip(picked, offsets, strict=True)
+        SessionShape(
+            new_tokens=skeleton.new_tokens,
+            output_tokens=skeleton.output_tokens,
+            think_times_s=skeleton.think_times_s,
+            offset_s=offset,
+            at_s=skeleton.at_s,
+        )
+        for skeleton, offset in zip(picked, offsets, strict=True)
     ]
 
 
@@ -172,17 +195,17 @@ class Resample:
     def of_skeletons(cls, real: list[Skeleton]) -> Resample:
         """Units are the sessions; a turn's prompt is the history of the new tokens and replies, as the
         synthetic workload will have it."""
-        lengths = np.array([len(news) for news, _, _ in real])
+        lengths = np.array([len(skeleton.new_tokens) for skeleton in real])
         sessions = np.repeat(np.arange(len(real)), lengths)
         requests = RequestFigures(
             units=sessions,
             sessions=sessions,
             turns=np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths),
             prompt=np.concatenate(
-                [np.cumsum(news) + np.cumsum([0, *(o or 0 for o in outs[:-1])]) for news, outs, _ in real]
+                [np.cumsum(sk.new_tokens) + np.cumsum([0, *(o or 0 for o in sk.output_tokens[:-1])]) for sk in real]
             ).astype(float),
-            output=np.array([np.nan if o is None else o for _, outs, _ in real for o in outs], dtype=float),
-            think=np.array([t if k else np.nan for _, _, thinks in real for k, t in enumerate(thinks)]),
+            output=np.array([np.nan if o is None else o for sk in real for o in sk.output_tokens], dtype=float),
+            think=np.array([t if k else np.nan for sk in real for k, t in enumerate(sk.think_times_s)]),
         )
         return cls.of_requests(requests, np.arange(len(real)), len(real))
 
@@ -308,7 +331,12 @@ def redraw(
         thinks = (
             [0.0, *draw_seconds(options.think_time_s, rng, n)[1:]] if "think_time_s" in given else shape.think_times_s
         )
-        out.append(SessionShape(new_tokens=news, output_tokens=outputs, think_times_s=thinks, offset_s=shape.offset_s))
+        recorded = None if "think_time_s" in given else shape.at_s  # redrawn pauses time the turns
+        out.append(
+            SessionShape(
+                new_tokens=news, output_tokens=outputs, think_times_s=thinks, offset_s=shape.offset_s, at_s=recorded
+            )
+        )
     return out
 
 

@@ -97,7 +97,7 @@ def like_conversations(
         turns=table["turn"].to_numpy(),
         prompt=table["prompt_tokens"].to_numpy(dtype=float),
         output=table["output_tokens"].to_numpy(dtype=float),
-        think=table["arrival_s"].astype(float).groupby(table["session_id"], sort=False).diff().to_numpy(),
+        think=table["think_s"].to_numpy(dtype=float),
     )
     picked = rng.permutation(Resample.of_requests(requests, conversation, len(members)).pick(count, rng))
     starts = np.full(len(members), np.inf)

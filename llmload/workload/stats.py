@@ -32,7 +32,7 @@ from llmload.stats.percentiles import percentiles
 from llmload.workload.files import Workload
 from llmload.workload.tokens import get_tokenizer
 
-TABLE_COLUMNS = ("session_id", "turn", "arrival_s", "prompt_tokens", "output_tokens", "max_tokens")
+TABLE_COLUMNS = ("session_id", "turn", "arrival_s", "think_s", "prompt_tokens", "output_tokens", "max_tokens")
 MAX_MODEL_LEN_MULTIPLE = 16
 _TURN_ROWS_SHOWN = 16
 
@@ -115,7 +115,6 @@ def workload_stats(
         )
         for turn, rows in prompt.groupby(table["turn"], sort=True)
     ]
-    turn_gaps = table["arrival_s"].astype(float).groupby(table["session_id"], sort=False).diff()
     limit = table["max_tokens"].astype(float).fillna(output)
     limit_p99 = percentiles(limit).p99
     prompt_p99 = percentiles(prompt).p99
@@ -136,7 +135,7 @@ def workload_stats(
         duration_s=span,
         requests_per_s=gaps.size / span if span else None,
         inter_arrival_s=percentiles(gaps),
-        think_time_s=percentiles(turn_gaps),
+        think_time_s=percentiles(table["think_s"].astype(float)),
         max_tokens_p99=limit_p99,
         max_tokens=assumed,
         max_tokens_configured=max_tokens is not None,
@@ -159,6 +158,7 @@ def table_frame(columns: dict[str, object]) -> pd.DataFrame:
             "session_id": str,
             "turn": "int64",
             "arrival_s": "float64",
+            "think_s": "float64",
             "prompt_tokens": "int64",
             "output_tokens": "float64",
             "max_tokens": "float64",
@@ -184,7 +184,7 @@ def _prompt_lengths(session: Session, tokenizer_name: str) -> list[int]:
 
 def request_table(workload: Workload) -> pd.DataFrame:
     """The request table of a loaded workload file (arrivals = session offset + the turn's recorded
-    time, or + think times where none was recorded)."""
+    time, or + think times where none was recorded; think times where the session's start is known)."""
     columns: dict[str, list[object]] = {name: [] for name in TABLE_COLUMNS}
     for session in workload.sessions:
         start = math.nan if session.offset_s is None else session.offset_s
@@ -193,9 +193,10 @@ def request_table(workload: Workload) -> pd.DataFrame:
         for index, (turn, prompt) in enumerate(zip(session.turns, prompts, strict=True)):
             if index:
                 arrival = start + turn.at_s if turn.at_s is not None else arrival + turn.think_time_s
+            think = turn.think_time_s if index and not math.isnan(start) else math.nan
             for name, value in zip(
                 TABLE_COLUMNS,
-                (session.id, index, arrival, prompt, turn.output_tokens, turn.max_tokens),
+                (session.id, index, arrival, think, prompt, turn.output_tokens, turn.max_tokens),
                 strict=True,
             ):
                 columns[name].append(math.nan if value is None else value)

@@ -150,6 +150,7 @@ class SessionShape:
     output_tokens: list[int | None]
     think_times_s: list[float]  # per turn; the first turn's is 0
     offset_s: float | None
+    at_s: list[float] | None = None  # per turn, when it is sent after the first: copied from a real session
 
 
 def draw_tokens(distribution: Distribution, rng: np.random.Generator, n: int) -> list[int]:
@@ -247,6 +248,7 @@ def synthesize_workload(
                     max_tokens=output,
                     output_tokens=forced,
                     think_time_s=think,
+                    at_s=shape.at_s[k] if shape.at_s is not None and k else None,
                     prompt_tokens=history,
                 )
             )

@@ -8,7 +8,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +16,7 @@ import pandas as pd
 from pydantic import ValidationError
 
 from llmload.errors import InputError, validation_message
-from llmload.models import ReusablePrefix, Session, WorkloadSource, WorkloadSpec
+from llmload.models import ReusablePrefix, Session, WorkloadSpec
 from llmload.plan import PlanFlags
 from llmload.workload.build import BuildOptions, build_workload, source_table
 from llmload.workload.distributions import parse_distribution
@@ -27,7 +26,7 @@ from llmload.workload.like import compare, like_prefixes, like_shapes, prefix_te
 from llmload.workload.like_blocks import conversation_units, has_blocks, like_conversations
 from llmload.workload.prefix import CHAT_TEMPLATES, DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, workload_prefix
 from llmload.workload.stats import WorkloadStats, plot_stats, render_stats, request_table, workload_stats
-from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload
+from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload, synthetic_spec
 
 HELP = "build, synthesize and inspect workload files"
 _WORKLOAD_SUFFIXES = (".yaml", ".yml")
@@ -346,19 +345,11 @@ def _like_blocks(
     seed = args.seed or 0
     output_length: Literal["fixed", "free"] = args.output_length or "fixed"
     sessions = like_conversations(workload, count, np.random.default_rng([seed, 1]), name, output_length)
-    spec = WorkloadSpec(
-        version=1,
-        name=name,
-        source=WorkloadSource(
-            format="synthetic-blocks",
-            built_at=datetime.now(UTC).replace(microsecond=0),
-            generator={"like": list(args.like), "conversations": count, "seed": seed, "output_length": output_length},
-        ),
-        tokenizer=workload.spec.tokenizer,
-        target_qps=real.requests_per_s,
-        sessions=f"{name}.sessions.jsonl",
-        block_size=workload.spec.block_size,
+    generator = {"like": list(args.like), "conversations": count, "seed": seed, "output_length": output_length}
+    spec = synthetic_spec(
+        name, "synthetic-blocks", generator, workload.spec.tokenizer, block_size=workload.spec.block_size
     )
+    spec = spec.model_copy(update={"target_qps": real.requests_per_s})
     return real, spec, sessions
 
 

@@ -254,15 +254,19 @@ def synthesize_workload(
             )
             history += output or 0
         out.append(Session(id=f"{name}-{index:05d}", offset_s=shape.offset_s, turns=turns))
-    spec = WorkloadSpec(
+    made_by = generator if generator is not None else options.model_dump(mode="json")
+    return synthetic_spec(name, "synthetic-chat", made_by, options.tokenizer), out
+
+
+def synthetic_spec(
+    name: str, kind: str, generator: dict[str, object], tokenizer: str, *, block_size: int | None = None
+) -> WorkloadSpec:
+    """The spec of a synthesized workload: what made it, and its sessions file beside it."""
+    return WorkloadSpec(
         version=1,
         name=name,
-        source=WorkloadSource(
-            format="synthetic-chat",
-            built_at=datetime.now(UTC).replace(microsecond=0),
-            generator=generator if generator is not None else options.model_dump(mode="json"),
-        ),
-        tokenizer=options.tokenizer,
+        source=WorkloadSource(format=kind, built_at=datetime.now(UTC).replace(microsecond=0), generator=generator),
+        tokenizer=tokenizer,
         sessions=f"{name}.sessions.jsonl",
+        block_size=block_size,
     )
-    return spec, out

@@ -481,41 +481,12 @@ class _Finisher:
                 think = max(0.0, request.timestamp - start)
                 self.think_basis["after_reply" if previous_end is not None else "with_reply"] += 1
             previous_ts, previous_end = request.timestamp, request.finished
-            at = (
-                None if not index or first is None or request.timestamp is None else max(0.0, request.timestamp - first)
-            )
-            self._row(
-                session.index,
-                index,
-                offset=offset,
-                at=at,
-                think=think,
-                prompt=prompt,
-                output=output,
-                limit=request.max_tokens,
-            )
+            sent = request.timestamp
+            at = max(0.0, sent - first) if index and first is not None and sent is not None else None
+            self._row(session.index, index, offset=offset, at=at, think=think, prompt=prompt, output=output,
+                      limit=request.max_tokens)  # fmt: skip
             if self.write:
-                turn: Record = (
-                    {"blocks": block_runs(request.hash_ids)}  # a few runs where a session's ids go on
-                    if request.hash_ids is not None and len(request.hash_ids)
-                    else {"messages": self._messages(request, message_counts)}
-                )
-                if request.max_tokens is not None:
-                    turn["max_tokens"] = request.max_tokens
-                if output:
-                    turn["output_tokens"] = output
-                turn["think_time_s"] = think
-                if at is not None:
-                    turn["at_s"] = at
-                if prompt:
-                    turn["prompt_tokens"] = prompt
-                if request.model_rank is not None:
-                    turn["model_rank"] = request.model_rank
-                if request.waits_for:
-                    turn["waits_for"] = list(request.waits_for)
-                if request.spawns:
-                    turn["spawns"] = list(request.spawns)
-                turns.append(turn)
+                turns.append(self._turn(request, message_counts, output=output, think=think, at=at, prompt=prompt))
         if not self.write:
             return None
         record: Record = {"id": self.ids[-1]}
@@ -525,6 +496,39 @@ class _Finisher:
             record["parent"] = session.turns[0].parent
         record["turns"] = turns
         return record
+
+    def _turn(
+        self,
+        request: LogRequest,
+        message_counts: list[int],
+        *,
+        output: int | None,
+        think: float,
+        at: float | None,
+        prompt: int,
+    ) -> Record:
+        """The turn as the sessions file holds it: block ids where the log gives them, else messages."""
+        turn: Record = (
+            {"blocks": block_runs(request.hash_ids)}  # a few runs where a session's ids go on
+            if request.hash_ids is not None and len(request.hash_ids)
+            else {"messages": self._messages(request, message_counts)}
+        )
+        if request.max_tokens is not None:
+            turn["max_tokens"] = request.max_tokens
+        if output:
+            turn["output_tokens"] = output
+        turn["think_time_s"] = think
+        if at is not None:
+            turn["at_s"] = at
+        if prompt:
+            turn["prompt_tokens"] = prompt
+        if request.model_rank is not None:
+            turn["model_rank"] = request.model_rank
+        if request.waits_for:
+            turn["waits_for"] = list(request.waits_for)
+        if request.spawns:
+            turn["spawns"] = list(request.spawns)
+        return turn
 
     def _row(
         self,

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from llmload.models import ParetoPoint, SearchResult
-from llmload.report.html import RC, legend, svg_data_uri
+from llmload.report.html import RC, legend, svg_data_uri, tight_bbox
 
 PNG_FILE = "pareto.png"
 
@@ -138,4 +138,4 @@ def write_png(points: Sequence[ParetoPoint], path: Path, title: str) -> None:
         if figure is None:
             return
         figure.suptitle(title)
-        figure.savefig(path, format="png", dpi=150, bbox_inches="tight")
+        figure.savefig(path, format="png", dpi=150, bbox_inches=tight_bbox(figure))

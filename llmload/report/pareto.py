@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from llmload.models import ParetoPoint, SearchResult
-from llmload.report.html import RC, legend, svg_data_uri, tight_bbox
+from llmload.report.html import drawing, legend, svg_data_uri, tight_bbox
 
 PNG_FILE = "pareto.png"
 
@@ -122,7 +121,7 @@ def chart(points: Sequence[ParetoPoint]) -> Figure | None:
 
 def chart_uri(points: Sequence[ParetoPoint], salt: str) -> str | None:
     """The chart as an SVG data: URI, for a page whose policy loads images from nowhere else."""
-    with matplotlib.rc_context(RC):
+    with drawing():
         figure = chart(points)
         return svg_data_uri(figure, salt) if figure is not None else None
 
@@ -133,7 +132,7 @@ def verdict_word(p: ParetoPoint) -> str:
 
 def write_png(points: Sequence[ParetoPoint], path: Path, title: str) -> None:
     """The chart as a PNG of its own, to paste where an HTML page cannot go."""
-    with matplotlib.rc_context(RC):
+    with drawing():
         figure = chart(points)
         if figure is None:
             return

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
 from matplotlib.figure import Figure
 
 from llmload.models import SearchResult
 from llmload.report import pareto
-from llmload.report.html import ENV, P50, P99, RC, STYLE, legend, page_start, svg_data_uri
+from llmload.report.html import ENV, P50, P99, STYLE, drawing, legend, page_start, svg_data_uri
 
 PASS_COLOR, FAIL_COLOR = "#2ca02c", P99
 
@@ -95,7 +94,7 @@ in p.failed_checks %}<li>{{ line }}</li>{% endfor %}</ul></li>{% endfor %}</ul>{
 
 
 def render_page(result: SearchResult, path: Path) -> None:
-    with matplotlib.rc_context(RC):
+    with drawing():
         figure = _chart(result)
         chart = svg_data_uri(figure, result.search_id) if figure is not None else None
     points = pareto.frontier(pareto.search_points(result, None))

@@ -21,7 +21,6 @@ from llmload.gates.search import probe_options, write_criteria
 from llmload.gates.soak import DEFAULT_HOLD_S, SoakRun
 from llmload.models import SweepResult, SweepRow
 from llmload.plan import PlanFlags
-from llmload.report.sweep_page import HTML_FILE
 from llmload.schedule import DEFAULT_STAGE_S, parse_duration
 from llmload.sweep.configs import expand
 from llmload.sweep.run import PREDICTED_DIR, RESULT_FILE, Sweep, load_rows, simulator_serve
@@ -131,6 +130,8 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
 
 
 def _print(result: SweepResult, where: Path) -> None:
+    from llmload.report.sweep_page import HTML_FILE  # with matplotlib: imported once the pages are written
+
     for row in result.rows:
         answer = "did not start" if row.server == "did_not_start" else (
             f"passes at {row.answer}" if row.passing_qps is not None else "no passing rate"

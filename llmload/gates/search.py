@@ -32,7 +32,6 @@ from llmload.gates.locust_run import LocustRun
 from llmload.models import Probe, SearchOutcome, SearchResult, StageSummary, Verdict
 from llmload.plan import PlanFlags
 from llmload.process_group import run_to_end
-from llmload.report.search_page import render_page
 from llmload.rundir import MANIFEST_FILE, read_manifest, read_summary
 from llmload.workload import load_workload
 
@@ -329,6 +328,8 @@ class Searcher:
 
     def save(self) -> None:
         """search.json and search.html as they stand: an interrupted search keeps what it learned."""
+        from llmload.report.search_page import render_page  # matplotlib: only once there is a probe to draw
+
         self.conclude()
         (self.directory / RESULT_FILE).write_bytes(
             orjson.dumps(self.result.model_dump(mode="json"), option=orjson.OPT_INDENT_2)

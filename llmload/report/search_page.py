@@ -9,7 +9,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from llmload.models import SearchResult
-from llmload.report import pareto
+from llmload.report import pareto, pareto_chart
 from llmload.report.html import ENV, P50, P99, STYLE, drawing, legend, page_start, svg_data_uri
 
 PASS_COLOR, FAIL_COLOR = "#2ca02c", P99
@@ -102,7 +102,7 @@ def render_page(result: SearchResult, path: Path) -> None:
     ok = result.passing_qps is not None and result.confirmed is not False
     page = TEMPLATE.render(
         r=result, chart=chart, ok=ok, start=page_start("search", result.search_id, STYLE),
-        pareto_chart=pareto.chart_uri(points, result.search_id),
+        pareto_chart=pareto_chart.chart_uri(points, result.search_id),
         pareto_axis=pareto.throughput_axis(points), frontier=[f"{qps:g}" for qps in frontier],
     )  # fmt: skip
     path.write_text(page, encoding="utf-8")

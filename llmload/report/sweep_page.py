@@ -2,8 +2,8 @@
 with vLLM's startup figures, the gate's answer and the figures at it, the prediction beside the
 measurement, and which configuration to ship. Both pages print the same columns (`columns`); the
 reasons follow the table as sentences, one per configuration, so no cell has to hold a paragraph.
-Then the Pareto frontier of every probe (llmload.report.pareto): the chart, its points, and pareto.png
-beside the pages for where HTML cannot go."""
+Then the Pareto frontier of every probe (llmload.report.pareto, drawn by pareto_chart): the chart, its
+points, and pareto.png beside the pages for where HTML cannot go."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from llmload.format import fmt, percent
 from llmload.models import ParetoPoint, SweepResult, SweepRow
-from llmload.report import pareto
+from llmload.report import pareto, pareto_chart
 from llmload.report.html import ENV, STYLE, page_start
 
 MARKDOWN_FILE = "sweep.md"
@@ -249,10 +249,10 @@ def write_pages(result: SweepResult, directory: Path) -> None:
         r=result, rows=rows, headers=[h for h, _ in shown], headline=_headline(result), scope=_scope(result),
         advice=advice(result), varied=_varied, named_by_varied=_named_by_varied,
         start=page_start("sweep", result.sweep_id, STYLE + SWEEP_STYLE),
-        chart=pareto.chart_uri(result.pareto, result.sweep_id), pareto_note=_pareto_note(result),
+        chart=pareto_chart.chart_uri(result.pareto, result.sweep_id), pareto_note=_pareto_note(result),
         pareto_headers=pareto_headers, frontier=frontier, png=pareto.PNG_FILE, no_frontier=NO_FRONTIER,
     )  # fmt: skip
     (directory / HTML_FILE).write_text(page, encoding="utf-8")
     if result.pareto:
         title = f"llmload sweep {result.sweep_id}: the Pareto frontier"
-        pareto.write_png(result.pareto, directory / pareto.PNG_FILE, title)
+        pareto_chart.write_png(result.pareto, directory / pareto.PNG_FILE, title)

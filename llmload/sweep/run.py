@@ -23,7 +23,6 @@ from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boun
 from llmload.gates.soak import SoakRun, run_soak
 from llmload.models import ParetoPoint, SearchResult, Summary, SweepMode, SweepResult, SweepRow
 from llmload.report import pareto
-from llmload.report.sweep_page import write_pages
 from llmload.server.serve_config import read_serve_config
 from llmload.sweep.configs import CONFIG_FILE, SweepConfig
 from llmload.sweep.server import ServerProcess, Startup, free_port, serve_command
@@ -197,6 +196,8 @@ class Sweep:
         )
 
     def save(self) -> None:
+        from llmload.report.sweep_page import write_pages  # matplotlib: only once there is a row to draw
+
         self.result.best, self.result.best_why = best_config(self.result.rows, self.mode)
         self.result.pareto = pareto.frontier(pareto_points(self.directory, self.result.rows, self.mode))
         (self.directory / RESULT_FILE).write_bytes(

@@ -1,7 +1,7 @@
 """Run every benchmark of `make bench` and print its table.
 
 The load generator, the simulator's pacing, the workload builder, the reusable-prefix figure
-(1M requests) and reports of runs of
+(1M requests), the report every run writes at its end (`report_render`, ~20 s) and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
 against the simulator, the default 5-minute soak of the embedded target (`soak_default`, ~9 min),
 a distributed run's master ingesting records from 1, 2 and 4 workers in network namespaces
@@ -25,6 +25,7 @@ from benchmarks import (
     gpu_energy,
     load_generator,
     records_scale,
+    report_render,
     reusable_prefix,
     search,
     sim_fidelity,
@@ -38,6 +39,7 @@ if __name__ == "__main__":
     sim_pacing.main([])
     workload_build.main([])
     reusable_prefix.main([])
+    report_render.main([])
     records_scale.main([])
     search.main([])
     soak_default.main([])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -353,3 +354,31 @@ def test_like_of_block_ids_reads_a_trace_directory_as_its_build_and_refuses_what
     capsys.readouterr()
     assert synth("--like", str(compacting), "-o", str(tmp_path / "x.yaml"), "--prompt-tokens", "fixed:90") == 2
     assert "--prompt-tokens cannot be given with --like on a trace of block ids" in capsys.readouterr().err
+
+
+def test_like_fewer_sessions_than_a_trace_that_shares_blocks_across_them_resamples_lengths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Mooncake-format trace of 300 single requests, 60% opening with the same two 512-token blocks: at
+    its count its sessions are taken whole (the shared share exact); 100 of them, taken whole, would
+    lose what they share with the 200 left out, so their lengths are resampled with a prefix pool."""
+    rng = np.random.default_rng(11)
+    lines = []
+    for number in range(300):
+        own = [1000 + 10 * number + k for k in range(int(rng.integers(1, 4)))]
+        ids = [1, 2, *own] if rng.random() < 0.6 else own
+        lines.append(json.dumps({"timestamp": 1000 * number, "input_length": 512 * len(ids) - int(rng.integers(0, 300)),
+                                 "output_length": int(rng.integers(20, 200)), "hash_ids": ids}))  # fmt: skip
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    assert synth("--like", str(trace), "-o", str(tmp_path / "all.yaml")) == 0
+    printed = capsys.readouterr()
+    assert "prompts as ids of 512-token blocks" in printed.out and "would lose" not in printed.err
+    real, synthetic = real_and_synthetic(table_rows(printed.out)["reusable prefix shared %"])
+    assert synthetic == real > 20
+    assert synth("--like", str(trace), "-o", str(tmp_path / "some.yaml"), "--sessions", "100") == 0
+    printed = capsys.readouterr()
+    assert "taken whole they would lose the blocks they share with those left out" in printed.err
+    assert "text of cl100k_base tokens" in printed.out
+    real, synthetic = real_and_synthetic(table_rows(printed.out)["reusable prefix shared %"])
+    assert abs(synthetic - real) <= 5

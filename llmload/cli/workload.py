@@ -23,7 +23,7 @@ from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import Workload, load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES, format_named
 from llmload.workload.like import compare, like_prefixes, like_shapes, prefix_template, redraw, render_comparison
-from llmload.workload.like_blocks import conversation_units, has_blocks, like_conversations
+from llmload.workload.like_blocks import conversation_units, has_blocks, keeps_shared_blocks, like_conversations
 from llmload.workload.prefix import CHAT_TEMPLATES, DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, workload_prefix
 from llmload.workload.stats import WorkloadStats, plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload, synthetic_spec
@@ -279,7 +279,15 @@ def _like(args: argparse.Namespace, name: str) -> tuple[WorkloadStats, WorkloadS
     source = _input_table(args.like, args)
     blocks = _block_workload(source, args)
     if blocks is not None:
-        return _like_blocks(args, name, blocks)
+        count = args.sessions or int(conversation_units(blocks.sessions).max()) + 1
+        if keeps_shared_blocks(blocks.sessions, count):
+            return _like_blocks(args, name, blocks, count)
+        print(
+            f"{count:,} conversations are fewer than {', '.join(args.like)} holds, and taken whole they would lose"
+            " the blocks they share with those left out: their lengths are resampled instead, the shared share"
+            " given by a pool of prefixes (the source's count or more keeps its blocks)",
+            file=sys.stderr,
+        )
     table = source.table
     unknown = int(table["output_tokens"].isna().sum())
     if unknown and args.output_tokens is None:  # a reply of no known length cannot be copied
@@ -330,7 +338,7 @@ _BLOCK_LIKE_REFUSED = {
 
 
 def _like_blocks(
-    args: argparse.Namespace, name: str, workload: Workload
+    args: argparse.Namespace, name: str, workload: Workload, count: int
 ) -> tuple[WorkloadStats, WorkloadSpec, list[Session]]:
     """`like_conversations` of a block workload; --sessions counts conversations (an agent with its subagents).
     The real figures are the workload's, as built: the synthetic one is made of its sessions."""
@@ -341,7 +349,6 @@ def _like_blocks(
             " lengths, turns and shared prefixes come with its conversations, which are taken whole"
         )
     real = workload_stats(request_table(workload), reusable_prefix=_workload_prefix(workload, args))
-    count = args.sessions or int(conversation_units(workload.sessions).max()) + 1
     seed = args.seed or 0
     output_length: Literal["fixed", "free"] = args.output_length or "fixed"
     sessions = like_conversations(workload, count, np.random.default_rng([seed, 1]), name, output_length)

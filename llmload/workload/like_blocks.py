@@ -35,17 +35,31 @@ def has_blocks(sessions: Sequence[Session]) -> bool:
     return all(turn.blocks is not None for session in sessions for turn in session.turns)
 
 
+def _ids_by_senders(sessions: Sequence[Session], conversation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every block id the sessions send, sorted, and whether more than one conversation sends it."""
+    per_conversation = [
+        np.unique(np.concatenate([np.asarray(turn.blocks) for i in members for turn in sessions[i].turns]))
+        for members in _members(conversation)
+    ]
+    ids, senders = np.unique(np.concatenate(per_conversation), return_counts=True)
+    return ids, senders > 1
+
+
+def keeps_shared_blocks(sessions: Sequence[Session], count: int) -> bool:
+    """Whether `count` whole conversations keep what the source's share with each other: all of them are
+    taken (`count` at least theirs), or they share no block. Taken apart, conversations that share a
+    prefix with others lose it: 2,000 of Mooncake's 12,031 single-request sessions shared 16% of their
+    tokens for 37.3%."""
+    conversation = conversation_units(sessions)
+    return count >= int(conversation.max()) + 1 or not _ids_by_senders(sessions, conversation)[1].any()
+
+
 class _IdRenamer:
     """Each real block id as its rank among the workload's ids: the same in every copy for an id several
     conversations send, offset by the copy number for one that a conversation sends alone."""
 
     def __init__(self, sessions: Sequence[Session], conversation: np.ndarray) -> None:
-        per_conversation = [
-            np.unique(np.concatenate([np.asarray(turn.blocks) for i in members for turn in sessions[i].turns]))
-            for members in _members(conversation)
-        ]
-        self._ids, senders = np.unique(np.concatenate(per_conversation), return_counts=True)
-        self._shared = senders > 1
+        self._ids, self._shared = _ids_by_senders(sessions, conversation)
 
     def __call__(self, blocks: BlockIds, copy: int) -> BlockIds:
         rank = np.searchsorted(self._ids, np.asarray(blocks))

@@ -86,15 +86,12 @@ class EngineMetrics:
             )
             info.add_metric(list(self.cache_config.values()), 1.0)
             yield info
-        for name, doc, value in (
+        gauges = (
             ("vllm:num_requests_running", "Number of requests in model execution batches.", self.running),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.waiting),
             ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage),
-        ):
-            gauge = GaugeMetricFamily(name, doc, labels=names)
-            gauge.add_metric(values, value)
-            yield gauge
-        for name, doc, count in (
+        )
+        counters = (
             (
                 "vllm:prefix_cache_queries",
                 "Prefix cache queries, in terms of number of queried tokens.",
@@ -108,10 +105,12 @@ class EngineMetrics:
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", self.preemptions),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens),
             ("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens),
-        ):
-            counter = CounterMetricFamily(name, doc, labels=names)
-            counter.add_metric(values, count)
-            yield counter
+        )
+        for family_type, table in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+            for name, doc, value in table:
+                metric = family_type(name, doc, labels=names)
+                metric.add_metric(values, value)
+                yield metric
         success = CounterMetricFamily(
             "vllm:request_success", "Count of successfully processed requests.", labels=[*names, "finished_reason"]
         )

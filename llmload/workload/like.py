@@ -210,7 +210,7 @@ class Resample:
         return cls.of_requests(requests, np.arange(len(real)), len(real))
 
     def pick(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """n session indexes (each session as many times as it is taken)."""
+        """n unit indexes (sessions or conversations; each as many times as it is taken)."""
         counts = np.full(self.units, n // self.units)
         rest = n % self.units
         if rest:

@@ -29,7 +29,7 @@ import yaml
 from llmload.errors import InputError
 from llmload.gates.criteria import DriftCriteria, SoakCriteria
 from llmload.gates.locust_run import LocustRun
-from llmload.models import Probe, SearchOutcome, SearchResult, StageSummary, Verdict
+from llmload.models import Probe, SearchOutcome, SearchResult, StageFigures, StageSummary, Verdict
 from llmload.plan import PlanFlags
 from llmload.process_group import run_to_end
 from llmload.rundir import MANIFEST_FILE, read_manifest, read_summary
@@ -297,13 +297,7 @@ class Searcher:
             sent=hold.ok + hold.failed + hold.unfinished,
             unfinished=hold.unfinished,
             achieved_qps=hold.achieved_qps,
-            goodput_qps=hold.goodput.requests_per_s if hold.goodput else None,
-            ttft_p50_ms=hold.ttft_p50_ms,
-            ttft_p99_ms=hold.ttft_p99_ms,
-            e2e_p50_ms=hold.e2e_p50_ms,
-            e2e_p99_ms=hold.e2e_p99_ms,
-            output_tokens_per_s=hold.output_tokens_per_s,
-            tpot_p50_ms=hold.tpot_p50_ms,
+            **StageFigures.of(hold).model_dump(),
             confirm=confirm,
         )
 

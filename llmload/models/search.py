@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from llmload.models.run import GoodputSLO, PrefixCacheReset
+from llmload.models.summary import StageFigures
 from llmload.models.verdict import CheckKind
 
 # --------------------------------------------------------------------------- capacity search (search.json)
@@ -24,8 +25,8 @@ def answer_words(passing_qps: float | None, outcome: SearchOutcome | None) -> st
     return f"{passing_qps:g} req/s"
 
 
-class Probe(BaseModel):
-    """One probe: an ordinary run directory under the search's, and what its hold showed."""
+class Probe(StageFigures):
+    """One probe: an ordinary run directory under the search's, and what its hold showed (its figures: the hold's)."""
 
     run_id: str
     qps: float
@@ -46,13 +47,6 @@ class Probe(BaseModel):
     sent: int | None = Field(default=None, description="requests sent in the hold the target is judged on")
     unfinished: int | None = Field(default=None, description="of those, still running when the drain ended")
     achieved_qps: float | None = None
-    goodput_qps: float | None = None
-    ttft_p50_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    e2e_p50_ms: float | None = None
-    e2e_p99_ms: float | None = None
-    output_tokens_per_s: float | None = Field(default=None, description="of the hold's successful requests")
-    tpot_p50_ms: float | None = Field(default=None, description="of the hold's successful requests")
     gpu_count: int | None = Field(default=None, description="GPUs its run saw (summary.json's cost); None: none")
     confirm: bool = Field(default=False, description="the --confirm soak at the rate found")
     cache_reset: PrefixCacheReset | None = Field(default=None, description="the prefix cache emptied before it")

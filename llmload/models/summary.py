@@ -142,6 +142,26 @@ class StageSummary(BaseModel):
     )
 
 
+class StageFigures(BaseModel):
+    """One stage's headline figures, which a search's probe and a sweep's row carry beside their own
+    (flat in search.json and sweep.json), taken from the stage by `of` alone."""
+
+    goodput_qps: float | None = Field(default=None, description="with a goodput SLO: good requests per second")
+    output_tokens_per_s: float | None = Field(default=None, description="of the stage's successful requests")
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    tpot_p50_ms: float | None = Field(default=None, description="of the stage's successful requests")
+
+    @classmethod
+    def of(cls, stage: StageSummary) -> StageFigures:
+        return cls(
+            goodput_qps=stage.goodput.requests_per_s if stage.goodput else None,
+            **stage.model_dump(include={name for name in cls.model_fields if name != "goodput_qps"}),
+        )
+
+
 class TurnSummary(BaseModel):
     turn: int
     requests: int

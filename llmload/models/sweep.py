@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from llmload.models.search import ParetoPoint, SearchOutcome, answer_words
 from llmload.models.serving import ConfigValue
+from llmload.models.summary import StageFigures
 
 # --------------------------------------------------------------------------- configuration sweep (sweep.json)
 
@@ -15,8 +16,9 @@ SweepMode = Literal["search", "soak"]
 ServerStart = Literal["started", "did_not_start", "interrupted"]
 
 
-class SweepRow(BaseModel):
-    """One configuration of a sweep: how its server started and what its search or soak showed."""
+class SweepRow(StageFigures):
+    """One configuration of a sweep: how its server started and what its search or soak showed (its figures:
+    the stage at measured_at_qps)."""
 
     name: str = Field(description="also its directory under the sweep's")
     varied: dict[str, ConfigValue] = Field(description="the settings that differ between the sweep's configurations")
@@ -43,12 +45,6 @@ class SweepRow(BaseModel):
     )
     verdict_reasons: list[str] = Field(default_factory=list, description="the checks that failed")
     measured_at_qps: float | None = Field(default=None, description="the rate the figures below were measured at")
-    output_tokens_per_s: float | None = None
-    ttft_p50_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    e2e_p50_ms: float | None = None
-    e2e_p99_ms: float | None = None
-    goodput_qps: float | None = None
     kv_cache_usage_max: float | None = None
     preemptions: float | None = None
     gpu_memory_usage_max: float | None = None

@@ -21,7 +21,7 @@ from llmload.errors import InputError
 from llmload.gates.search import RESULT_FILE as SEARCH_RESULT_FILE
 from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boundary, search
 from llmload.gates.soak import SoakRun, run_soak
-from llmload.models import ParetoPoint, SearchResult, Summary, SweepMode, SweepResult, SweepRow
+from llmload.models import ParetoPoint, SearchResult, StageFigures, Summary, SweepMode, SweepResult, SweepRow
 from llmload.report import pareto
 from llmload.server.serve_config import read_serve_config
 from llmload.sweep.configs import CONFIG_FILE, SweepConfig
@@ -221,10 +221,8 @@ def _figures(row: SweepRow, run_dir: Path, stage: str | None) -> Summary | None:
     chosen = next((s for s in summary.stages if s.name == stage), None) if stage else summary.stages[-1]
     if chosen is not None:
         row.measured_at_qps = chosen.target_qps
-        row.output_tokens_per_s = chosen.output_tokens_per_s
-        row.ttft_p50_ms, row.ttft_p99_ms = chosen.ttft_p50_ms, chosen.ttft_p99_ms
-        row.e2e_p50_ms, row.e2e_p99_ms = chosen.e2e_p50_ms, chosen.e2e_p99_ms
-        row.goodput_qps = chosen.goodput.requests_per_s if chosen.goodput else None
+        for name, value in StageFigures.of(chosen):
+            setattr(row, name, value)
     if summary.server is not None:
         row.kv_cache_usage_max = summary.server.kv_cache_usage_max
         row.preemptions = summary.server.preemptions

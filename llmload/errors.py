@@ -4,7 +4,9 @@ message), and the one way a refused file or flag is described."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 
@@ -30,3 +32,14 @@ def validation_message(exc: ValidationError, *, flags: Mapping[str, str] | None 
             where = "--" + flags.get(field, field.replace("_", "-"))
         parts.append(f"{where}: {reason}")
     return "; ".join(parts)
+
+
+def json_object(text: str | bytes, where: str) -> dict[str, Any]:
+    """`text` as a JSON object; InputError naming `where` (a file or a flag) when it is not JSON or not an object."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: not a JSON object: a {type(value).__name__}")
+    return value

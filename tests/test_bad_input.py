@@ -81,7 +81,7 @@ CASES = [
     Case("metrics-interval", locust("--metrics-interval", "0"), "argument --metrics-interval: not a duration: '0'"),
     Case("warmup", locust("--warmup", "-5"), "argument --warmup: not a duration: '-5'"),
     Case("goodput-slo", locust("--goodput-slo", "fast"), "--goodput-slo 'fast': expected METRIC=MS"),
-    Case("extra-body", locust("--extra-body", "[1]"), "--extra-body must be a JSON object of fields, got list"),
+    Case("extra-body", locust("--extra-body", "[1]"), "--extra-body: not a JSON object: a list"),
     # how the target is reached (llmload.access)
     Case(
         "ca-cert-missing", locust("--ca-cert", "{dir}/no-such-ca.pem"), "--ca-cert {dir}/no-such-ca.pem: no such file"
@@ -278,6 +278,11 @@ CASES = [
         ),
         "this is an OpenAI JSONL log, not a workload",
     ),
+    Case(
+        "capacity-config-not-an-object",
+        llmload("capacity", "--hf-config", "{dir}/list.json", "--gpu", "h100-80gb"),
+        "{dir}/list.json: not a JSON object: a list",
+    ),
     # run directories
     Case("report-not-a-run", llmload("report", "{dir}"), "is not a run directory (no run.json)"),
     Case("compare-not-a-run", llmload("compare", "{dir}", "{dir}"), "is not a run directory (no run.json)"),
@@ -298,6 +303,7 @@ def _inputs(directory: Path) -> None:
     (directory / "empty.yaml").write_bytes(b"")
     (directory / "broken.yaml").write_text("version: 1\nname: [a\nsessions: x\n")
     (directory / "broken.jsonl").write_text('{"messages": [\n')
+    (directory / "list.json").write_text("[1]\n")
     (directory / "no-generated.csv").write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n")
     rows = [f"2023-11-16 18:15:4{i}.0000000,374,{44 if i < 5 else 'abc'}" for i in range(6)]
     (directory / "bad-value.csv").write_text("\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *rows]) + "\n")

@@ -175,7 +175,11 @@ def test_a_field_of_ours_a_server_refuses_is_dropped_for_the_rest_of_the_run(cap
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("{top_k: 20}", "--extra-body is not JSON"), ("[1]", "must be a JSON object"), ('{"stream": false}', "stream")],
+    [
+        ("{top_k: 20}", "--extra-body: not valid JSON"),
+        ("[1]", "--extra-body: not a JSON object: a list"),
+        ('{"stream": false}', "stream"),
+    ],
 )
 def test_a_bad_extra_body_is_refused(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):

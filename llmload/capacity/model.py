@@ -7,13 +7,12 @@ this module (package data).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
-from llmload.errors import InputError
+from llmload.errors import InputError, json_object
 from llmload.models import Strict
 
 _DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -235,13 +234,7 @@ def known_models() -> list[str]:
 
 
 def _parse_config(text: str, source: str, name: str) -> ModelSpec:
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise InputError(f"{source}: expected a JSON object (a HF config.json)")
-    return model_spec_from_config(config, name=name, source=source)
+    return model_spec_from_config(json_object(text, source), name=name, source=source)
 
 
 def load_bundled_model(name: str) -> ModelSpec:

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from llmload.errors import InputError
+from llmload.errors import InputError, json_object
 from llmload.models import Message, ServerIdentity
 from llmload.server.kinds import ServerKind, kind
 
@@ -49,12 +49,7 @@ def parse_extra_body(text: str | None) -> dict[str, Any]:
     """`--extra-body '{"top_k": 20}'`: a JSON object of the user's own fields; InputError otherwise."""
     if not text:
         return {}
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(f"--extra-body is not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InputError(f"--extra-body must be a JSON object of fields, got {type(value).__name__}")
+    value = json_object(text, "--extra-body")
     reserved = sorted(set(value) & {"model", "messages", "stream"})
     if reserved:
         raise InputError(f"--extra-body may not set {', '.join(reserved)}: llmload sets them for every request")

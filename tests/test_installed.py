@@ -49,6 +49,7 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo_from_an_empty_directo
     locustfile = Path(_run(llmload, "locustfile", cwd=empty).strip())
     assert locustfile.is_relative_to(purelib) and locustfile.is_file()
     assert "--target-qps" in _run(llmload, "run", "--help", cwd=empty)
+    assert "vllm-cpu-tiny" in _run(llmload, "sim", "--help", cwd=empty)  # the built-in profiles: package data
     output = _run(llmload, "demo", "--duration", "4", "--warmup", "0", cwd=empty)
     [run_dir] = (empty / "reports").iterdir()
     assert (run_dir / "report.html").is_file(), output

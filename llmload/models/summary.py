@@ -156,10 +156,10 @@ class StageFigures(BaseModel):
 
     @classmethod
     def of(cls, stage: StageSummary) -> StageFigures:
-        return cls(
-            goodput_qps=stage.goodput.requests_per_s if stage.goodput else None,
-            **stage.model_dump(include={name for name in cls.model_fields if name != "goodput_qps"}),
-        )
+        """Each figure read from the stage's field of its name: one StageSummary renamed fails here
+        (AttributeError), where `model_dump(include=...)` would leave it None without a word."""
+        same_name = {name: getattr(stage, name) for name in cls.model_fields if name != "goodput_qps"}
+        return cls(goodput_qps=stage.goodput.requests_per_s if stage.goodput else None, **same_name)
 
 
 class TurnSummary(BaseModel):

@@ -156,6 +156,11 @@ CASES = [
     # request logs
     Case("build-empty", build("{dir}/empty.jsonl"), "empty.jsonl: empty"),
     Case(
+        "build-tokenizer-config-broken",
+        build(str(LOGS / "openai.jsonl"), "--tokenizer", "hf:{dir}/tokenizer"),
+        "{dir}/tokenizer/tokenizer_config.json: not valid JSON",
+    ),
+    Case(
         "build-empty-azure",
         build("{dir}/empty.jsonl", "--format", "azure-trace"),
         "empty.jsonl: empty",
@@ -304,6 +309,9 @@ def _inputs(directory: Path) -> None:
     (directory / "broken.yaml").write_text("version: 1\nname: [a\nsessions: x\n")
     (directory / "broken.jsonl").write_text('{"messages": [\n')
     (directory / "list.json").write_text("[1]\n")
+    (directory / "tokenizer").mkdir()
+    (directory / "tokenizer" / "tokenizer.json").write_bytes((LOGS / "tiny-tokenizer" / "tokenizer.json").read_bytes())
+    (directory / "tokenizer" / "tokenizer_config.json").write_text('{"bos_token": "<s>",\n')
     (directory / "no-generated.csv").write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.6805900,374\n")
     rows = [f"2023-11-16 18:15:4{i}.0000000,374,{44 if i < 5 else 'abc'}" for i in range(6)]
     (directory / "bad-value.csv").write_text("\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *rows]) + "\n")

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import tiktoken
 
-from llmload.errors import InputError
+from llmload.errors import InputError, json_object
 
 _CORES = os.cpu_count() or 1
 _PARALLEL_FROM = 256  # texts; below this, threads cost more than they save
@@ -145,7 +145,7 @@ class HFTokenizer:
         self.name = name
         self._tokenizer = RustTokenizer.from_file(str(file))
         config_file = file.parent / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        config = json_object(config_file.read_bytes(), str(config_file)) if config_file.is_file() else {}
         self._specials = {
             key: _special(config.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")
         }

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from llmload.calibrate.fidelity import StageFigures, compare_stages, render_fidelity
-from llmload.calibrate.measure import Rounds, SteadyRequest
+from llmload.calibrate.measure import Rounds, SteadyRequest, probes_for
 from llmload.calibrate.regression import (
     PARAMETERS,
     Observation,
@@ -78,6 +78,19 @@ def test_dry_run_chunks_a_long_prefill_and_batches_decodes() -> None:
     assert [s.prefill_pairs for s in run.steps[:3]] == [2048 * 2049 // 2, 952 * 2048 + 952 * 953 // 2 + 10 * 11 // 2, 0]
     assert run.token_steps == [[1, 2, 3, 4], [1, 2, 3, 4]]
     assert run.steps[2].seqs == 2 and run.steps[2].kv_tokens == 3001 + 11
+
+
+@pytest.mark.parametrize("num_blocks", [10, 512])  # 10: the KV pool, not max_model_len, bounds the longest
+def test_probes_stay_inside_the_kv_pool_and_reach_its_edge(num_blocks: int) -> None:
+    # one block is kept back: vLLM's null block
+    block, usable, output = TINY.serving.resolved().block_size, num_blocks - 1, 64
+    probes = probes_for(TINY, num_blocks, max_streams=64, output_tokens=output)
+    longest = min(TINY.max_model_len, usable * block)
+    assert max(p.prompt_tokens for p in probes if p.kind == "prefill") == int(0.9 * longest)
+    for context in {p.prompt_tokens for p in probes if p.kind == "decode"}:
+        per_stream = -(-(context + output) // block)
+        top = max(p.streams for p in probes if p.kind == "decode" and p.prompt_tokens == context)
+        assert top == max(1, min(TINY.max_num_seqs, 64, usable // per_stream)), context
 
 
 def test_fit_recovers_a_known_timing_from_noisy_points() -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.target import public_url
+from llmload.capacity.kv import longest_held, sequences_held
 from llmload.client import ChatClient, Limits, StreamResult
 from llmload.errors import InputError
 from llmload.observe.metrics import scrape
@@ -67,7 +68,7 @@ def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, out
     of short prompts up to what max_num_seqs and the KV cache allow, and at longer contexts the
     fewest, a quarter and the most streams (so KV tokens vary apart from the batch size)."""
     block = profile.serving.resolved().block_size
-    longest = min(profile.max_model_len, (num_blocks - 1) * block)
+    longest = longest_held(num_blocks, block, profile.max_model_len)
     probes = [
         ProbeShape("prefill", 1, n, 1)
         for n in sorted({SHORT_PROMPT, *(int(f * longest) for f in PREFILL_FRACTIONS)})
@@ -75,8 +76,8 @@ def probes_for(profile: EngineProfile, num_blocks: int, *, max_streams: int, out
     ]
 
     def most_streams(context: int) -> int:
-        fit = (num_blocks - 1) // math.ceil((context + output_tokens) / block)
-        return max(1, min(profile.max_num_seqs, max_streams, fit))
+        held = sequences_held(num_blocks, context + output_tokens, block)
+        return max(1, min(profile.max_num_seqs, max_streams, held))
 
     top = most_streams(SHORT_PROMPT)
     short = sorted({*(2**i for i in range(int(math.log2(top)) + 1)), top})

@@ -4,7 +4,6 @@ the profile that records them (`calibrated_profile`, built from what was measure
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from llmload.calibrate.measure import (
 from llmload.calibrate.prompts import PromptMaker
 from llmload.calibrate.regression import Fit, Observation, fit_steady_load, fit_timing
 from llmload.calibrate.target import ServerFacts, public_url, read_facts, sized_serving
+from llmload.capacity.kv import longest_held, sequences_held
 from llmload.errors import InputError, validation_message
 from llmload.models import ServeConfig
 from llmload.sim.profiles import CalibrationFit, EngineProfile, SteadyLoadPoint, StepTiming
@@ -83,12 +83,11 @@ def _steady_plan(
     """Half the rate the burst-fitted profile saturates at, with as many requests running as the KV
     cache holds; None when `duration_s` is too short for enough requests to average."""
     block = profile.serving.resolved().block_size
-    longest = min(profile.max_model_len, (facts.num_blocks - 1) * block)
+    longest = longest_held(facts.num_blocks, block, profile.max_model_len)
     systems = tuple(max(SHORT_PROMPT, int(f * longest)) for f in STEADY_SYSTEM_PROMPTS)
     user = max(SHORT_PROMPT, int(STEADY_USER_PROMPT * longest))
     prompt = sum(systems) / len(systems) + user
-    per_request_blocks = math.ceil((prompt + output_tokens) / block)
-    running = max(1, min(profile.max_num_seqs, (facts.num_blocks - 1) // per_request_blocks))
+    running = max(1, min(profile.max_num_seqs, sequences_held(facts.num_blocks, prompt + output_tokens, block)))
     rate = STEADY_LOAD_UTILIZATION * profile.timing.saturation_qps(running, prompt, output_tokens)
     if rate * duration_s < MIN_STEADY_REQUESTS:
         return None

@@ -116,6 +116,16 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def sequences_held(num_blocks: int, tokens: float, block_size: int) -> int:
+    """Sequences of ``tokens`` each that ``num_blocks`` KV blocks hold at once, less the null block vLLM keeps."""
+    return (num_blocks - 1) // blocks_for(math.ceil(tokens), block_size)
+
+
+def longest_held(num_blocks: int, block_size: int, max_model_len: int) -> int:
+    """The longest sequence a server takes: its max_model_len, or all its KV blocks but the null block."""
+    return min(max_model_len, (num_blocks - 1) * block_size)
+
+
 def longest_servable_len(kv_cache_bytes: int, layout: KVLayout) -> int:
     """vLLM's "estimated maximum model length": whole blocks, after the null block it keeps back."""
     usable = kv_cache_bytes - layout.bytes_per_block

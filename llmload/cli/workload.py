@@ -23,7 +23,7 @@ from llmload.workload.distributions import parse_distribution
 from llmload.workload.files import Workload, load_workload, save_workload
 from llmload.workload.formats import FORMAT_NAMES, format_named
 from llmload.workload.like import compare, like_prefixes, like_shapes, prefix_template, redraw, render_comparison
-from llmload.workload.like_blocks import conversation_units, has_blocks, keeps_shared_blocks, like_conversations
+from llmload.workload.like_blocks import Conversations, has_blocks
 from llmload.workload.prefix import CHAT_TEMPLATES, DEFAULT_BLOCK_SIZE, DEFAULT_CHAT_TEMPLATE, workload_prefix
 from llmload.workload.stats import WorkloadStats, plot_stats, render_stats, request_table, workload_stats
 from llmload.workload.synth import Popularity, PrefixPool, SynthOptions, synthesize_workload, synthetic_spec
@@ -279,9 +279,10 @@ def _like(args: argparse.Namespace, name: str) -> tuple[WorkloadStats, WorkloadS
     source = _input_table(args.like, args)
     blocks = _block_workload(source, args)
     if blocks is not None:
-        count = args.sessions or int(conversation_units(blocks.sessions).max()) + 1
-        if keeps_shared_blocks(blocks.sessions, count):
-            return _like_blocks(args, name, blocks, count)
+        whole = Conversations(blocks)
+        count = args.sessions or len(whole)
+        if whole.keep_shared_blocks(count):
+            return _like_blocks(args, name, whole, count)
         print(
             f"{count:,} conversations are fewer than {', '.join(args.like)} holds, and taken whole they would lose"
             " the blocks they share with those left out: their lengths are resampled instead, the shared share"
@@ -338,9 +339,9 @@ _BLOCK_LIKE_REFUSED = {
 
 
 def _like_blocks(
-    args: argparse.Namespace, name: str, workload: Workload, count: int
+    args: argparse.Namespace, name: str, whole: Conversations, count: int
 ) -> tuple[WorkloadStats, WorkloadSpec, list[Session]]:
-    """`like_conversations` of a block workload; --sessions counts conversations (an agent with its subagents).
+    """`Conversations.like` of a block workload; --sessions counts conversations (an agent with its subagents).
     The real figures are the workload's, as built: the synthetic one is made of its sessions."""
     refused = [flag for field, flag in _BLOCK_LIKE_REFUSED.items() if getattr(args, field) is not None]
     if refused:
@@ -348,10 +349,11 @@ def _like_blocks(
             f"{', '.join(refused)} cannot be given with --like on a trace of block ids ({', '.join(args.like)}): its"
             " lengths, turns and shared prefixes come with its conversations, which are taken whole"
         )
+    workload = whole.workload
     real = workload_stats(request_table(workload), reusable_prefix=_workload_prefix(workload, args))
     seed = args.seed or 0
     output_length: Literal["fixed", "free"] = args.output_length or "fixed"
-    sessions = like_conversations(workload, count, np.random.default_rng([seed, 1]), name, output_length)
+    sessions = whole.like(count, np.random.default_rng([seed, 1]), name, output_length)
     generator = {"like": list(args.like), "conversations": count, "seed": seed, "output_length": output_length}
     spec = synthetic_spec(
         name, "synthetic-blocks", generator, workload.spec.tokenizer, block_size=workload.spec.block_size

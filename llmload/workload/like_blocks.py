@@ -35,35 +35,87 @@ def has_blocks(sessions: Sequence[Session]) -> bool:
     return all(turn.blocks is not None for session in sessions for turn in session.turns)
 
 
-def _ids_by_senders(sessions: Sequence[Session], conversation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every block id the sessions send, sorted, and whether more than one conversation sends it."""
-    per_conversation = [
-        np.unique(np.concatenate([np.asarray(turn.blocks) for i in members for turn in sessions[i].turns]))
-        for members in _members(conversation)
-    ]
-    ids, senders = np.unique(np.concatenate(per_conversation), return_counts=True)
-    return ids, senders > 1
+class Conversations:
+    """A block workload's sessions grouped into conversations once, for both the check that whole copies
+    keep what the source's conversations share and the copies themselves."""
 
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.unit = conversation_units(workload.sessions)
+        self.members = _members(self.unit)
+        per_conversation = [
+            np.unique(np.concatenate([np.asarray(turn.blocks) for i in members for turn in workload.sessions[i].turns]))
+            for members in self.members
+        ]
+        ids, senders = np.unique(np.concatenate(per_conversation), return_counts=True)
+        self._rename = _IdRenamer(ids, senders > 1)
 
-def keeps_shared_blocks(sessions: Sequence[Session], count: int) -> bool:
-    """Whether `count` whole conversations keep what the source's share with each other: all of them are
-    taken (`count` at least theirs), or they share no block. Taken apart, conversations that share a
-    prefix with others lose it: 2,000 of Mooncake's 12,031 single-request sessions shared 16% of their
-    tokens for 37.3%."""
-    conversation = conversation_units(sessions)
-    return count >= int(conversation.max()) + 1 or not _ids_by_senders(sessions, conversation)[1].any()
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def keep_shared_blocks(self, count: int) -> bool:
+        """Whether `count` whole conversations keep what the source's share with each other: all of them are
+        taken (`count` at least theirs), or they share no block. Taken apart, conversations that share a
+        prefix with others lose it: 2,000 of Mooncake's 12,031 single-request sessions shared 16% of their
+        tokens for 37.3%."""
+        return count >= len(self) or not self._rename.shared.any()
+
+    def like(
+        self, count: int, rng: np.random.Generator, name: str, output_length: Literal["fixed", "free"] = "fixed"
+    ) -> list[Session]:
+        """`count` conversations taken from the workload's (each session of one, renamed) as described above."""
+        sessions, conversation, members = self.workload.sessions, self.unit, self.members
+        table = request_table(self.workload)
+        session_of = np.repeat(np.arange(len(sessions)), [len(s.turns) for s in sessions])
+        unit = conversation[session_of]
+        arrival = table["arrival_s"].to_numpy(dtype=float)
+        requests = RequestFigures(
+            units=unit,
+            sessions=session_of,
+            turns=table["turn"].to_numpy(),
+            prompt=table["prompt_tokens"].to_numpy(dtype=float),
+            output=table["output_tokens"].to_numpy(dtype=float),
+            think=table["think_s"].to_numpy(dtype=float),
+        )
+        picked = rng.permutation(Resample.of_requests(requests, conversation, len(members)).pick(count, rng))
+        starts = np.full(len(members), np.inf)
+        np.minimum.at(starts, unit, arrival)  # NaN where a conversation's time is unknown
+        offsets = resampled_starts(starts, count, rng)
+        if offsets[0] is not None:
+            times = [arrival[m] - starts[c] for c, m in enumerate(_members(unit))]
+            offsets = paced(np.asarray(offsets), [times[c] for c in picked], request_rate(arrival))
+        copies = np.zeros(len(members), dtype=int)
+        out: list[Session] = []
+        for number, (real, offset) in enumerate(zip(picked.tolist(), offsets, strict=True)):
+            names = _session_names([sessions[i].id for i in members[real]], f"{name}-{number:05d}")
+            for i in members[real]:
+                session = sessions[i]
+                shift = None if offset is None or session.offset_s is None else offset + session.offset_s - starts[real]
+                turns = [
+                    _renamed(turn, names, self._rename, int(copies[real]), output_length) for turn in session.turns
+                ]
+                out.append(
+                    Session(
+                        id=names[session.id],
+                        offset_s=None if shift is None else round(shift, 3),
+                        parent=names.get(session.parent) if session.parent is not None else None,
+                        turns=turns,
+                    )
+                )
+            copies[real] += 1
+        return out
 
 
 class _IdRenamer:
-    """Each real block id as its rank among the workload's ids: the same in every copy for an id several
-    conversations send, offset by the copy number for one that a conversation sends alone."""
+    """Each real block id as its rank among the workload's ids (`ids`, sorted): the same in every copy for
+    an id several conversations send (`shared`), offset by the copy number for one a conversation sends alone."""
 
-    def __init__(self, sessions: Sequence[Session], conversation: np.ndarray) -> None:
-        self._ids, self._shared = _ids_by_senders(sessions, conversation)
+    def __init__(self, ids: np.ndarray, shared: np.ndarray) -> None:
+        self._ids, self.shared = ids, shared
 
     def __call__(self, blocks: BlockIds, copy: int) -> BlockIds:
         rank = np.searchsorted(self._ids, np.asarray(blocks))
-        return BlockIds(np.where(self._shared[rank], rank, (copy + 1) * self._ids.size + rank))
+        return BlockIds(np.where(self.shared[rank], rank, (copy + 1) * self._ids.size + rank))
 
 
 def conversation_units(sessions: Sequence[Session]) -> np.ndarray:
@@ -88,56 +140,6 @@ def _members(conversation: np.ndarray) -> list[np.ndarray]:
     """Each conversation's sessions (positions), in workload order."""
     order = np.argsort(conversation, kind="stable")
     return np.split(order, np.flatnonzero(np.diff(conversation[order])) + 1)
-
-
-def like_conversations(
-    workload: Workload,
-    count: int,
-    rng: np.random.Generator,
-    name: str,
-    output_length: Literal["fixed", "free"] = "fixed",
-) -> list[Session]:
-    """`count` conversations taken from the workload's (each session of one, renamed) as described above."""
-    sessions = workload.sessions
-    conversation = conversation_units(sessions)
-    members = _members(conversation)
-    table = request_table(workload)
-    session_of = np.repeat(np.arange(len(sessions)), [len(s.turns) for s in sessions])
-    unit = conversation[session_of]
-    arrival = table["arrival_s"].to_numpy(dtype=float)
-    requests = RequestFigures(
-        units=unit,
-        sessions=session_of,
-        turns=table["turn"].to_numpy(),
-        prompt=table["prompt_tokens"].to_numpy(dtype=float),
-        output=table["output_tokens"].to_numpy(dtype=float),
-        think=table["think_s"].to_numpy(dtype=float),
-    )
-    picked = rng.permutation(Resample.of_requests(requests, conversation, len(members)).pick(count, rng))
-    starts = np.full(len(members), np.inf)
-    np.minimum.at(starts, unit, arrival)  # NaN where a conversation's time is unknown
-    offsets = resampled_starts(starts, count, rng)
-    if offsets[0] is not None:
-        times = [arrival[m] - starts[c] for c, m in enumerate(_members(unit))]
-        offsets = paced(np.asarray(offsets), [times[c] for c in picked], request_rate(arrival))
-    rename = _IdRenamer(sessions, conversation)
-    copies = np.zeros(len(members), dtype=int)
-    out: list[Session] = []
-    for number, (real, offset) in enumerate(zip(picked.tolist(), offsets, strict=True)):
-        names = _session_names([sessions[i].id for i in members[real]], f"{name}-{number:05d}")
-        for i in members[real]:
-            session = sessions[i]
-            shift = None if offset is None or session.offset_s is None else offset + session.offset_s - starts[real]
-            out.append(
-                Session(
-                    id=names[session.id],
-                    offset_s=None if shift is None else round(shift, 3),
-                    parent=names.get(session.parent) if session.parent is not None else None,
-                    turns=[_renamed(turn, names, rename, int(copies[real]), output_length) for turn in session.turns],
-                )
-            )
-        copies[real] += 1
-    return out
 
 
 def _session_names(real: list[str], root: str) -> dict[str, str]:

@@ -9,8 +9,9 @@ arrivals that no record accounts for (due after its last message, or waiting for
 so that scheduled = ok + failed + unfinished + cancelled + not_sent + lost still holds, stage by
 stage. With the default policy the arrivals it still owned from a short lead after the loss are
 re-split among the workers left, every S-th to each, as the global sequence was split at the
-start; with `stop` the run ends and what the lost worker owned after that is never scheduled, as
-every worker's plan after a stop.
+start (a closed loop plans no arrival: its share of the conversations kept in flight is dealt out
+the same way, `schedule.split_shares`); with `stop` the run ends and what the lost worker owned after
+that is never scheduled, as every worker's plan after a stop.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from llmload.models import FleetWorker, RequestRecord, Stage
 from llmload.recordlog import lost_record
-from llmload.schedule import ArrivalPlan, stage_at
+from llmload.schedule import ArrivalPlan, SlotShare, split_shares, stage_at
 
 OnWorkerLoss = Literal["resplit", "stop"]
 ON_WORKER_LOSS: tuple[str, ...] = ("resplit", "stop")
@@ -34,12 +35,13 @@ MATCH_TOLERANCE_S = 1e-5  # a record's scheduled time against its planned offset
 @dataclass
 class WorkerLedger:
     """One worker: the plan positions it owns (in time order), which of them a record accounts for,
-    and what its last message said."""
+    the conversation slots it keeps in a closed loop, and what its last message said."""
 
     index: int
     node_id: str
     positions: np.ndarray
     recorded: np.ndarray  # bool, parallel to positions
+    slots: list[SlotShare]
     address: str = ""
     heard_at: float = 0.0  # run offset of its last message
     in_flight: list[list[Any]] = field(default_factory=list)  # [seq or -1, scheduled, sent, session, turn]
@@ -64,12 +66,21 @@ class WorkerLedger:
 
 
 @dataclass(frozen=True)
+class Handover:
+    """What one remaining worker takes over from a lost one: its planned arrivals by plan position, or in
+    a closed loop its conversation slots."""
+
+    positions: list[int]
+    slots: list[SlotShare]
+
+
+@dataclass(frozen=True)
 class Loss:
-    """What the master does about a lost worker: the records it writes, the arrivals it hands each
-    remaining worker (by node id), and the line it says."""
+    """What the master does about a lost worker: the records it writes, what it hands each remaining
+    worker (by node id), and the line it says."""
 
     records: list[RequestRecord]
-    handed_over: dict[str, list[int]]
+    handed_over: dict[str, Handover]
     line: str
 
 
@@ -84,9 +95,10 @@ class Fleet:
         self.run_id = run_id
         self.started_at = started_at
         self.trace = plan.trace_starts is not None
+        self.closed_loop = self.stages[-1].sessions is not None
         count = len(node_ids)
         self.workers = {
-            node: WorkerLedger(i, node, positions, np.zeros(len(positions), dtype=bool))
+            node: WorkerLedger(i, node, positions, np.zeros(len(positions), dtype=bool), [(i, 0, 1)])
             for i, node in enumerate(node_ids)
             for positions in [plan.owned(i, count)]
         }
@@ -143,8 +155,9 @@ class Fleet:
             records.append(self._not_sent_record(ledger, int(position)))
         ledger.lost_not_sent = int(unaccounted.sum())
         ledger.recorded[unaccounted] = True
-        handed: dict[str, list[int]] = {}
-        rest = ledger.positions[times >= cut] if policy == "resplit" and others else ledger.positions[:0]
+        handed: dict[str, Handover] = {}
+        resplit = policy == "resplit" and others
+        rest = ledger.positions[times >= cut] if resplit else ledger.positions[:0]
         if len(rest):
             ledger.taken_over_at = cut
             for p, other in enumerate(others):
@@ -154,7 +167,12 @@ class Fleet:
                 other.positions = other.positions[order]
                 other.recorded = np.concatenate([other.recorded, np.zeros(len(share), dtype=bool)])[order]
                 other.adopted += len(share)
-                handed[other.node_id] = share.tolist()
+                handed[other.node_id] = Handover(share.tolist(), [])
+        elif resplit and self.closed_loop and now < end:
+            ledger.taken_over_at = cut
+            for other, slots in zip(others, split_shares(ledger.slots, len(others)), strict=True):
+                other.slots += slots
+                handed[other.node_id] = Handover([], slots)
         ledger.positions, ledger.recorded = ledger.positions[times < cut], ledger.recorded[times < cut]
         ledger.handed_over = len(rest)
         line = lost_line(_kept(ledger))
@@ -195,7 +213,8 @@ def _kept(w: WorkerLedger) -> FleetWorker:
         index=w.index, host=w.address or w.node_id.rsplit("_", 1)[0], sent_reported=w.sent_reported,
         cpu_max_percent=w.cpu_max, adopted=w.adopted, lost_at_s=w.lost_at, noticed_at_s=w.noticed_at,
         lost_in_flight=w.lost_in_flight, lost_not_sent=w.lost_not_sent, taken_over_at_s=w.taken_over_at,
-        handed_over=w.handed_over, refused=w.refused,
+        handed_over=w.handed_over, handed_over_slots=w.taken_over_at is not None and not w.handed_over,
+        refused=w.refused,
     )  # fmt: skip
 
 
@@ -211,6 +230,7 @@ def lost_line(w: FleetWorker) -> str:
         f" {w.lost_in_flight} requests in flight lost; its share of the arrivals after that was not sent:"
         f" {w.lost_not_sent}"
     )
-    if w.taken_over_at_s is not None:
-        return f"{line}; the other workers took over its {w.handed_over} later arrivals from +{w.taken_over_at_s:.1f} s"
-    return line
+    if w.taken_over_at_s is None:
+        return line
+    taken = "share of the conversations in flight" if w.handed_over_slots else f"{w.handed_over} later arrivals"
+    return f"{line}; the other workers took over its {taken} from +{w.taken_over_at_s:.1f} s"

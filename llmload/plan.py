@@ -45,6 +45,7 @@ from llmload.replicas import Replicas
 from llmload.schedule import (
     DEFAULT_STAGE_S,
     DEFAULT_STAGES,
+    ArrivalPlan,
     ArrivalProcess,
     ArrivalSchedule,
     TraceClock,
@@ -358,6 +359,11 @@ class RunPlan:
         if isinstance(self.arrivals, ArrivalSchedule):
             return expected_arrivals(self.stages)
         return 0 if self.closed_loop else len(trace_session_starts(self.arrivals, self.workload.sessions))
+
+    def arrival_plan(self) -> ArrivalPlan:
+        """The arrivals planned ahead, as the workers share them (every request, or every session start of a
+        trace); none in a closed loop, whose conversations open as slots free up."""
+        return ArrivalPlan.none() if self.closed_loop else ArrivalPlan.of(self.arrivals, self.workload.sessions)
 
     def offsets(self) -> np.ndarray:
         """Every planned request's time, seconds from the start (trace mode: as recorded; none in a closed loop)."""

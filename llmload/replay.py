@@ -44,7 +44,7 @@ from llmload.models import (
 )
 from llmload.recordlog import request_record, with_health
 from llmload.replicas import Replicas
-from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, TraceClock, stage_at
+from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, SlotShare, TraceClock, slots_held, stage_at
 from llmload.server.request import RequestShape
 from llmload.workload.blocks import BlockText
 from llmload.workload.cache_bust import marked, play_marker
@@ -139,9 +139,9 @@ class Dispatcher:
         self.answers = 0  # (every request waited for until llmload.drain.MIN_ANSWERS came back)
         self._flight_ids = itertools.count()
 
-    def adopt(self, positions: Sequence[int]) -> None:
+    def adopt(self, positions: Sequence[int], slots: Sequence[SlotShare] = ()) -> None:
         """Take over arrivals of the plan (a lost worker's, from the master): merged, in time order,
-        among the ones not yet claimed."""
+        among the ones not yet claimed. `slots`: a closed loop's (ConversationDispatcher), which plans none."""
         pending = np.concatenate([self._positions[self._next :], np.asarray(positions, dtype=np.int64)])
         pending.sort()  # the plan's positions are in time order
         self._positions = np.concatenate([self._positions[: self._next], pending])
@@ -287,7 +287,7 @@ class TraceDispatcher(Dispatcher):
         self._ended: dict[int, gevent.event.Event] = {}
         self._spawned: dict[int, gevent.event.AsyncResult] = {}  # a subagent's: when the reply that spawns it came
 
-    def adopt(self, positions: Sequence[int]) -> None:
+    def adopt(self, positions: Sequence[int], slots: Sequence[SlotShare] = ()) -> None:
         super().adopt(positions)
         self._owned.update(self.plan.keys[np.asarray(positions, dtype=np.int64)].tolist())
 
@@ -364,19 +364,20 @@ class TraceDispatcher(Dispatcher):
 class ConversationDispatcher(TraceDispatcher):
     """--sessions-in-flight: a closed loop over the trace's conversations (an agent and its subagents).
 
-    Worker k of N keeps its share of each stage's conversations in flight (slots k, k + N, ...). When a
-    conversation's last session ends, the user that ended it opens the next one, in the trace's order and
-    cycling with ids made unique; its sessions are played as in trace mode from its opening (a subagent
-    at its spawn, a join waiting for it), on the trace's clock at the recorded speed. A conversation the
-    plan's end cut holds its slot (no burst of first turns before the end), and one that failed frees it
-    a second later (a dead server gets N conversations a second, not a tight loop).
+    Worker k of N keeps its share of each stage's conversations in flight (slots k, k + N, ..., and a share
+    of a lost worker's, as the master deals them: `schedule.split_shares`). When a conversation's last
+    session ends, the user that ended it opens the next one, in the trace's order and cycling with ids
+    made unique; its sessions are played as in trace mode from its opening (a subagent at its spawn, a
+    join waiting for it), on the trace's clock at the recorded speed. A conversation the plan's end cut
+    holds its slot (no burst of first turns before the end), and one that failed frees it a second later
+    (a dead server gets N conversations a second, not a tight loop).
     """
 
     FAILED_SLOT_REST_S = 1.0
 
     def __init__(self, trace: TraceClock, sessions: Sequence[Session], clock: RunClock, share: WorkerShare) -> None:
-        nothing = np.empty(0, dtype=np.int64)
-        super().__init__(trace, sessions, clock, share, ArrivalPlan(nothing.astype(float), nothing))
+        super().__init__(trace, sessions, clock, share, ArrivalPlan.none())
+        self._shares: list[SlotShare] = [(share.index, 0, 1)]  # and a lost worker's, dealt by the master
         numbers = conversations(sessions, self._index_of)
         self._members = [  # each conversation's sessions, its agent (no parent in the workload) first
             sorted(np.flatnonzero(numbers == c).tolist(), key=lambda i: sessions[i].parent in self._index_of)
@@ -393,7 +394,11 @@ class ConversationDispatcher(TraceDispatcher):
     def _slots(self, now: float) -> int:
         """How many conversations this worker keeps in flight now: its share of the stage's."""
         total = stage_at(self.stages, self.clock.offset(now)).sessions or 0
-        return max(0, (total - self._index + self._count - 1) // self._count)
+        return slots_held(total, self._count, self._shares)
+
+    def adopt(self, positions: Sequence[int], slots: Sequence[SlotShare] = ()) -> None:
+        """A lost worker's conversation slots, kept from now on too (a closed loop plans no arrival)."""
+        self._shares += slots
 
     def claim(self) -> Arrival | None:
         now = time.perf_counter()

@@ -204,6 +204,27 @@ def conversation_stages(stages: Sequence[Stage], sessions_in_flight: int) -> lis
     ]
 
 
+SlotShare = tuple[int, int, int]
+"""Conversation slots of a closed loop that one worker keeps: `(k, r, q)` names those of worker k's own
+(slots k, k + N, k + 2N, ... of N workers) whose rank among them is r mod q. Worker k starts with
+`(k, 0, 1)`; a lost worker's shares are split among the workers left (`split_shares`)."""
+
+
+def slots_held(total: int, workers: int, shares: Sequence[SlotShare]) -> int:
+    """How many of a stage's `total` conversations in flight `shares` keep, of `workers` workers' slots."""
+    held = 0
+    for k, r, q in shares:
+        own = max(0, -(-(total - k) // workers))
+        held += max(0, -(-(own - r) // q))
+    return held
+
+
+def split_shares(shares: Sequence[SlotShare], parts: int) -> list[list[SlotShare]]:
+    """`shares` dealt `parts` ways, as the workers were dealt slots: part i takes every parts-th slot of
+    each share from its i-th, so together the parts hold exactly what `shares` held, at every total."""
+    return [[(k, r + q * i, q * parts) for k, r, q in shares] for i in range(parts)]
+
+
 def expected_arrivals(stages: Sequence[Stage]) -> int:
     return sum(stage_counts(stages))
 
@@ -253,6 +274,12 @@ class ArrivalPlan:
     keys: np.ndarray  # int64, one per arrival
     trace_starts: np.ndarray | None = None  # trace mode: each session's start on the trace's clock
     groups: np.ndarray | None = None  # trace mode: the key of the conversation each arrival belongs to
+
+    @classmethod
+    def none(cls) -> ArrivalPlan:
+        """A closed loop's: it plans no arrival ahead."""
+        nothing = np.empty(0, dtype=np.int64)
+        return cls(nothing.astype(float), nothing)
 
     @classmethod
     def of(

@@ -19,9 +19,12 @@ import orjson
 import pandas as pd
 import pytest
 
+from llmload.models import Message, Session, Turn
 from llmload.schedule import build_stages, expected_arrivals
+from llmload.workload.synth import TextSynthesizer
+from llmload.workload.tokens import get_tokenizer
 from tests.distributed_harness import Fleet, start_fleet, start_target, tail
-from tests.locust_runs import fixed_output_workload
+from tests.locust_runs import fixed_output_workload, write_workload
 from tests.netns import hosts
 from tests.test_locust_runs import _assert_every_stage_held_its_target
 
@@ -185,6 +188,47 @@ def test_a_worker_killed_mid_run_is_accounted_for_and_the_others_take_over_its_s
     assert "it has no share of its arrivals; it leaves" in tail(fleet.worker_log(2)), tail(fleet.worker_log(2))
     assert fleet.workers[2].poll() == 0
     assert summary["requests"]["cancelled"] == 0 and len(summary["workers"]) == 2
+
+
+def test_a_closed_loop_worker_killed_mid_run_leaves_its_conversations_to_the_other(tmp_path: Path) -> None:
+    """--sessions-in-flight 8 over two workers (half the slots each), the one in host worker2 killed 1 s into
+    the 100% stage: a closed loop plans no arrival, so only what it had in flight is lost; the other takes
+    its slots over and keeps all eight conversations in flight to the end. (Before, it kept its own four,
+    and the master's ledger charged 103 trace session starts of the lost one's as lost requests.)"""
+    stage_s = 14
+    synth = TextSynthesizer(get_tokenizer("cl100k_base"), seed=1)
+    sessions = [
+        Session(id=f"c{i}", offset_s=0.1 * i, turns=[Turn(messages=[Message(role="user", content=synth.text(40))],
+                                                          output_tokens=OUTPUT_TOKENS)])
+        for i in range(60)
+    ]  # fmt: skip
+    workload = write_workload(tmp_path, "loop", sessions)
+    logs = tmp_path / "logs"
+    flags = (
+        "--arrival", "trace", "--sessions-in-flight", "8", "--stages", "50,100", "--stage-duration", str(stage_s),
+        "--max-users", "32",
+    )  # fmt: skip
+    with hosts("master", "worker1", "worker2", "target") as net:
+        target = start_target(net, "target", logs, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS))
+        fleet = start_fleet(net, target, workload, tmp_path / "reports", "loop", flags=flags, logs=logs)
+        died = _kill_worker_at(fleet, 1, stage_s + 1.0)
+        code = fleet.wait(timeout_s=120)
+        fleet.stop_workers()
+        address = net.address("worker2")
+    assert code == 0, fleet.tails()
+    summary, records = fleet.summary, fleet.records
+    lost = next(w for w in summary["workers"] if w["host"] == address)
+    assert lost["lost_not_sent"] == 0 and lost["handed_over"] == 0 and lost["handed_over_slots"], lost
+    assert lost["noticed_at_s"] - died <= 6.0 and lost["taken_over_at_s"] < 2 * stage_s - 4, (died, lost)
+    gone = records[records.status == "lost"]
+    assert len(gone) == lost["lost_in_flight"] == summary["requests"]["lost"] and gone.sent_at.notna().all()
+    assert "took over its share of the conversations in flight" in tail(fleet.master_log, 1_000_000)
+    started = summary["run"]["started_at"]
+    survivor = records[(records.worker != lost["index"]) & records.sent_at.notna() & records.finished_at.notna()]
+    # its own half of the 50% stage's four, then all of the 100% stage's eight (measured: 2.00 and 7.99)
+    before = _mean_in_flight(survivor, started + 2.0, started + stage_s - 0.5)
+    after = _mean_in_flight(survivor, started + lost["taken_over_at_s"] + 1.5, started + 2 * stage_s - 0.5)
+    assert 1.8 <= before <= 2.0 and 7.0 <= after <= 8.0, (before, after, lost)
 
 
 class Stopped(NamedTuple):

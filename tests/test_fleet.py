@@ -6,11 +6,21 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from llmload.fleet import Fleet, lost_line
 from llmload.models import RequestRecord
 from llmload.replay import RequestDispatcher, WorkerShare
-from llmload.schedule import ArrivalPlan, ArrivalSchedule, RunClock, build_stages
+from llmload.schedule import (
+    ArrivalPlan,
+    ArrivalSchedule,
+    RunClock,
+    SlotShare,
+    build_stages,
+    conversation_stages,
+    slots_held,
+    split_shares,
+)
 
 STARTED = 1_700_000_000.0
 
@@ -54,11 +64,11 @@ def test_a_lost_worker_is_accounted_for_and_its_later_arrivals_split_among_the_o
     expected_unsent = 1 + int(((offsets >= 12.0) & (offsets < 15.5)).sum())
     assert b.lost_not_sent == expected_unsent == len(loss.records) - 1
     later = owned_b[offsets >= 15.5]
-    handed = np.concatenate([np.asarray(v) for v in loss.handed_over.values()])
+    handed = np.concatenate([np.asarray(v.positions) for v in loss.handed_over.values()])
     # every later arrival goes to exactly one of the workers left, alternately
     assert sorted(handed.tolist()) == later.tolist()
     assert set(loss.handed_over) == {"a", "c"}
-    assert abs(len(loss.handed_over["a"]) - len(loss.handed_over["c"])) <= 1
+    assert abs(len(loss.handed_over["a"].positions) - len(loss.handed_over["c"].positions)) <= 1
     for node in ("a", "c"):
         assert np.all(np.diff(plan.offsets[fleet.workers[node].positions]) >= 0), "kept in time order"
     # every arrival of the plan is owned once: by a worker left, or by b up to its loss
@@ -68,6 +78,44 @@ def test_a_lost_worker_is_accounted_for_and_its_later_arrivals_split_among_the_o
     kept = {w.index: w for w in fleet.report()}
     assert kept[1].handed_over == len(later) and kept[0].adopted + kept[2].adopted == len(later)
     assert lost_line(kept[1]) == loss.line
+
+
+def _slots(shares: list[SlotShare], total: int, workers: int) -> set[int]:
+    """The conversation slots `shares` name, listed one by one: worker k's own are k, k + N, ...; share
+    (k, r, q) keeps those whose rank among them is r mod q."""
+    return {k + workers * m for k, r, q in shares for m in range(total) if m % q == r and k + workers * m < total}
+
+
+@pytest.mark.parametrize("workers", [2, 3, 5])
+def test_a_lost_workers_slots_are_dealt_to_the_others_each_once_at_every_stage(workers: int) -> None:
+    """Workers lost one after another, the last one left alone: at every count of conversations in flight,
+    the workers left keep every slot once, and `slots_held` counts what they keep."""
+    held: dict[int, list[SlotShare]] = {k: [(k, 0, 1)] for k in range(workers)}
+    for lost in range(workers - 1):
+        left = sorted(held)[1:] if lost == 0 else [k for k in held if k != lost]
+        for k, part in zip(left, split_shares(held.pop(lost), len(left)), strict=True):
+            held[k] += part
+        for total in range(40):
+            kept = [_slots(shares, total, workers) for shares in held.values()]
+            assert sorted(s for slots in kept for s in slots) == list(range(total)), (lost, total)
+            assert [slots_held(total, workers, shares) for shares in held.values()] == [len(s) for s in kept]
+
+
+def test_a_lost_worker_in_a_closed_loop_hands_its_conversations_in_flight_to_the_others() -> None:
+    """--sessions-in-flight 7 over three workers (slots 0, 3, 6 | 1, 4 | 2, 5): worker b is lost. The loop
+    plans no arrival, so none is recorded lost unsent: only what it had in flight. Its two slots go to
+    a and c, which keep all seven from the hand-over on."""
+    stages = conversation_stages(build_stages(1.0, (50, 100), 20), 7)
+    fleet = Fleet(ArrivalPlan.none(), stages, "r", STARTED, ["a", "b", "c"])
+    fleet.heard("b", message(4, [[-1, 11.0, 11.2, "c1~2", 0]]), at=12.0)
+    loss = fleet.lose("b", now=15.0, policy="resplit")
+    assert [(r.status, r.session_id) for r in loss.records] == [("lost", "c1~2")]
+    assert set(loss.handed_over) == {"a", "c"} and all(not h.positions for h in loss.handed_over.values())
+    assert [slots_held(7, 3, fleet.workers[node].slots) for node in "ac"] == [4, 3]
+    kept = {w.index: w for w in fleet.report()}[1]
+    assert kept.handed_over_slots and kept.lost_not_sent == 0 and kept.taken_over_at_s == 15.5
+    assert loss.line.endswith("the other workers took over its share of the conversations in flight from +15.5 s")
+    assert lost_line(kept) == loss.line
 
 
 def test_with_stop_nothing_is_handed_over_and_only_arrivals_due_by_the_stop_are_lost() -> None:

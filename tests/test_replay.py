@@ -162,6 +162,9 @@ def test_sessions_in_flight_take_a_trace_and_plan_no_rate(tmp_path: Path) -> Non
     )
     assert [(s.qps, s.sessions) for s in plan.stages] == [(0.0, 1), (0.0, 2), (0.0, 6)]
     assert plan.target_qps == 0 and plan.planned() == 0 and plan.closed_loop
+    # what a distributed run's master splits among its workers: the trace's session starts, and none here
+    trace = RunPlan.build(PlanFlags.checked(workload=workload, arrival="trace", stages="10,50,150", warmup_s=0))
+    assert len(trace.arrival_plan().offsets) == trace.planned() > 0 and len(plan.arrival_plan().offsets) == 0
 
 
 def test_too_few_users_show_as_schedule_delay_and_backlog() -> None:
@@ -556,6 +559,28 @@ def test_sessions_in_flight_keep_n_conversations_open_recycling_the_trace() -> N
             first, joined = by_turn[play, 0], by_turn[play, 1]
             assert (sub.sent_at or 0) >= (first.finished_at or 0) + 0.04  # spawned by the reply, its think later
             assert (joined.sent_at or 0) >= (sub.finished_at or 0)  # the join waits for it
+
+
+def test_a_closed_loop_worker_keeps_the_slots_it_takes_over_from_a_lost_one() -> None:
+    """Worker 0 of 2 with five conversations in flight keeps slots 0, 2 and 4; handed worker 1's (slots 1
+    and 3), it opens two more, in its own numbering (ids no other worker uses), and then waits."""
+    sessions = [
+        Session(id=f"c{i}", turns=[Turn(messages=[Message(role="user", content="q")], output_tokens=1)])
+        for i in range(9)
+    ]
+    stages = conversation_stages(build_stages(1.0, (100,), 60), 5)
+    mine = ConversationDispatcher(TraceClock(stages), sessions, RunClock.now(), WorkerShare("t", index=0, count=2))
+
+    def opened() -> list[str]:
+        claimed = []
+        while (arrival := mine.claim()) is not None:
+            assert arrival.session is not None
+            claimed.append(arrival.session.session.id)
+        return claimed
+
+    assert opened() == ["c0", "c2", "c4"]
+    mine.adopt([], [(1, 0, 1)])
+    assert opened() == ["c6", "c8"]
 
 
 def test_a_failed_conversation_frees_its_slot_a_second_later() -> None:

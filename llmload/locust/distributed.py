@@ -9,6 +9,7 @@ import argparse
 import logging
 import socket
 import time
+from dataclasses import asdict
 from typing import Any
 
 import gevent
@@ -19,7 +20,6 @@ from llmload.fleet import Fleet
 from llmload.locust import messaging
 from llmload.locust.messaging import WorkerState
 from llmload.locust.state import FLUSH_INTERVAL_S, STATE, ProcessRun
-from llmload.schedule import ArrivalPlan
 from llmload.server.reach import unreachable
 
 log = logging.getLogger("llmload")
@@ -70,8 +70,7 @@ def keep_fleet(environment: Environment, runner: MasterRunner, run: ProcessRun) 
     options.llmload_worker_indexes = indexes
     run.workers = {client_id: WorkerState() for client_id in indexes}
     plan = run.plan
-    run.fleet_ledger = Fleet(ArrivalPlan.of(plan.arrivals, plan.workload.sessions), plan.stages, run.run_id,
-                             run.clock.start_wall, list(indexes))  # fmt: skip
+    run.fleet_ledger = Fleet(plan.arrival_plan(), plan.stages, run.run_id, run.clock.start_wall, list(indexes))
     run.greenlets.append(gevent.spawn(_watch_workers, environment, run))
 
 
@@ -123,11 +122,13 @@ def send_records(runner: WorkerRunner, run: ProcessRun) -> None:
 
 
 def _on_handover(environment: Environment, msg: Any, **_: Any) -> None:
-    """The master hands this worker part of a lost worker's arrivals."""
+    """The master hands this worker part of a lost worker's arrivals (or, in a closed loop, its slots)."""
     run = STATE.run
     if run is not None and run.dispatcher is not None and not run.finished:
-        run.dispatcher.adopt(msg.data["positions"])
-        log.info("llmload: took over %d arrivals of a lost worker", len(msg.data["positions"]))
+        positions, slots = msg.data["positions"], [(k, r, q) for k, r, q in msg.data["slots"]]
+        run.dispatcher.adopt(positions, slots)
+        taken = f"{len(positions)} arrivals" if positions else "conversation slots"
+        log.info("llmload: took over %s of a lost worker", taken)
 
 
 def _on_worker_records(environment: Environment, msg: Any, **_: Any) -> None:
@@ -176,8 +177,8 @@ def _watch_workers(environment: Environment, run: ProcessRun) -> None:
             run.recorder.add(loss.records)
             run.recorder.live.note(loss.line)
             log.warning("llmload: %s", loss.line)
-            for node_id, positions in loss.handed_over.items():
-                runner.send_message(messaging.HANDOVER_MESSAGE, {"positions": positions}, client_id=node_id)
+            for node_id, handover in loss.handed_over.items():
+                runner.send_message(messaging.HANDOVER_MESSAGE, asdict(handover), client_id=node_id)
             if options.on_worker_loss == "stop":
                 environment.process_exit_code = 2
                 gevent.spawn(runner.stop)

@@ -13,7 +13,7 @@ from llmload.models import RequestRecord
 from llmload.replay import Dispatcher
 
 RECORDS_MESSAGE = "llmload_records"
-HANDOVER_MESSAGE = "llmload_handover"  # master -> worker: {"positions": plan positions it now sends too}
+HANDOVER_MESSAGE = "llmload_handover"  # master -> worker: fleet.Handover, the positions or slots it now takes too
 UNREACHABLE_MESSAGE = "llmload_unreachable"  # worker -> master: {"target": url, "error": why}
 
 

@@ -121,6 +121,9 @@ class FleetWorker(Strict):
         default=None, description="from this run offset the other workers sent its arrivals (the default policy)"
     )
     handed_over: int = Field(default=0, description="its arrivals from then on, handed to the other workers")
+    handed_over_slots: bool = Field(
+        default=False, description="a closed loop: from then on the other workers kept its conversations in flight"
+    )
     refused: str | None = Field(default=None, description="why it sent nothing: the target unreachable from it, ...")
 
 

@@ -78,7 +78,7 @@ def load_yaml_model(path: Path, model: type[ModelT], error: type[InputError] = I
         known = _known_keys(model, unknown[:-1]) if unknown else None
         if unknown and known:
             hint = difflib.get_close_matches(str(unknown[-1]), known, n=1, cutoff=0.6)
-            within = "".join(f"{part}." for part in unknown[:-1] if not isinstance(part, int))
+            within = "".join(f"{part}." for part in unknown[:-1])  # the path as the message gives it
             message += f"; did you mean {within}{hint[0]}?" if hint else f" (known: {', '.join(known)})"
         raise error(f"{where}: {message}") from None
 

@@ -383,6 +383,10 @@ def test_gpu_profiles_start_and_size_kv_through_capacity() -> None:
         ({"engine_death": {"after_requests": 2}, "bogus": 1}, "bogus: unknown key"),
         ({"engine_death": {"after_request": 2}}, "engine_death.after_request: unknown key"),
         ({"faults": [{"kind": "explode", "probability": 0.1}]}, "faults.0.kind"),
+        (
+            {"faults": [{"kind": "cut", "probabilty": 0.1}]},
+            "faults.0.probabilty: unknown key; did you mean faults.0.probability?",
+        ),
     ],
 )
 def test_fault_file_is_strict(tmp_path: Path, profile_file: Path, content: dict[str, Any], named: str) -> None:

@@ -1,11 +1,13 @@
 """Streaming chat client: one HTTP request, every chunk timed, the outcome classified.
 
-The hot path reads the response event by event (`readline(b"\\n\\n")` on geventhttpclient, the
-transport Locust's FastHttpUser wraps) and parses each event with orjson. The openai SDK's chunk
-objects and Locust's block-wise `iter_lines()` both distort timing under load (measured on this
-kind of 2-core machine: about 180 µs of CPU per SDK chunk object, TTFT p99 off by seconds under
-load; `iter_lines()` reads 1,024-byte blocks, so several events share one time stamp), so neither
-is on this path; the SDK is the reference parser in tests.
+The hot path reads the response event by event as each read of geventhttpclient (the transport
+Locust's FastHttpUser wraps) brings it, cutting vLLM's one-line `data:` events straight from the
+buffer and any other event shape through the standard's parser (llmload.sse), and parses each
+event's JSON with orjson. The openai SDK's chunk objects and Locust's block-wise `iter_lines()`
+both distort timing under load (measured on this kind of 2-core machine: about 180 µs of CPU per
+SDK chunk object, TTFT p99 off by seconds under load; `iter_lines()` reads 1,024-byte blocks, so
+several events share one time stamp), so neither is on this path; the SDK is the reference parser
+in tests.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from llmload.failures import (
     parse_error_body,
 )
 from llmload.models import FailureCategory
+from llmload.sse import BOM, EventStream
 
 CHAT_PATH = "/v1/chat/completions"
 HEALTH_PATH = "/health"
@@ -55,7 +58,8 @@ class StreamResult:
 
     sent_at: float
     finished_at: float = 0.0
-    http_status: int | None = None
+    http_status: int | None = None  # the response's status line
+    stream_error_code: int | None = None  # the `code` of an error object inside a 200 stream, where it has one
     token_times: list[float] = field(default_factory=list)
     text: str = ""
     prompt_tokens: int | None = None
@@ -78,6 +82,7 @@ class StreamResult:
 
 
 NOT_OUTPUT, ANSWER, REASONING = 0, 1, 2
+CR, SPACE = b"\r", 0x20
 
 
 class PlannedCut(Exception):
@@ -223,13 +228,20 @@ class ChatClient:
             return self._http.request("POST", self.path, body=body, headers=headers)
 
     def _read_stream(self, response: Any, result: StreamResult, cut_tokens: int) -> None:
-        """Every event until `[DONE]` or the server closes the stream. A stream is complete with a
-        `[DONE]` or a choice's finish_reason (transformers serve never sends `[DONE]`); one that closes
-        with neither lost its end (`incomplete`), one that closes mid-event was cut (`stream_error`), and
-        an event that is not JSON is `malformed`. An error object inside it fails the request. With
-        `cut_tokens`, PlannedCut is raised once that many output chunks came."""
+        """Every event until `[DONE]` or the end of the body. A stream is complete with a `[DONE]` or a
+        choice's finish_reason (transformers serve never sends `[DONE]`); one that ends with neither lost
+        its end (`incomplete`), one that ends mid-event was cut (`stream_error`), and an event that is not
+        JSON is `malformed`. An error object inside it fails the request. With `cut_tokens`, PlannedCut
+        is raised once that many output chunks came.
+
+        Events are read as the standard defines them (llmload.sse). While the stream is LF-only, as
+        vLLM's is, each one-line `data:` event is cut straight from the response's buffer the moment its
+        blank line is there; any other event goes through the general parser, and so does the whole rest
+        of the stream from its first CR (or a BOM at its start). Each event is timed when the read that
+        completed it returned."""
         sock = response._sock
-        readline = response.readline
+        buffer: bytearray = response._body_buffer  # the body received and not yet read, appended to in place
+        find = buffer.find
         now = time.perf_counter
         loads = orjson.loads
         token_times = result.token_times
@@ -237,25 +249,51 @@ class ChatClient:
         timeout_switched = False
         reasoning, first_answer = 0, None  # kept in locals while the stream runs: every chunk passes here
         last: dict[str, Any] = {}  # the last choice: a stream without [DONE] is complete if it has a finish_reason
+        while not buffer and _receive(response):
+            pass
+        general = buffer[:1] == BOM[:1] or CR in buffer  # every event through the parser from here on
+        parser = EventStream(start=general)
+        ready: list[bytes] = []  # events the parser completed, not yet taken, the next one last
+        t = 0.0  # when the event being read came
         try:
             while True:
-                event = readline(b"\n\n")
-                if not event.endswith(b"\n\n"):  # the server closed the stream (mid-event, if any bytes came)
-                    if result.error_category is None:
-                        _stream_closed(result, event, len(token_times), last.get("finish_reason") is not None)
-                    break
-                t = now()
-                if not event.startswith(b"data:"):
-                    continue  # SSE comment or keep-alive
-                payload = event[5:].strip()
-                if payload == b"[DONE]":
+                if ready:
+                    payload: bytes | bytearray = ready.pop()
+                elif not general and (end := find(b"\n\n")) >= 0:
+                    t = now()
+                    if buffer.startswith(b"data:") and find(b"\n", 0, end) < 0:  # one data line: the common case
+                        payload = buffer[6:end] if buffer[5] == SPACE else buffer[5:end]
+                        del buffer[: end + 2]
+                    else:
+                        ready = parser.feed(bytes(buffer[: end + 2]))[::-1]
+                        del buffer[: end + 2]
+                        continue
+                elif general and buffer:  # bytes the parser has not seen
+                    t = now()
+                    ready = parser.feed(bytes(buffer))[::-1]
+                    del buffer[:]
+                    continue
+                else:
+                    seen = len(buffer)
+                    more = _receive(response)
+                    if general and not more:  # the body ended: mid-event, if the parser holds part of one
+                        if result.error_category is None:
+                            finished = last.get("finish_reason") is not None
+                            _stream_closed(result, parser.unfinished, len(token_times), finished)
+                        break
+                    if not more or find(CR, seen) >= 0:  # what is left of an LF-only stream goes to the parser
+                        general = True
+                    continue
+                if payload.startswith(b"[DONE]"):
                     response.read()  # the closing chunk, so the connection can be reused
                     break
                 try:
                     chunk = loads(payload)
                 except orjson.JSONDecodeError:
+                    if not payload.strip():
+                        continue  # an event with empty data: nothing to read
                     result.error_category = "malformed"
-                    message = f"an event after {len(token_times)} tokens is not JSON: {payload[:200]!r}"
+                    message = f"an event after {len(token_times)} tokens is not JSON: {bytes(payload[:200])!r}"
                     result.error_message = clip(message, self._secrets)
                     break
                 choices = chunk.get("choices")
@@ -275,12 +313,10 @@ class ChatClient:
                         if not timeout_switched and sock is not None:
                             sock.settimeout(self.limits.between_tokens_s)
                             timeout_switched = True
-                elif "error" in chunk:
-                    category, code, message = classify_stream_error(chunk["error"])
+                elif error := chunk.get("error"):  # as the openai SDK: a null or empty error is none
+                    category, result.stream_error_code, message = classify_stream_error(error)
                     result.error_category = category
                     result.error_message = clip(message, self._secrets)
-                    if code is not None:
-                        result.http_status = code
                 usage = chunk.get("usage")
                 if usage:
                     result.prompt_tokens = usage.get("prompt_tokens")
@@ -293,6 +329,20 @@ class ChatClient:
                 sock.settimeout(self.limits.first_token_s)
             result.text = "".join(parts)
             result.reasoning_chunks, result.first_answer_at = reasoning, first_answer
+
+
+def _receive(response: Any) -> bool:
+    """One read from the connection into the response's body buffer (`_body_buffer`, de-chunked), as
+    geventhttpclient's own `readline` reads: False when the body had already ended. Raises
+    HTTPParseError when the connection closes before the body's end, TimeoutError past the socket's
+    timeout."""
+    if response.message_complete:
+        return False
+    sock = response._sock
+    if sock is None:
+        raise HTTPConnectionClosed("connection closed.")
+    response.feed(sock.recv(response.block_size))
+    return True
 
 
 def not_a_stream(content_type: str | None) -> bool:

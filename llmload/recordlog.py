@@ -75,6 +75,7 @@ def request_record(
             "status": status,
             "error_category": result.error_category,
             "http_status": result.http_status,
+            "stream_error_code": result.stream_error_code,
             "error_message": result.error_message,
         }
     )

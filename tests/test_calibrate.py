@@ -344,6 +344,14 @@ def test_bad_targets_and_flags_exit_2(tmp_path: Path) -> None:
             "INFO [kv_cache_utils.py:2327] GPU KV cache size: 4,096 tokens, Maximum concurrency ...\n"
         )
         gpu = read_facts(paced.url, model_name=None, model_config="tiny-llama", vllm_log=gpu_log)
+        hybrid_log = tmp_path / "vllm-hybrid.log"  # one KV-cache group's share of the pool: not the pool
+        hybrid_log.write_text(
+            "INFO [model.py:1685] Using max model len 262144\n"
+            "INFO [kv_cache_utils.py:1319] GPU KV cache size: 37,392 tokens\n"
+            "INFO [kv_cache_utils.py:1324] Maximum concurrency for 262,144 tokens per request: 1.53x\n"
+        )
+        with pytest.raises(InputError, match="one KV-cache group's share"):
+            read_facts(paced.url, model_name=None, model_config="tiny-llama", vllm_log=hybrid_log)
     assert no_kv.returncode == 2 and "give the server's startup log with --vllm-log" in no_kv.stderr
     # the CPU backend's pool (as `capacity --vllm-log` reads the same log): its blocks and limits are its own
     assert (facts.num_blocks, facts.serving.block_size, facts.serving.max_num_seqs) == (4096 // 128, 128, 128)

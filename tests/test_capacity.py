@@ -324,3 +324,42 @@ def test_cli_log_without_kv_lines_exits_2(tmp_path: Path, capsys: pytest.Capture
     log.write_text("INFO nothing about the KV cache here\n")
     rc, _, err = cli(capsys, "--vllm-log", str(log))
     assert rc == 2 and "no vLLM KV-cache lines" in err
+
+
+@pytest.mark.parametrize(("tokens", "disagrees"), [(16_000, False), (8_000, True)])
+def test_kv_size_and_concurrency_disagree_only_beyond_block_rounding(tokens: int, disagrees: bool) -> None:
+    # 1,000 blocks of 16, max_model_len 2,001 (126 blocks a request): vLLM before 0.2x logged blocks ×
+    # block_size = 16,000 tokens and 1000 / 126 = 7.94x; a model with two KV-cache groups logs half the tokens.
+    log = (
+        "(EngineCore pid=2) INFO 04-15 09:35:16 [gpu_worker.py:276] Available KV cache memory: 2.20 GiB\n"
+        f"(EngineCore pid=2) INFO 04-15 09:35:17 [kv_cache_utils.py:1319] GPU KV cache size: {tokens:,} tokens\n"
+        "(EngineCore pid=2) INFO 04-15 09:35:17 [kv_cache_utils.py:1324] Maximum concurrency for 2,001 tokens "
+        "per request: 7.94x\n"
+    )
+    explanation = explain_vllm_log(log)
+    assert ("kv_size_disagrees" in {f.kind for f in explanation.findings}) is disagrees
+    assert (explanation.implied_bytes_per_token is None) is disagrees  # no bytes per token from one group's share
+    assert any(f"{tokens:,} / P99" in a for a in explanation.advice) is not disagrees
+    assert not explanation.failed
+
+
+def test_cli_names_the_failure_on_the_first_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(EngineCore_DP0 pid=7) INFO 08-20 18:04:10 [gpu_model_runner.py:2007] Model loading took 65.97 GiB\n"
+        "(EngineCore_DP0 pid=7) INFO 08-20 18:04:22 [gpu_worker.py:276] Available KV cache memory: -2.14 GiB\n"
+    )
+    rc, out, _ = cli(capsys, "--vllm-log", str(log))
+    assert rc == 1
+    assert out.splitlines()[0] == (
+        "vLLM did not start: -2.14 GiB is left for the KV cache: weights, activation peak and CUDA graphs take more "
+        "than gpu_memory_utilization × memory, so vLLM raises 'No available memory for the cache blocks' (line 2)"
+    )
+
+
+def test_cli_log_of_vllm_lines_without_findings_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A log cut off while loading is vLLM's (its logger format) but shows neither a KV cache nor a failure.
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore_DP0 pid=7) INFO 08-20 18:00:01 [gpu_model_runner.py:1800] Starting to load model x\n")
+    rc, out, _ = cli(capsys, "--vllm-log", str(log))
+    assert rc == 0 and "No KV-cache or startup-failure lines" in out

@@ -68,24 +68,26 @@ def test_prompt_over_max_model_len_is_context_length(paced: SimProcess) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fault", "category", "status"),
+    ("fault", "category", "status", "code"),
     [
-        ("http_429", "rate_limited", 429),
-        ("http_503", "rate_limited", 503),
-        ("http_500", "http_5xx", 500),
-        ("engine_dead", "engine_dead", 500),
-        ("oom", "oom", 500),
-        ("stream_busy", "rate_limited", 503),
-        ("stream_engine_dead", "engine_dead", 500),
-        ("cut", "stream_error", 200),
-        ("stall", "timeout", 200),
+        ("http_429", "rate_limited", 429, None),
+        ("http_503", "rate_limited", 503, None),
+        ("http_500", "http_5xx", 500, None),
+        ("engine_dead", "engine_dead", 500, None),
+        ("oom", "oom", 500, None),
+        # an error object inside a 200 stream: the status line's 200 and the object's code, both kept
+        ("stream_busy", "rate_limited", 200, 503),
+        ("stream_engine_dead", "engine_dead", 200, 500),
+        ("cut", "stream_error", 200, None),
+        ("stall", "timeout", 200, None),
     ],
 )
-def test_each_fault_is_classified(fault: str, category: str, status: int) -> None:
+def test_each_fault_is_classified(fault: str, category: str, status: int, code: int | None) -> None:
     with SimProcess("--fault", f"{fault}:1.0", "--ttft-ms", "5", "--itl-ms", "2") as sim:
         client = ChatClient(sim.url, limits=Limits(first_token_s=2.0, between_tokens_s=0.5, total_s=5.0))
         result = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=20))
-        assert (result.error_category, result.http_status) == (category, status), result.error_message
+        seen = (result.error_category, result.http_status, result.stream_error_code)
+        assert seen == (category, status, code), result.error_message
         assert result.error_message
         # the connection is left usable or closed: a following request on the same client works or fails cleanly
         follow = client.stream_chat(chat_body(MODEL, MESSAGES, max_tokens=None, output_tokens=2))

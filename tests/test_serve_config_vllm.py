@@ -14,10 +14,9 @@ import pytest
 
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli import main
-from llmload.errors import InputError
-from llmload.server.serve_config import read_serve_config
 from llmload.server.vllm_options import CAPTURE
 from llmload.sim.process import SimProcess
+from tests.conformance import vllm_args
 from tests.locust_runs import metrics_text
 from tests.vllm_harness import VllmServer, child_env, ensure_vllm_venv
 
@@ -45,41 +44,41 @@ def test_the_captured_options_are_the_installed_vllms(vllm_tiny_model: Path) -> 
     assert captured == json.loads(CAPTURE.read_text(encoding="utf-8"))
 
 
-CONFIGS = [
-    "model: m\nmax-model-len: 4096\ngpu_memory_utilization: 0.85\nmax-num-seqs: 16\n",
-    "model: m\nkv-cache-memory-bytes: 64M\nmax-model-len: 25.6k\nenable-prefix-caching: false\nblock-size: 128\n",
-    "model: m\nserved-model-name: [a, b]\ntensor-parallel-size: 2\npipeline_parallel_size: 2\nkv-cache-dtype: fp8\n",
-    "model: m\nmax-num-batched-tokens: 8K\nenforce-eager: true\ncpu-offload-gb: 4\nquantization: awq\n",
-    "model: m\nmax-model-length: 4096\n",
-    "model: m\nswap-space: 4\n",
-    "model: m\nmax-model-len: lots\n",
-    "model: m\ndtype: fp4\n",
-    "model: m\nkv-cache-memory-bytes: 2.5G\n",
-]
-COMMAND_LINES = ["--max-model-len 2048 -tp 4", "--no-enable-prefix-caching --max_num_seqs=3", "--max-num-seqs"]
+def _same(ours: object, theirs: object) -> bool:
+    """llmload's value is vLLM's: a JSON text holds what vLLM parsed (a config dataclass: at least the
+    keys given), a list's items as text."""
+    if isinstance(ours, str) and isinstance(theirs, dict | list):
+        return _within(json.loads(ours), theirs)
+    if isinstance(ours, list) and isinstance(theirs, list):
+        return ours == [item if isinstance(item, str) else json.dumps(item) for item in theirs]
+    return type(ours) is type(theirs) and ours == theirs
 
 
-def test_the_reader_accepts_and_refuses_what_vllm_does(tmp_path: Path, vllm_tiny_model: Path) -> None:
-    cases: list[tuple[Path, str | None]] = []
-    for i, text in enumerate(CONFIGS):
-        path = tmp_path / f"c{i}.yaml"
-        path.write_text(text, encoding="utf-8")
-        cases.append((path, None))
-    cases += [(tmp_path / "c0.yaml", args) for args in COMMAND_LINES]
-    argvs = [["--config", str(path), *(args.split() if args else [])] for path, args in cases]
+def _within(given: object, parsed: object) -> bool:
+    if isinstance(given, dict) and isinstance(parsed, dict):
+        return all(key in parsed and _within(value, parsed[key]) for key, value in given.items())
+    return given == parsed
+
+
+def test_the_corpus_is_read_as_vllm_reads_it(tmp_path: Path, vllm_tiny_model: Path) -> None:
+    """Every vllm-args case of the conformance corpus, through vLLM's own parser in one batch: vLLM
+    refuses exactly the cases expected refused, and sets exactly the options expected, to the values
+    expected."""
+    argvs = [vllm_args.vllm_argv(case, tmp_path) for case in vllm_args.CASES]
+    for case in vllm_args.CASES:
+        vllm_args.paths(case, tmp_path)  # writes the case's YAML where vllm_argv names it
     parsed: list[dict[str, Any]] = json.loads(vllm_python(HERE / "vllm_parse_args.py", json.dumps(argvs)))
-    for (path, args), theirs in zip(cases, parsed, strict=True):
-        try:
-            ours = read_serve_config(path, args)
-        except InputError as exc:
-            assert "refused" in theirs, f"llmload refused what vLLM accepts: {path.read_text()!r} {args}: {exc}"
+    for case, theirs in zip(vllm_args.CASES, parsed, strict=True):
+        if "refused" in case.expect:
+            assert "refused" in theirs, f"{case.id}: vLLM accepts {theirs}"
             continue
-        assert "refused" not in theirs, f"vLLM refused what llmload accepts: {path.read_text()!r} {args}"
-        for field, value in ours.model_dump(exclude={"not_modelled", "origins"}, exclude_none=True).items():
-            expected = theirs[field][0] if field == "served_model_name" else theirs[field]
-            assert value == expected, f"{field} of {path.read_text()!r} {args}"
-        for key, value in ours.not_modelled.items():
-            assert theirs[key.replace("-", "_")] == value
+        assert "refused" not in theirs, f"{case.id}: vLLM refuses: {theirs['refused'].splitlines()[-1]}"
+        ours = vllm_args.expected(case, tmp_path)
+        if "served_model_name" in theirs:  # llmload keeps the first name
+            theirs["served_model_name"] = theirs["served_model_name"][0]
+        assert set(ours) == set(theirs), f"{case.id}: vLLM sets {sorted(theirs)}"
+        for dest, value in ours.items():
+            assert _same(value, theirs[dest]), f"{case.id}: {dest} is {theirs[dest]!r} in vLLM, {value!r} here"
 
 
 def _capacity(*argv: str) -> dict[str, Any]:

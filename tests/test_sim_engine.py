@@ -306,7 +306,8 @@ def test_unknown_model_is_model_not_found_with_the_servers_message(sims: dict[st
 
 
 def test_engine_death_timeline(tmp_path: Path, profile_file: Path) -> None:
-    """In-flight streams get the in-stream 500, new requests HTTP 500, /health 503, then refusal and exit 1."""
+    """In-flight streams get the in-stream 500 (in a 200 stream), new requests HTTP 500, /health 503, then
+    refusal and exit 1."""
     faults = tmp_path / "faults.yaml"
     faults.write_text(yaml.safe_dump({"engine_death": {"after_requests": 3, "stop_listening_s": 1.0, "exit_s": 1.6}}))
     sim = SimProcess("--profile", str(profile_file), "--faults", str(faults))
@@ -317,7 +318,9 @@ def test_engine_death_timeline(tmp_path: Path, profile_file: Path) -> None:
         died = time.monotonic()
         assert [r.error_category for r in in_flight] == ["engine_dead"] * 3
         assert all(
-            r.http_status == 500 and "EngineCore encountered an issue" in (r.error_message or "") for r in in_flight
+            (r.http_status, r.stream_error_code) == (200, 500)
+            and "EngineCore encountered an issue" in (r.error_message or "")
+            for r in in_flight
         )
         after = stream(url, messages("hello"), output=4)
         assert (after.error_category, after.http_status) == ("engine_dead", 500)

@@ -146,10 +146,10 @@ def test_a_bad_vary_is_refused(tmp_path: Path, vary: str, message: str) -> None:
 
 def test_bad_input_exits_2_before_any_server_starts(tmp_path: Path) -> None:
     typo = tmp_path / "typo.yaml"
-    typo.write_text("model: org/tiny-llama\nmax-num-seq: 4\n")
+    typo.write_text("model: org/tiny-llama\nmax-num-seqz: 4\n")
     serve = simulator_serve()
     code, output = _sweep(tmp_path, "--serve", serve, "--configs", str(typo), "--max-qps", "4")
-    assert code == 2 and f"{typo}:2: max-num-seq" in output and "did you mean max-num-seqs" in output, output
+    assert code == 2 and f"{typo}:2: max-num-seqz" in output and "did you mean max-num-seqs" in output, output
     code, output = _sweep(tmp_path, "--serve", "vllm serve --config {config}", "--vllm-config", str(typo))
     assert code == 2, output
     base = _config(tmp_path, "base")

@@ -48,23 +48,28 @@ def test_real_stream_counts_every_generated_token(captured: tuple[str, list[tupl
 
 
 @pytest.mark.parametrize(
-    ("response", "category", "status"),
+    ("response", "category", "status", "code"),
     [
-        ((400, "error_context_length.json", False), "context_length", 400),
-        ((400, "error_context_length_chars.json", False), "context_length", 400),
-        ((400, "error_max_tokens.json", False), "http_4xx", 400),
-        ((503, "error_busy_503.json", False), "rate_limited", 503),
-        ((500, "error_engine_dead_500.json", False), "engine_dead", 500),
-        ((200, "stream_error_busy.sse", True), "rate_limited", 503),
-        ((200, "stream_error_engine_dead.sse", True), "engine_dead", 500),
+        ((400, "error_context_length.json", False), "context_length", 400, None),
+        ((400, "error_context_length_chars.json", False), "context_length", 400, None),
+        ((400, "error_max_tokens.json", False), "http_4xx", 400, None),
+        ((503, "error_busy_503.json", False), "rate_limited", 503, None),
+        ((500, "error_engine_dead_500.json", False), "engine_dead", 500, None),
+        # an error object inside a 200 stream: the status line's 200 and the object's code, both kept
+        ((200, "stream_error_busy.sse", True), "rate_limited", 200, 503),
+        ((200, "stream_error_engine_dead.sse", True), "engine_dead", 200, 500),
     ],
 )
 def test_real_error_shapes_are_classified(
-    captured: tuple[str, list[tuple[int, str, bool]]], response: tuple[int, str, bool], category: str, status: int
+    captured: tuple[str, list[tuple[int, str, bool]]],
+    response: tuple[int, str, bool],
+    category: str,
+    status: int,
+    code: int | None,
 ) -> None:
     url, current = captured
     current[0] = response
     result = _send(url)
-    assert (result.error_category, result.http_status) == (category, status)
+    assert (result.error_category, result.http_status, result.stream_error_code) == (category, status, code)
     if response[2]:
         assert result.error_message.startswith("in-stream error:")

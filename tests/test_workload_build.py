@@ -19,7 +19,7 @@ from llmload.models import SessionLinks, Turn, conversations
 from llmload.workload import Workload, load_workload
 from llmload.workload.blocks import BlockText
 from llmload.workload.build import BuildError, BuildOptions, build_workload
-from llmload.workload.formats import detect_format, read_log, sharegpt
+from llmload.workload.formats import Issue, LogRequest, common, detect_format, read_log
 from llmload.workload.prefix import workload_prefix
 from llmload.workload.tokens import get_tokenizer
 from tests.wire_server import QuietHandler, serve
@@ -58,6 +58,15 @@ def run_cli(*argv: str) -> int:
         ("vllm-0.6-info.log", "vllm-log"),
         ("azure-conv-head.csv", "azure-trace"),
         ("mooncake.jsonl", "mooncake"),
+        ("messages.jsonl", "messages-jsonl"),
+        ("sharegpt-lines.jsonl", "sharegpt"),
+        ("openai-batch-input.jsonl", "openai-batch"),
+        ("openai-batch-output.jsonl", "openai-batch"),
+        ("litellm.jsonl", "litellm"),
+        ("langfuse-observations.json", "langfuse"),
+        ("helicone.jsonl", "helicone"),
+        ("otel-genai.jsonl", "otel-genai"),
+        ("otel-sdk-spans.jsonl", "otel-genai"),
     ],
 )
 def test_format_is_detected_from_the_first_lines(name: str, fmt: str) -> None:
@@ -217,9 +226,60 @@ def test_a_log_without_replies_is_refused_unless_output_lengths_are_drawn(
 
 def test_sharegpt_array_is_streamed_across_read_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     whole = [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt.json")[1]]
-    monkeypatch.setattr(sharegpt, "_CHUNK_CHARS", 7)
+    monkeypatch.setattr(common, "_CHUNK_CHARS", 7)
     assert [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt.json")[1]] == whole
     assert [w for w, _, _ in whole] == [f"{LOGS / 'sharegpt.json'}:{n}" for n in (2, 2, 23, 40, 40, 69)]
+
+
+def test_json_arrays_one_after_another_are_streamed_across_read_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ShareGPT array a line: every line's conversations, at their lines, however the reads cut them."""
+    whole = [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt-lines.jsonl")[1]]
+    monkeypatch.setattr(common, "_CHUNK_CHARS", 5)
+    assert [(r.where, r.messages, r.reply) for r in read_log(LOGS / "sharegpt-lines.jsonl")[1]] == whole
+    assert [w for w, _, _ in whole] == [f"{LOGS / 'sharegpt-lines.jsonl'}:{n}" for n in (1, 1, 2)]
+
+
+def test_a_json_array_cut_short_is_a_bad_line_not_an_end(tmp_path: Path) -> None:
+    """An export cut off mid-array (a full disk, a killed exporter) is refused where it ends."""
+    log = tmp_path / "cut.json"
+    log.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}])[:-1] + "\n")
+    assert [(i.where, i.reason) for i in read_log(log)[1] if isinstance(i, Issue)] == [
+        (f"{log}:2", "not valid JSON: the file ends inside a JSON array")
+    ]
+
+
+def test_message_arrays_read_as_sharegpt_report_every_line(tmp_path: Path) -> None:
+    """`--format sharegpt` on a JSONL of message arrays: each message is a bad conversation, on every line;
+    no line after the first is dropped."""
+    with pytest.raises(BuildError) as caught:
+        build(tmp_path, "messages.jsonl", format="sharegpt")
+    where = [i.where for i in caught.value.issues]
+    assert where == [f"{LOGS / 'messages.jsonl'}:{n}" for n in (1, 1, 1, 2, 2, 2)]
+    assert {i.kind for i in caught.value.issues} == {"bad conversation"}
+
+
+def test_a_langfuse_trace_export_names_its_ignored_observations(tmp_path: Path) -> None:
+    workload = build(tmp_path, "langfuse-observations.json")
+    assert contents(workload) == [[["Be brief.", "Hi"]], [["2+2?"]]]
+    assert [t.output_tokens for s in workload.sessions for t in s.turns] == [3, 1]  # the logged counts, not "Hello!"'s
+
+
+def test_an_otel_line_of_spans_reports_a_bad_span_and_reads_the_others(tmp_path: Path) -> None:
+    """One OTLP/JSON line holds many spans: a bad one is named, the line's others are still read."""
+    record = json.loads((LOGS / "otel-genai.jsonl").read_text())
+    spans = record["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["attributes"] = [a for a in spans[0]["attributes"] if a["key"] != "gen_ai.input.messages"]
+    spans[0]["attributes"] = [a for a in spans[0]["attributes"] if a["key"] != "gen_ai.usage.input_tokens"]
+    log = tmp_path / "spans.jsonl"
+    log.write_text(json.dumps(record) + "\n")
+    parsed = list(read_log(log)[1])
+    assert [(p.where, p.reason) for p in parsed if isinstance(p, Issue) and p.fatal] == [
+        (
+            f"{log}:1",
+            "no prompt: the span has neither prompt messages nor gen_ai.usage.input_tokens (span 0 of the line)",
+        )
+    ]
+    assert [p.messages for p in parsed if isinstance(p, LogRequest)] == [[{"role": "user", "content": "And Rome?"}]]
 
 
 def test_vllm_032_debug_log_in_its_real_format(tmp_path: Path) -> None:
@@ -444,7 +504,7 @@ def test_bad_lines_are_reported_with_file_and_line_and_nothing_is_written(tmp_pa
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("sharegpt-bad.jsonl", [(2, "unsupported speaker"), (3, "no human message"), (4, "bad conversation")]),
+        ("sharegpt-bad.jsonl", [(2, "unsupported speaker"), (3, "no user message"), (4, "bad conversation")]),
         ("mooncake-bad.jsonl", [(2, "bad hash_ids"), (3, "bad timestamp")]),
         ("azure-bad.csv", [(3, "bad value"), (4, "short row"), (5, "bad value"), (6, "bad value")]),
     ],

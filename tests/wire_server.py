@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 # (status, body, streamed as chunked SSE?)
 Response = tuple[int, bytes, bool]
@@ -73,6 +75,46 @@ def canned_server(
 
     with serve(Handler) as url:
         yield url, received
+
+
+Framing = Literal["chunked", "chunked_cut", "close"]
+
+
+@contextmanager
+def paced_bytes(
+    pieces: Sequence[bytes],
+    *,
+    first_s: float,
+    pause_s: float,
+    framing: Framing = "chunked",
+    content_type: str = "text/event-stream",
+) -> Iterator[str]:
+    """Yields a base URL whose every POST is answered 200 with `pieces` as the body, exactly as given:
+    each piece one write of its own (TCP_NODELAY, so one segment), the first `first_s` after the
+    request, each next `pause_s` after the one before. `framing`: chunked transfer encoding, one chunk
+    a piece, ended (`chunked`) or the connection closed before the last chunk (`chunked_cut`); or no
+    length, the body ended by closing the connection (`close`, as HTTP/1.0 servers and some gateways do)."""
+
+    class Handler(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header(*(("Connection", "close") if framing == "close" else ("Transfer-Encoding", "chunked")))
+            self.end_headers()
+            for index, piece in enumerate(pieces):
+                time.sleep(pause_s if index else first_s)
+                self.wfile.write(piece if framing == "close" else b"%x\r\n%s\r\n" % (len(piece), piece))
+            if framing == "chunked":
+                self.wfile.write(b"0\r\n\r\n")
+            else:
+                self.close_connection = True
+
+    with serve(Handler) as url:
+        yield url
 
 
 @contextmanager

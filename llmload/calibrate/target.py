@@ -186,6 +186,12 @@ def _kv_pool(url: str, log: LogExplanation | None, logged: ServeConfig, default_
             kv_cache_memory_bytes=int(given) if given.isdigit() else None,
             source=f"/metrics {CACHE_CONFIG_INFO}",
         )
+    if log is not None and any(f.kind == "kv_size_disagrees" for f in log.findings):
+        raise InputError(
+            f"--vllm-log {log.source}: its KV cache size line is one KV-cache group's share (a hybrid model), not"
+            f" the pool, and {public_url(url)}/metrics has no {CACHE_CONFIG_INFO} with num_gpu_blocks: give a"
+            " server whose /metrics exports it"
+        )
     if log is not None and (found := [f for f in log.findings if f.kind == "kv_cache_size"]):
         block_size = logged.block_size or default_block_size
         return KvPool(

@@ -108,15 +108,21 @@ def render_serve_config(config: ServeConfig) -> str:
 
 
 def render_log_explanation(explanation: LogExplanation) -> str:
-    out = [f"llmload capacity: vLLM log {explanation.source}", ""]
+    """The explained log: the failed start in one line first (when the log shows one), the settings,
+    each finding with its line number, message, meaning and vLLM source, then what to change."""
+    out = [explanation.failure] if explanation.failure else []
+    out += [f"llmload capacity: vLLM log {explanation.source}", ""]
     if explanation.settings:
         out.append("Settings: " + ", ".join(f"{k}={v}" for k, v in explanation.settings.items()))
         out.append("")
+    if not explanation.findings:
+        out.append("No KV-cache or startup-failure lines: the log ends before vLLM sized its KV cache.")
     previous = 0
     for f in explanation.findings:
         if f.line_no != previous:  # one log line can hold two findings (size and concurrency)
-            out.append(f"line {f.line_no}: {f.text[:200]}")
-        out.append(f"  → {f.meaning}")
+            origin = f" ({f.origin})" if f.origin else ""
+            out.append(f"line {f.line_no}{origin}: {f.text[:200]}")
+        out.append(f"  → {f.meaning}   [{f.vllm_source}]")
         previous = f.line_no
     if explanation.implied_bytes_per_token is not None:
         out += [

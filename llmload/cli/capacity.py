@@ -85,7 +85,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="a model's Hugging Face config.json (or its directory); --config is its old spelling",
     )
     source.add_argument(
-        "--vllm-log", metavar="FILE", help="explain the KV-cache lines of a vLLM startup log (- = stdin)"
+        "--vllm-log",
+        metavar="FILE",
+        help="explain a vLLM startup log: its KV-cache lines, and why it did not start (- = stdin)",
     )
 
 
@@ -231,10 +233,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.vllm_log is not None:
             explanation = explain_vllm_log(_read_log(args.vllm_log), source=args.vllm_log)
-            if not explanation.findings:
+            if not explanation.findings and not explanation.vllm_lines:
                 raise InputError(
-                    f"{args.vllm_log}: no vLLM KV-cache lines found (looked for 'KV cache size', "
-                    "'Maximum concurrency', 'max seq len', 'No available memory', 'Available memory on node')"
+                    f"{args.vllm_log}: no vLLM KV-cache lines or startup errors found, nor any line in vLLM's "
+                    "logger format (LEVEL MM-DD HH:MM:SS [file.py:N]): is it a vLLM server's log?"
                 )
             print(explanation.model_dump_json(indent=2) if args.json else render_log_explanation(explanation))
             return 1 if explanation.failed else 0

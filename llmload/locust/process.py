@@ -386,6 +386,7 @@ def sink(environment: Environment, run: ProcessRun, record: RequestRecord) -> No
     exception = None
     if record.status != "ok":  # failed, or unfinished: the target did not answer in time
         status = f" HTTP {record.http_status}" if record.http_status else ""
+        status += f", in-stream error {record.stream_error_code}" if record.stream_error_code else ""
         exception = RuntimeError(f"{record.error_category}{status}")
     # one Locust event per request, so its RPS and failure ratio are the run's; TTFT, ITL and TPOT
     # are in the LLM tab, the console line and the Prometheus endpoint

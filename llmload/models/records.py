@@ -78,7 +78,10 @@ class RequestRecord(BaseModel):
     model: str | None = Field(default=None, description="the model or LoRA adapter it asked for")
     host: str | None = Field(default=None, description="the replica it was sent to (a run over several; None: one)")
     error_category: FailureCategory | None = None
-    http_status: int | None = None
+    http_status: int | None = Field(default=None, description="the response's HTTP status, as its status line said")
+    stream_error_code: int | None = Field(
+        default=None, description="the code of an error object inside a 200 stream (http_status stays 200)"
+    )
     error_message: str | None = None
     # the server's state when a request failed: /health right after, last scraped metrics
     server_health: int | None = None

@@ -32,10 +32,6 @@ class _Typed(argparse.Action):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest) or []), typed])
 
 
-def _spelling(alias: str) -> str:
-    return f"--{alias}" if "-" in alias else f"-{alias}"  # vLLM's `-tp`, `--device-memory-utilization`
-
-
 def add_serving_arguments(parser: argparse.ArgumentParser, title: str) -> None:
     """--vllm-config, --vllm-args, and one flag per modelled vLLM setting (both forms of a switch)."""
     group = parser.add_argument_group(f"{title} (read as vLLM reads them; a flag wins over --vllm-args, "
@@ -49,7 +45,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser, title: str) -> None:
             continue
         name = field.replace("_", "-")
         option = options.options[name]
-        spellings = [f"--{name}", *(_spelling(a) for a, target in options.aliases.items() if target == name)]
+        spellings = options.spellings(name)
         about = f"vLLM's --{name}" + (f": {info.description}" if info.description else "")
         if option.is_switch:
             group.add_argument(

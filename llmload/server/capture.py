@@ -33,7 +33,22 @@ def _callable_name(kind: object) -> str:
         return "optional " + _callable_name(inner[0])
     if name == "_parse_type" and inner:
         return _callable_name(inner[0])
+    if name == "<lambda>":  # vLLM's inline readers, named by what they make of a sample
+        return "comma_list" if isinstance(kind("a-B"), list) else "lower_snake"  # type: ignore[operator]
     return name
+
+
+def _dataclass_fields(kind: object) -> list[str] | None:
+    """The keys a JSON-typed option's config dataclass takes (`parse_dataclass(val, cls=...)`), else None."""
+    inner = [c.cell_contents for c in getattr(kind, "__closure__", None) or () if callable(c.cell_contents)]
+    if getattr(kind, "__name__", "") == "_optional_type" and inner:
+        return _dataclass_fields(inner[0])
+    if getattr(kind, "__name__", "") != "parse_dataclass":
+        return None
+    import dataclasses
+
+    cls = getattr(kind, "__defaults__", None) or (None,)
+    return sorted(f.name for f in dataclasses.fields(cls[0])) if dataclasses.is_dataclass(cls[0]) else None
 
 
 def _plain(value: object) -> object:
@@ -67,6 +82,8 @@ def capture() -> dict[str, object]:
             "nargs": action.nargs if isinstance(action.nargs, str) else None,
             "choices": sorted(map(str, action.choices)) if action.choices else None,
             "default": _plain(action.default),
+            "const": _plain(action.const) if action.nargs == "?" else None,
+            "fields": _dataclass_fields(action.type),
         }
         for alias in action.option_strings:
             if alias.startswith("--no-") and options[name]["type"] == "bool":

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmload.capacity.vllm_log import FAILURE_KINDS, explain_vllm_log
+from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.errors import InputError
 from llmload.process_group import start_in_group, stop_group
 from llmload.sim.profiles import STARTUP_WARNING
@@ -79,7 +79,10 @@ def read_startup(log_text: str, *, started: bool, seconds: float, fallback: str 
         facts.update(finding.values)
     reason = None
     if not started:
-        failure = next((f for f in explanation.findings if f.kind in FAILURE_KINDS), None)
+        # the cause vLLM names first (a symptom alone, such as a dead worker, says less than the last exception)
+        failure = next(
+            (f for f in explanation.findings if f.kind == explanation.failure_kind and f.role == "cause"), None
+        )
         exceptions = _EXCEPTION.findall(log_text)
         reason = failure.meaning if failure else exceptions[-1][:300] if exceptions else _with_tail(fallback, log_text)
     memory = facts.get("available_kv_gib", facts.get("kv_set_gib"))

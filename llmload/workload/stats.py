@@ -233,6 +233,8 @@ def render_stats(stats: WorkloadStats) -> str:
     lines.append("")
     if stats.requests_per_s is not None:
         lines.append(f"Arrivals: {stats.requests_per_s:.3f} requests/s over {stats.duration_s:,.1f} s.")
+    elif stats.duration_s is not None:  # timed, but all at one instant: no rate to give
+        lines.append(f"Arrivals: all {stats.requests:,} requests at one time: no rate.")
     else:
         lines.append("Arrivals: the source has no timestamps.")
     if stats.think_times is not None:

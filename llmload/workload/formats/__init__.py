@@ -8,8 +8,11 @@ sessions and synthesis are the builder's job (`llmload.workload.build`).
 
 Each format is one module declaring its `FORMAT` (name, sniff, parser); `FORMATS` lists them in
 the order `--format` offers them. Adding a format is one new module and one entry in `FORMATS`.
-Today: `openai_jsonl`, `sharegpt`, `vllm_log`, `azure_trace`, `mooncake` and `weka`, over the shared
-types and JSON-line helpers of `common`.
+Today: `openai_jsonl`, `messages_jsonl`, `openai_batch`, `sharegpt`, `litellm`, `langfuse`, `helicone`,
+`otel_genai`, `vllm_log`, `azure_trace`, `mooncake` and `weka`, over the shared types and JSON helpers
+of `common`. The JSON formats read JSONL or JSON arrays of the same records alike (`json_records`):
+detection sees a JSON array's first element as it sees a first line (docs/workload-format.md lists
+every format's detection rule and what it keeps).
 """
 
 from __future__ import annotations
@@ -20,7 +23,20 @@ from typing import Any
 
 import orjson
 
-from llmload.workload.formats import azure_trace, mooncake, openai_jsonl, sharegpt, vllm_log, weka
+from llmload.workload.formats import (
+    azure_trace,
+    helicone,
+    langfuse,
+    litellm,
+    messages_jsonl,
+    mooncake,
+    openai_batch,
+    openai_jsonl,
+    otel_genai,
+    sharegpt,
+    vllm_log,
+    weka,
+)
 from llmload.workload.formats.common import (
     DETECT_BYTES,
     FormatError,
@@ -29,6 +45,7 @@ from llmload.workload.formats.common import (
     LogFormat,
     LogRequest,
     Parsed,
+    json_array_items,
 )
 
 __all__ = [
@@ -48,7 +65,13 @@ __all__ = [
 
 FORMATS: tuple[LogFormat, ...] = (
     openai_jsonl.FORMAT,
+    messages_jsonl.FORMAT,
+    openai_batch.FORMAT,
     sharegpt.FORMAT,
+    litellm.FORMAT,
+    langfuse.FORMAT,
+    helicone.FORMAT,
+    otel_genai.FORMAT,
     vllm_log.FORMAT,
     azure_trace.FORMAT,
     mooncake.FORMAT,
@@ -74,9 +97,15 @@ def _first_line(path: Path) -> tuple[bytes, bytes]:
     return head, first_line
 
 
+def _first_element(path: Path) -> Any:
+    """The first element of a log that is JSON arrays (None: none, or not valid JSON)."""
+    item = next(json_array_items(path), None)
+    return item[1] if isinstance(item, tuple) else None
+
+
 def _sniff(path: Path) -> tuple[LogFormat | None, dict[str, Any] | None]:
-    """The format whose sniff takes the log's head (None: no format's), and its first line decoded
-    when that is a JSON object."""
+    """The format whose sniff takes the log's head (None: no format's), and its first JSON object
+    (its first line decoded, or a JSON array's first element), when it has one."""
     head, first_line = _first_line(path)
     first = first_line.decode("utf-8", errors="replace").strip()
     record: dict[str, Any] | None = None
@@ -85,6 +114,9 @@ def _sniff(path: Path) -> tuple[LogFormat | None, dict[str, Any] | None]:
             record = orjson.loads(first)
         except orjson.JSONDecodeError:
             raise FormatError(f"{path}:1: first line is not a JSON object; use --format") from None
+    elif first.startswith("["):
+        element = _first_element(path)
+        record = element if isinstance(element, dict) else None
     seen = Head(first_line=first, record=record, text=head.decode("utf-8", errors="replace"))
     return next((fmt for fmt in _SNIFF_ORDER if fmt.sniff(seen)), None), record
 

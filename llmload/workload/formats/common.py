@@ -3,6 +3,8 @@ yields, the `LogFormat` each format module declares, and the helpers the JSON fo
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +19,9 @@ from llmload.models import Message
 
 _ROLES = frozenset(get_args(Message.model_fields["role"].annotation))
 DETECT_BYTES = 1 << 16
+_CHUNK_CHARS = 1 << 20
+_SEPARATORS = re.compile(r"[\s,]*")
+_WHITESPACE = re.compile(r"\s*")
 
 
 @dataclass(slots=True)
@@ -76,6 +81,8 @@ class Issue:
 
 Parsed = LogRequest | Issue
 Parser = Callable[[Path], Iterator[Parsed]]
+Item = tuple[str, Any] | Issue
+"""A decoded JSON value and where it starts (`file:line`), or the Issue that ended the read."""
 
 
 class BadLine(ValueError):
@@ -93,7 +100,8 @@ class Head:
     first_line: str
     """The first non-blank line, whole however long it is, stripped."""
     record: dict[str, Any] | None
-    """That line decoded, when it starts with `{` (decoded once, for all the JSON formats)."""
+    """The first JSON object: that line decoded when it starts with `{`, or the first element of a log
+    that is JSON arrays, when that is an object (decoded once, for all the JSON formats)."""
     text: str
     """The first 64 KiB."""
 
@@ -128,6 +136,31 @@ def integer(value: object, what: str, *, minimum: int = 0) -> int:
 
 def optional_integer(value: object, what: str, *, minimum: int = 0) -> int | None:
     return None if value is None else integer(value, what, minimum=minimum)
+
+
+def token_count(value: object, what: str) -> int | None:
+    """A logged token count, None where the log has none: gateways and tracers write 0 for a count they
+    did not get (LiteLLM, Langfuse), and 0 taken for a count would replay an empty prompt or reply."""
+    return optional_integer(value, what) or None
+
+
+def object_field(record: dict[str, Any], key: str) -> dict[str, Any]:
+    """`record[key]` as an object, {} where it is missing or null; BadLine where it is something else."""
+    value = record.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadLine(f"bad record: {key} is not an object")
+    return value
+
+
+def milliseconds(value: object, what: str) -> float | None:
+    """A duration in milliseconds (≥ 0) as seconds; None where the log has none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise BadLine(f"bad {what}: {value!r} is not a number of milliseconds ≥ 0")
+    return value / 1000
 
 
 def log_timestamp(value: object) -> float | None:
@@ -183,7 +216,59 @@ def chat_messages(value: object) -> list[dict[str, str]]:
     return out
 
 
-def json_lines(path: Path) -> Iterator[tuple[str, Any] | Issue]:
+def request_max_tokens(body: dict[str, Any]) -> int | None:
+    """A chat request's output limit: `max_completion_tokens`, else `max_tokens` (None: no limit given)."""
+    return optional_integer(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens", minimum=1)
+
+
+def chat_completion(response: object, what: str) -> tuple[str | None, int | None, int | None]:
+    """(reply text, usage.prompt_tokens, usage.completion_tokens) of an OpenAI `chat.completion` object,
+    None for each one it lacks (and all three for a null response); BadLine where it is not an object."""
+    if response is None:
+        return None, None, None
+    if not isinstance(response, dict):
+        raise BadLine(f"bad record: {what} is not an object")
+    usage = object_field(response, "usage")
+    choices = response.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message")
+    reply = message.get("content") if isinstance(message, dict) else None
+    return (
+        reply if isinstance(reply, str) else None,
+        optional_integer(usage.get("prompt_tokens"), f"{what}.usage.prompt_tokens"),
+        optional_integer(usage.get("completion_tokens"), f"{what}.usage.completion_tokens"),
+    )
+
+
+def conversation(where: str, messages: list[dict[str, str]], label: str | None = None) -> Iterator[LogRequest]:
+    """A whole logged conversation as the requests that made it: one at each reply, its messages the
+    history before it, and one for a last user message left unanswered. The conversation is one
+    explicit session (named `label` where the log names it), closed at its last request.
+
+    [user Hi, assistant Hello!, user Bye, assistant Bye!] gives two requests: [user Hi] (reply
+    "Hello!") and [user Hi, assistant Hello!, user Bye] (reply "Bye!"). A reply directly after a reply
+    joins the next request's messages; assistant messages before the first user message are history.
+    BadLine for a conversation with no user message (nothing to replay)."""
+    requests: list[LogRequest] = []
+    asked = False
+    for index, message in enumerate(messages):
+        if message["role"] == "assistant" and asked and messages[index - 1]["role"] != "assistant":
+            requests.append(
+                LogRequest(where, messages=messages[:index], reply=message["content"], session=where, label=label)
+            )
+        asked = asked or message["role"] == "user"
+    if asked and messages[-1]["role"] != "assistant":
+        requests.append(LogRequest(where, messages=messages, session=where, label=label))  # unanswered last
+    if not requests:
+        raise BadLine("no user message: nothing to replay")
+    requests[-1].last = True
+    yield from requests
+
+
+# --------------------------------------------------------------------------- reading JSON
+
+
+def json_lines(path: Path) -> Iterator[Item]:
     """(where, value) for each non-blank line of a JSONL file, or an Issue for invalid JSON."""
     with path.open("rb") as handle:
         for number, line in enumerate(handle, start=1):
@@ -196,18 +281,92 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any] | Issue]:
                 yield Issue(where, f"not valid JSON: {exc}")
 
 
+def json_array_items(path: Path) -> Iterator[Item]:
+    """(where, element) for each element of a file of JSON arrays, without loading an array whole.
+
+    The file is one array (a ShareGPT dump of hundreds of MB, a UI's JSON export) or several one after
+    another (JSONL whose every line is an array): elements are decoded one at a time from a sliding
+    buffer, each array's after the last one's. Anything else after an array's end is an Issue, "data
+    after the end of the JSON array", at its line. A malformed element ends the read (there is no
+    resynchronizing), as an Issue at its line. Commas between elements may repeat or trail (some
+    exporters write `{...},\\n]`)."""
+    decoder = json.JSONDecoder()
+    with path.open(encoding="utf-8") as handle:
+        buffer, position, line, eof = "", 0, 1, False
+
+        def refill() -> None:
+            nonlocal buffer, position, eof
+            chunk = handle.read(_CHUNK_CHARS)
+            eof = not chunk
+            buffer, position = buffer[position:] + chunk, 0
+
+        def skip(pattern: re.Pattern[str]) -> bool:
+            """Past `pattern`'s characters, counting lines; False at the end of the file."""
+            nonlocal position, line
+            while True:
+                end = pattern.match(buffer, position).end()  # type: ignore[union-attr]  # `*`: always matches
+                line += buffer.count("\n", position, end)
+                position = end
+                if position < len(buffer):
+                    return True
+                if eof:
+                    return False
+                refill()
+
+        arrays, inside = 0, False
+        while skip(_SEPARATORS if inside else _WHITESPACE):
+            where = f"{path}:{line}"
+            if not inside:
+                if not buffer.startswith("[", position):
+                    yield Issue(
+                        where, "data after the end of the JSON array" if arrays else "not valid JSON: not a JSON array"
+                    )
+                    return
+                arrays, inside, position = arrays + 1, True, position + 1
+                continue
+            if buffer.startswith("]", position):
+                inside, position = False, position + 1
+                continue
+            try:
+                item, end = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError as exc:
+                if not eof:  # an element cut by the buffer's end: read on and retry
+                    refill()
+                    continue
+                yield Issue(where, f"not valid JSON: {exc.msg}")
+                return
+            yield where, item
+            line += buffer.count("\n", position, end)
+            position = end
+        if inside:
+            yield Issue(f"{path}:{line}", "not valid JSON: the file ends inside a JSON array")
+
+
+def _is_array_file(path: Path) -> bool:
+    """The file's first non-blank character opens a JSON array."""
+    with path.open("rb") as handle:
+        return handle.read(DETECT_BYTES).lstrip().startswith(b"[")
+
+
+def json_records(path: Path) -> Iterator[Item]:
+    """The JSON values of a log that is JSONL or JSON arrays of the same values (as UI exports write
+    them), by its first character: `json_array_items` or `json_lines`."""
+    return json_array_items(path) if _is_array_file(path) else json_lines(path)
+
+
 def parse_records(
-    items: Iterator[tuple[str, Any] | Issue], parse: Callable[[str, dict[str, Any]], Iterator[LogRequest]]
+    items: Iterator[Item], parse: Callable[[str, Any], Iterator[Parsed]], *, shape: type = dict
 ) -> Iterator[Parsed]:
-    """Run a per-record parser over decoded JSON values, turning its `BadLine` into Issues."""
+    """Run a per-record parser over decoded JSON values, each a JSON object (`shape` dict) or array
+    (`shape` list), turning its `BadLine` into Issues."""
     for item in items:
         if isinstance(item, Issue):
             yield item
             continue
         where, value = item
         try:
-            if not isinstance(value, dict):
-                raise BadLine(f"not a JSON object: a {type(value).__name__}")
+            if not isinstance(value, shape):
+                raise BadLine(f"not a JSON {'object' if shape is dict else 'array'}: a {type(value).__name__}")
             yield from parse(where, value)
         except BadLine as exc:
             yield Issue(where, str(exc))

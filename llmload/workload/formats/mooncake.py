@@ -15,7 +15,7 @@ from llmload.workload.formats.common import (
     LogRequest,
     Parsed,
     integer,
-    json_lines,
+    json_records,
     parse_records,
 )
 
@@ -49,7 +49,7 @@ def _mooncake_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]
 
 def parse_mooncake(path: Path) -> Iterator[Parsed]:
     """Mooncake-style JSONL traces (timestamp in ms, input_length, output_length, hash_ids)."""
-    return parse_records(json_lines(path), _mooncake_record)
+    return parse_records(json_records(path), _mooncake_record)
 
 
 def _sniff(head: Head) -> bool:

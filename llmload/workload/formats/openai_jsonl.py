@@ -12,11 +12,13 @@ from llmload.workload.formats.common import (
     LogFormat,
     LogRequest,
     Parsed,
+    chat_completion,
     chat_messages,
-    json_lines,
+    json_records,
     log_timestamp,
-    optional_integer,
+    milliseconds,
     parse_records,
+    request_max_tokens,
 )
 
 
@@ -35,39 +37,27 @@ def _openai_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]:
     body = record.get("request", record)
     if not isinstance(body, dict):
         raise BadLine("bad record: request is not an object")
-    response = record.get("response") or {}
-    if not isinstance(response, dict):
-        raise BadLine("bad record: response is not an object")
-    usage = response.get("usage") or {}
-    if not isinstance(usage, dict):
-        raise BadLine("bad record: response.usage is not an object")
-    choices = response.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message")
-    reply = message.get("content") if isinstance(message, dict) else None
+    reply, prompt_tokens, output_tokens = chat_completion(record.get("response") or {}, "response")
     timestamp = log_timestamp(record.get("timestamp"))
     finished = log_timestamp(record.get("response_timestamp"))
-    latency_ms = record.get("latency_ms")
-    if latency_ms is not None:
-        if not isinstance(latency_ms, (int, float)) or isinstance(latency_ms, bool) or latency_ms < 0:
-            raise BadLine(f"bad latency_ms: {latency_ms!r} is not a number of milliseconds ≥ 0")
-        if timestamp is not None:
-            finished = timestamp + latency_ms / 1000
+    latency = milliseconds(record.get("latency_ms"), "latency_ms")
+    if latency is not None and timestamp is not None:
+        finished = timestamp + latency
     yield LogRequest(
         where=where,
         timestamp=timestamp,
         finished=finished,
         messages=chat_messages(body.get("messages")),
-        max_tokens=optional_integer(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens", minimum=1),
-        prompt_tokens=optional_integer(usage.get("prompt_tokens"), "usage.prompt_tokens"),
-        output_tokens=optional_integer(usage.get("completion_tokens"), "usage.completion_tokens"),
-        reply=reply if isinstance(reply, str) else None,
+        max_tokens=request_max_tokens(body),
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        reply=reply,
     )
 
 
 def parse_openai_jsonl(path: Path) -> Iterator[Parsed]:
-    """OpenAI chat-completions request logs, one JSON object per line (see `_openai_record`)."""
-    return parse_records(json_lines(path), _openai_record)
+    """OpenAI chat-completions request logs, one JSON object per line or a JSON array of them (see `_openai_record`)."""
+    return parse_records(json_records(path), _openai_record)
 
 
 def _sniff(head: Head) -> bool:

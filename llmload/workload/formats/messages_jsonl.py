@@ -1,0 +1,56 @@
+"""`messages-jsonl`: JSONL whose every line is one conversation, a JSON array of OpenAI chat messages,
+as eval tools and chat exporters write them. No times, no token counts: the text only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from llmload.workload.formats.common import (
+    Head,
+    LogFormat,
+    LogRequest,
+    Parsed,
+    chat_messages,
+    conversation,
+    json_lines,
+    parse_records,
+)
+
+
+def _messages_line(where: str, messages: list[Any]) -> Iterator[LogRequest]:
+    """One line, one conversation: a request at each assistant reply and one for an unanswered last
+    user message (`common.conversation`).
+
+    Example::
+
+        [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi! How can I help you?"},
+         {"role": "user", "content": "Write me a poem"}]
+
+    gives two requests: [user Hello] (reply "Hi! How can I help you?") and the whole line, unanswered.
+    """
+    return conversation(where, chat_messages(messages))
+
+
+def parse_messages_jsonl(path: Path) -> Iterator[Parsed]:
+    """JSONL of message arrays, one conversation a line; a line that is not an array is a bad line."""
+    return parse_records(json_lines(path), _messages_line, shape=list)
+
+
+def _sniff(head: Head) -> bool:
+    """A first line that is a whole JSON array whose first element is a chat message (has a `role`)."""
+    if not (head.first_line.startswith("[") and head.first_line.endswith("]")):
+        return False
+    try:
+        line = orjson.loads(head.first_line)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(line, list) and bool(line) and isinstance(line[0], dict) and "role" in line[0]
+
+
+FORMAT = LogFormat(
+    name="messages-jsonl", title="a JSONL log of message arrays", sniff=_sniff, parse=parse_messages_jsonl
+)

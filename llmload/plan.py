@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -30,6 +30,7 @@ from llmload.flagmodel import Flag, FlagModel
 from llmload.model_mix import ModelMix
 from llmload.models import (
     GOODPUT_SYNTAX,
+    LABEL_SYNTAX,
     AccessNote,
     GoodputSLO,
     PrefixCacheReset,
@@ -39,6 +40,7 @@ from llmload.models import (
     SessionLinks,
     Stage,
     conversations,
+    parse_labels,
 )
 from llmload.packaged import SAMPLE_WORKLOAD, WORKLOAD_HELP
 from llmload.replicas import Replicas
@@ -198,6 +200,13 @@ class PlanFlags(FlagModel):
             metavar="FILE",
         ),
     ] = None
+    label: Annotated[
+        tuple[str, ...],
+        Flag(
+            f"the team's own name for the run, in run.json's labels and shown by `llmload history`: {LABEL_SYNTAX}",
+            metavar="KEY=VALUE",
+        ),
+    ] = ()
 
     @property
     def limits(self) -> Limits:
@@ -216,6 +225,7 @@ class RunPlan:
     goodput_slo: GoodputSLO | None
     cancel: CancelPlan | None = None  # streams cut on purpose
     pricing: Pricing | None = None  # what a GPU-hour costs
+    labels: dict[str, str] = field(default_factory=dict)  # --label: run.json's labels
 
     @classmethod
     def build(cls, flags: PlanFlags) -> RunPlan:
@@ -276,7 +286,7 @@ class RunPlan:
         goodput_slo = GoodputSLO.parse(flags.goodput_slo) if flags.goodput_slo else None
         cancel = CancelPlan.parse(flags.cancel_share, flags.cancel_after)
         prices = pricing(flags.gpu_hour_cost, flags.gpu_prices)
-        return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel, prices)
+        return cls(flags, workload, stages, arrivals, target, goodput_slo, cancel, prices, parse_labels(flags.label))
 
     @functools.cached_property
     def block_text(self) -> BlockText | None:
@@ -329,6 +339,7 @@ class RunPlan:
             # a workload of ranked turns (an agentic trace's models) asks for each model by rank, not weight
             model_mix=models.normalised() if len(models.shares) > 1 and not self._ranked() else [],
             workload=str(Path(self.flags.workload).absolute()),  # `llmload report` from elsewhere finds it
+            workload_sha256=self.workload.content_sha256(),  # runs of one workload, renamed or edited (history)
             arrival=self.flags.arrival,
             burstiness=self.flags.burstiness,
             seed=self.flags.seed,
@@ -346,6 +357,7 @@ class RunPlan:
             prefix_cache_reset=prefix_cache_reset,
             cancel=self.cancel.note() if self.cancel is not None else None,
             pricing=self.pricing,
+            labels=self.labels,
             flags=self.flags.model_dump(mode="json"),
         )
 

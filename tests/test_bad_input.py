@@ -81,6 +81,7 @@ CASES = [
     Case("metrics-interval", locust("--metrics-interval", "0"), "argument --metrics-interval: not a duration: '0'"),
     Case("warmup", locust("--warmup", "-5"), "argument --warmup: not a duration: '-5'"),
     Case("goodput-slo", locust("--goodput-slo", "fast"), "--goodput-slo 'fast': expected METRIC=MS"),
+    Case("label", locust("--label", "bad"), "--label 'bad': expected KEY=VALUE"),
     Case("extra-body", locust("--extra-body", "[1]"), "--extra-body: not a JSON object: a list"),
     # how the target is reached (llmload.access)
     Case(
@@ -291,6 +292,16 @@ CASES = [
     # run directories
     Case("report-not-a-run", llmload("report", "{dir}"), "is not a run directory (no run.json)"),
     Case("compare-not-a-run", llmload("compare", "{dir}", "{dir}"), "is not a run directory (no run.json)"),
+    Case(
+        "history-no-runs",
+        llmload("history", "{dir}/tokenizer"),
+        "no finished run (a directory with run.json and summary.json) under {dir}/tokenizer",
+    ),
+    Case(
+        "compare-history-none-comparable",
+        llmload("compare", "--baseline", "history:{dir}/tokenizer", "{dir}/cut"),
+        "0 run(s) under {dir}/tokenizer comparable with {dir}/cut",
+    ),
     Case(
         "report-cut-off",
         llmload("report", "{dir}/cut"),

@@ -17,8 +17,9 @@ import pytest
 
 from llmload.cli import build_parser, main
 from llmload.errors import InputError
-from llmload.server.serve_config import read_serve_config
+from llmload.server.serve_config import read_serve_config, serve_launcher
 from llmload.sim.process import SimProcess
+from llmload.sweep.run import simulator_serve
 from tests.locust_runs import REPO, metrics_text, run_locust, small_workload, tiny_llama_config
 
 MIB = 1 << 20
@@ -112,6 +113,19 @@ def test_what_vllm_refuses_is_refused_with_file_and_line(
     assert rc == 2, out
     assert f"llmload capacity: {path}" in err
     assert message in err
+
+
+def test_a_sweeps_server_command_decides_how_its_config_is_read(tmp_path: Path) -> None:
+    """`vllm serve --config` drops a `false` (the api_server honours it): a sweep whose --serve is
+    `vllm serve` predicts its configurations as that command reads them (the rule: test_serve_config_vllm)."""
+    path = tmp_path / "c.yaml"
+    path.write_text("model: m\nenable-prefix-caching: false\nmax-num-seqs: 8\n")
+    assert serve_launcher("/opt/vllm/bin/vllm serve --config {config} --port {port}") == "vllm serve"
+    assert serve_launcher(simulator_serve()) is None and serve_launcher("vllm 'serve") is None
+    by_api_server = read_serve_config(path)
+    by_serve = read_serve_config(path, serve_launcher("vllm serve --config {config}"))
+    assert (by_api_server.enable_prefix_caching, by_api_server.max_num_seqs) == (False, 8)
+    assert (by_serve.enable_prefix_caching, by_serve.max_num_seqs) == (None, 8)
 
 
 def test_a_bad_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

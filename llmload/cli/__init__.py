@@ -5,9 +5,10 @@ STOPS_CLEANLY runs under `stop_signals`: SIGINT or SIGTERM stops it, it writes w
 and exits 128 + the signal (130, 143), decided here too.
 
 Commands: `workload` (build, stats, synth), `capacity`, `sim` and `sim_calibrate` (the embedded
-target and its calibration), `demo`, `report`, `verdict` (run directories judged again), `compare`, `soak`,
-`search`, `sweep`, `run` (the plain Locust run) and `locustfile` (the packaged locustfile's path); `aliases`
-keeps a retired flag spelling working, with a warning."""
+target and its calibration), `demo`, `report`, `verdict` (run directories judged again), `compare`,
+`history` (every run under some folders: trends and change points), `soak`, `search`, `sweep`, `run`
+(the plain Locust run) and `locustfile` (the packaged locustfile's path); `aliases` keeps a retired
+flag spelling working, with a warning."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from llmload.errors import InputError
 from llmload.process_group import Stopped, stop_signals
 
 COMMANDS = (
-    "workload", "sim", "capacity", "compare", "report", "verdict", "soak", "search", "sweep", "demo", "run",
-    "locustfile",
+    "workload", "sim", "capacity", "compare", "history", "report", "verdict", "soak", "search", "sweep", "demo",
+    "run", "locustfile",
 )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from llmload.models.run import (
     GOODPUT_METRICS,
     GOODPUT_SYNTAX,
     ITL_STATISTICS,
+    LABEL_SYNTAX,
     AccessNote,
     CancelNote,
     FleetWorker,
@@ -35,6 +36,7 @@ from llmload.models.run import (
     ServerRelease,
     Stage,
     TLSVerify,
+    parse_labels,
 )
 from llmload.models.search import ParetoPoint, Probe, SearchOutcome, SearchResult, answer_words
 from llmload.models.serving import (
@@ -107,6 +109,7 @@ __all__ = [
     "GOODPUT_METRICS",
     "GOODPUT_SYNTAX",
     "ITL_STATISTICS",
+    "LABEL_SYNTAX",
     "NO_ENERGY",
     "OOM_FAMILY",
     "REPLAY_SEPARATOR",
@@ -185,4 +188,5 @@ __all__ = [
     "answer_words",
     "block_runs",
     "conversations",
+    "parse_labels",
 ]

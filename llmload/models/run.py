@@ -81,6 +81,27 @@ class GoodputSLO(Strict):
         return ", ".join(f"{name} ≤ {limit:g} ms" for name, limit in parts)
 
 
+# --------------------------------------------------------------------------- labels
+
+LABEL_SYNTAX = "KEY=VALUE, e.g. --label release=1.4.2 --label commit=abc123"
+
+
+def parse_labels(specs: Iterable[str]) -> dict[str, str]:
+    """`--label` values (repeatable) as run.json's `labels`, the team's own names for a run (a release, a
+    commit) that `llmload history` shows beside what run.json records. A value without `=`, an empty key
+    or a key given twice is an InputError naming it, before anything runs."""
+    labels: dict[str, str] = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(f"--label {spec!r}: expected {LABEL_SYNTAX}")
+        if key in labels:
+            raise InputError(f"--label {spec!r}: {key!r} is already labelled {labels[key]!r}; give each key once")
+        labels[key] = value.strip()
+    return labels
+
+
 # --------------------------------------------------------------------------- run plan
 
 
@@ -192,6 +213,9 @@ class RunManifest(Strict):
     host: str
     model: str | None
     workload: str
+    workload_sha256: str | None = Field(
+        default=None, description="the workload file and its sessions file, as read at the start; None before it"
+    )
     arrival: str
     burstiness: float
     seed: int
@@ -229,6 +253,9 @@ class RunManifest(Strict):
     )
     fleet: list[FleetWorker] = Field(default_factory=list, description="a distributed run's workers; [] run locally")
     pricing: Pricing | None = Field(default=None, description="what a GPU-hour costs; None: runs before prices")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="the team's own names for the run (--label KEY=VALUE): a release, a commit"
+    )
     flags: dict[str, Any] = Field(
         default_factory=dict,
         description="every plan flag as the run had it (llmload.plan.PlanFlags, by field): a flag added there is"

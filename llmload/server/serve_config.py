@@ -83,6 +83,23 @@ def yaml_text(value: object) -> str | bool | list[str]:
     return str(value)
 
 
+def _runs_vllm_serve(tokens: Sequence[str]) -> bool:
+    """Whether a split command line is `vllm serve ...` (or `serve ...`, the launcher left out)."""
+    return tokens[:1] == ["serve"] or (
+        bool(tokens) and tokens[0].rsplit("/", 1)[-1] == "vllm" and tokens[1:2] == ["serve"]
+    )
+
+
+def serve_launcher(command: str) -> str | None:
+    """ "vllm serve" when a server command (a sweep's --serve template) starts vLLM through its CLI,
+    whose reading of a --config file differs from the api_server's (it drops every `key: false`), to
+    be given to read_serve_config as its command line; None for any other command."""
+    try:
+        return "vllm serve" if _runs_vllm_serve(shlex.split(command)) else None
+    except ValueError:
+        return None
+
+
 def _launcher(command_line: str | None) -> tuple[bool, list[str]]:
     """Whether a command line runs `vllm serve` (else the api_server module, whose reading a bare
     option list gets too), and its arguments after the launcher."""
@@ -92,7 +109,7 @@ def _launcher(command_line: str | None) -> tuple[bool, list[str]]:
         tokens = shlex.split(command_line)
     except ValueError as exc:
         raise InputError(f"{COMMAND_LINE}: cannot split {command_line!r}: {exc}") from None
-    if tokens[:1] == ["serve"] or (tokens[:1] and tokens[0].rsplit("/", 1)[-1] == "vllm" and tokens[1:2] == ["serve"]):
+    if _runs_vllm_serve(tokens):
         return True, tokens[tokens.index("serve") + 1 :]
     if len(tokens) >= 3 and "python" in tokens[0].rsplit("/", 1)[-1] and tokens[1] == "-m":
         if tokens[2] not in _API_SERVER_MODULES:

@@ -23,7 +23,7 @@ from llmload.gates.search import Bounds, Interrupted, ProbeFlags, Searcher, boun
 from llmload.gates.soak import SoakRun, run_soak
 from llmload.models import ParetoPoint, SearchResult, StageFigures, Summary, SweepMode, SweepResult, SweepRow
 from llmload.report import pareto
-from llmload.server.serve_config import read_serve_config
+from llmload.server.serve_config import read_serve_config, serve_launcher
 from llmload.sweep.configs import CONFIG_FILE, SweepConfig
 from llmload.sweep.server import ServerProcess, Startup, free_port, serve_command
 
@@ -123,7 +123,7 @@ class Sweep:
     def _capacity(self, path: Path) -> str:
         """What `llmload capacity --vllm-config` says of the file before anything starts."""
         try:
-            config = read_serve_config(path)
+            config = read_serve_config(path, serve_launcher(self.result.serve))  # as the --serve command reads it
             plan = plan_capacity(serve_model(config), serve_inputs(config, gpu_memory_gib=self.gpu_memory_gib))
         except InputError as exc:
             return f"no prediction: {exc}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,16 @@ class Workload:
     @property
     def mean_turns(self) -> float:
         return self.requests / len(self.sessions)
+
+    def content_sha256(self) -> str:
+        """SHA-256 (hex) of the workload file's bytes and then its sessions file's, read in 1 MiB pieces:
+        the same text sent gives the same digest, whatever the file is named or wherever it lies."""
+        digest = hashlib.sha256()
+        for path in (self.path, self.path.parent / self.spec.sessions):
+            with path.open("rb") as handle:
+                while piece := handle.read(1 << 20):
+                    digest.update(piece)
+        return digest.hexdigest()
 
     @property
     def asks_lengths(self) -> bool:

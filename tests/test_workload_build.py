@@ -67,6 +67,9 @@ def run_cli(*argv: str) -> int:
         ("helicone.jsonl", "helicone"),
         ("otel-genai.jsonl", "otel-genai"),
         ("otel-sdk-spans.jsonl", "otel-genai"),
+        ("otel-console-spans.txt", "otel-genai"),
+        ("langfuse-api-page.json", "langfuse"),
+        ("helicone-export.csv", "helicone"),
     ],
 )
 def test_format_is_detected_from_the_first_lines(name: str, fmt: str) -> None:
@@ -262,6 +265,69 @@ def test_a_langfuse_trace_export_names_its_ignored_observations(tmp_path: Path) 
     workload = build(tmp_path, "langfuse-observations.json")
     assert contents(workload) == [[["Be brief.", "Hi"]], [["2+2?"]]]
     assert [t.output_tokens for s in workload.sessions for t in s.turns] == [3, 1]  # the logged counts, not "Hello!"'s
+
+
+def test_indented_spans_one_after_another_are_read_at_their_lines_across_read_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK's ConsoleSpanExporter prints each span indented: every span, at its first line, however the reads cut."""
+    log = LOGS / "otel-console-spans.txt"
+    whole = [(r.where, r.messages, r.timestamp) for r in read_log(log)[1] if isinstance(r, LogRequest)]
+    monkeypatch.setattr(common, "_CHUNK_CHARS", 9)
+    assert [(r.where, r.messages, r.timestamp) for r in read_log(log)[1] if isinstance(r, LogRequest)] == whole
+    assert [w for w, _, _ in whole] == [f"{log}:1", f"{log}:37"]
+
+
+def test_a_saved_api_page_names_each_record_at_its_own_line(tmp_path: Path) -> None:
+    """A Langfuse API page ({data, meta}, indented): a bad observation is named at the line it starts on."""
+    page = json.loads((LOGS / "langfuse-api-page.json").read_text())
+    page["data"][2]["usageDetails"] = {"input": -1}
+    log = tmp_path / "page.json"
+    log.write_text(json.dumps(page, indent=2) + "\n")
+    parsed = list(read_log(log)[1])
+    assert [(p.where, p.fatal) for p in parsed if isinstance(p, Issue)] == [(f"{log}:56", False), (f"{log}:74", True)]
+    assert [p.where for p in parsed if isinstance(p, LogRequest)] == [f"{log}:3"]
+
+
+def test_an_indented_json_value_cut_short_is_a_bad_line(tmp_path: Path) -> None:
+    log = tmp_path / "cut.json"
+    log.write_text((LOGS / "otel-console-spans.txt").read_text()[:-40])
+    assert [(i.where, i.kind) for i in read_log(log)[1] if isinstance(i, Issue)] == [(f"{log}:37", "not valid JSON")]
+
+
+def test_a_bad_indented_json_value_is_named_and_the_values_after_it_are_read(tmp_path: Path) -> None:
+    """Nothing after a malformed span is dropped: the read goes on at the next object."""
+    text = (LOGS / "otel-console-spans.txt").read_text()
+    first, second = text[: text.index("\n{") + 1], text[text.index("\n{") + 1 :]
+    log = tmp_path / "spans.txt"
+    log.write_text(first.replace('"name": "openai.chat",', '"name": "openai.chat"', 1) + second)
+    parsed = list(read_log(log, "otel-genai")[1])
+    assert [(p.where, p.kind) for p in parsed if isinstance(p, Issue)] == [(f"{log}:1", "not valid JSON")]
+    assert [p.where for p in parsed if isinstance(p, LogRequest)] == [f"{log}:37"]
+
+
+def test_a_helicone_csv_row_of_more_cells_than_its_header_is_a_bad_line(tmp_path: Path) -> None:
+    log = tmp_path / "output.csv"
+    lines = (LOGS / "helicone-export.csv").read_text().splitlines()
+    log.write_text("\n".join([lines[0], lines[1] + ',"extra"', lines[2]]) + "\n")
+    parsed = list(read_log(log)[1])
+    assert [(p.where, p.kind) for p in parsed if isinstance(p, Issue)] == [(f"{log}:2", "bad row")]
+    assert [p.where for p in parsed if isinstance(p, LogRequest)] == [f"{log}:3"]
+
+
+def test_content_parts_of_every_kind_a_log_holds_are_text_or_refused_by_name() -> None:
+    """Text parts are joined; Anthropic tool_use/thinking blocks give no text, a tool_result its output; an
+    image is refused, naming the message."""
+    messages = [
+        {"role": "user", "content": ["plain ", {"type": "text", "text": "text"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}, {"type": "tool_use", "id": "t"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text",
+                                                                                             "text": "42"}]}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
+    ]  # fmt: skip
+    assert [m["content"] for m in common.chat_messages(messages)] == ["plain text", "", "42", "No."]
+    with pytest.raises(common.BadLine, match=r"messages\[0\] has a 'image' part"):
+        common.chat_messages([{"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}])
 
 
 def test_an_otel_line_of_spans_reports_a_bad_span_and_reads_the_others(tmp_path: Path) -> None:

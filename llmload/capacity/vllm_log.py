@@ -1,7 +1,8 @@
 """The startup-log explainer: vLLM's KV-cache lines and startup failures, what they mean, what to change.
 
 Every line is first stripped of what wraps vLLM's message (ANSI colours; docker, kubectl or CI
-timestamps; a compose service's `name |`; process prefixes such as `(EngineCore_DP0 pid=7)`,
+timestamps; a compose service's `name |`; journalctl's `Nov 29 09:00:01 host vllm[7]:`; `kubectl logs
+--prefix`'s `[pod/name/container]`; torch's `[rank0]:`; process prefixes such as `(EngineCore_DP0 pid=7)`,
 `(VllmWorker rank=1 pid=9)` or `(RayWorkerWrapper pid=5, ip=10.0.0.2)`; the logger's
 `LEVEL MM-DD HH:MM:SS [file.py:N]`), then matched against `_RULES`, one row per message vLLM (or
 torch under it) prints. A row's `role` says whether the message is a fact, a cause of a failed start,
@@ -34,6 +35,11 @@ LogKind = Literal[
     "max_model_len_used",
     "auto_fit",
     "max_len_over_model",
+    "batched_tokens_below_len",
+    "parallel_size",
+    "too_few_gpus",
+    "dtype_unsupported",
+    "no_kernel_image",
     "no_kv_memory",
     "max_len_too_long",
     "max_len_over_kv_tokens",
@@ -125,7 +131,22 @@ def _num(text: str) -> int | float:
 _N = r"[\d,]+(?:\.\d+)?"
 _MEM = rf"{_N} ?[KMG]iB"
 _UNITS = {"K": 1 / (1 << 20), "M": 1 / 1024, "G": 1.0}
-_TEXT_KEYS = frozenset({"pool", "how", "device", "limit_key", "worker", "failed_procs", "nccl_reason", "phase"})
+_TEXT_KEYS = frozenset(
+    {
+        "pool",
+        "how",
+        "device",
+        "limit_key",
+        "worker",
+        "failed_procs",
+        "phase",
+        "gpu_name",
+        "quantization",
+        "model_type",
+        "ray_pool",
+    }
+    | {"nccl_reason", "nccl_code", "nccl_cuda"}
+)
 
 
 def _value(key: str, text: str) -> LogValue:
@@ -134,7 +155,10 @@ def _value(key: str, text: str) -> LogValue:
     sized = re.fullmatch(rf"(-?{_N}) ?([KMG])iB", text)
     if sized:
         return round(float(_num(sized[1])) * _UNITS[sized[2]], 4)
-    return _num(text)
+    try:
+        return _num(text)
+    except ValueError:  # a rule's group caught text where a number was expected: keep it as logged
+        return text.strip()
 
 
 # --------------------------------------------------------------------------- advice
@@ -177,20 +201,93 @@ def _no_memory_advice(v: Values, ctx: _Context) -> list[str]:
 
 def _held_memory_advice(free: str, total: str) -> Advice:
     def advice(v: Values, ctx: _Context) -> list[str]:
-        ceiling = float(v[free]) / float(v[total])
+        # rounded down, never up: 19.77 / 22.05 = 0.8966 allows 0.89, not 0.90
+        ceiling = math.floor(float(v[free]) / float(v[total]) * 100 + 1e-9) / 100
         return [
-            f"Lower --gpu-memory-utilization below {ceiling:.2f} (free / total), or set --kv-cache-memory-bytes "
-            "explicitly (CPU: VLLM_CPU_KVCACHE_SPACE); on CPU the flag is the share of the NUMA node's RAM."
+            f"Lower --gpu-memory-utilization to {ceiling:.2f} or less ({v[free]} of {v[total]} GiB is free), or set "
+            "--kv-cache-memory-bytes explicitly (CPU: VLLM_CPU_KVCACHE_SPACE); on CPU the flag is the share of "
+            "the NUMA node's RAM."
         ]
 
     return advice
 
 
 def _max_len_over_model_advice(v: Values, ctx: _Context) -> list[str]:
+    if v.get("limit_key") == "sliding_window":  # vLLM caps at the window when sliding window is disabled
+        return [
+            f"--disable-sliding-window caps max_model_len at the window, {v['derived_max_len']:,} tokens: drop "
+            "--disable-sliding-window (on older vLLM also --enable-prefix-caching, which required it), or lower "
+            f"--max-model-len to {v['derived_max_len']:,}; VLLM_ALLOW_LONG_MAX_MODEL_LEN does not apply."
+        ]
     return [
         f"Lower --max-model-len to {v['derived_max_len']:,} or less, the context the model was trained for; only "
         "with RoPE scaling configured (e.g. --hf-overrides with a YaRN rope_scaling) set "
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to go past it (without scaling, longer positions give garbage or NaN)."
+    ]
+
+
+def _batched_tokens_advice(v: Values, ctx: _Context) -> list[str]:
+    return [
+        f"Raise --max-num-batched-tokens to at least {v['max_model_len']:,} (max_model_len), or lower "
+        f"--max-model-len to {v['max_num_batched_tokens']:,}; or leave chunked prefill on (drop "
+        "--no-enable-chunked-prefill / enable_chunked_prefill=False), which splits a long prompt over steps."
+    ]
+
+
+def _parallel_advice(v: Values, ctx: _Context) -> list[str]:
+    """The sizes that divide the model's heads (or layers), and a TP × PP split that uses the GPUs asked for."""
+    total, size = int(v.get("num_heads", v.get("num_layers", 1))), int(v["parallel_size"])
+    what = "attention heads" if "num_heads" in v else "hidden layers"
+    flag = "--tensor-parallel-size" if "num_heads" in v else "--pipeline-parallel-size"
+    fits = [d for d in range(1, min(total, 2 * size) + 1) if total % d == 0]
+    below = max((d for d in fits if d < size), default=1)
+    advice = [f"Use a {flag} that divides the {total} {what}: {', '.join(map(str, fits))}."]
+    if "num_heads" in v:
+        pp = size // below if size % below == 0 else size
+        tp = below if size % below == 0 else 1
+        advice.append(
+            f"To use all {size} GPUs, split layers instead: --tensor-parallel-size {tp} --pipeline-parallel-size "
+            f"{pp} ({tp} × {pp} GPUs), at some cost in latency."
+        )
+    return advice
+
+
+def _gpus_advice(v: Values, ctx: _Context) -> list[str]:
+    pp = ctx.settings.get("pipeline_parallel_size")
+    need = v.get("world_size", ctx.tp * (pp if isinstance(pp, int) else 1))
+    have = v.get("gpus")
+    fewer = (
+        "lower --tensor-parallel-size" + (f" to {have}" if have else "") + (" or fewer" if have and have != 1 else "")
+    )
+    return [
+        f"--tensor-parallel-size × --pipeline-parallel-size needs {need} GPUs"
+        + (f", {have} visible" if have is not None else "")
+        + f": make them visible (CUDA_VISIBLE_DEVICES, docker --gpus all, a pod's nvidia.com/gpu limit of {need}), "
+        f"or {fewer} (a size that divides the attention heads); across nodes, start a Ray cluster and use "
+        "--distributed-executor-backend ray."
+    ]
+
+
+def _capability(value: LogValue) -> str:
+    """vLLM prints a quantization's capability as major×10 + minor (75), bf16's as 8.0."""
+    return f"{int(value) // 10}.{int(value) % 10}" if isinstance(value, int) and value >= 10 else str(value)
+
+
+def _dtype_advice(v: Values, ctx: _Context) -> list[str]:
+    if "model_type" in v:
+        return [
+            f"Use --dtype bfloat16 (the {v['model_type']} checkpoints' own dtype; GPUs of compute capability 8.0+), "
+            "or --dtype float32 on older GPUs (twice the weight memory); not --dtype half or float16."
+        ]
+    if "quantization" in v:
+        return [
+            f"This GPU (compute capability {_capability(v['capability'])}) cannot run {v['quantization']} kernels, "
+            f"which need {_capability(v['min_capability'])}+: serve an unquantized checkpoint (--dtype half) or one "
+            "quantized in a method this GPU supports (vLLM's supported-hardware table), or use a newer GPU."
+        ]
+    return [
+        "Add --dtype half (float16): this GPU has no bfloat16; float16 keeps the same memory. A model that "
+        "overflows in float16 (NaN or garbage output) needs --dtype float32 (twice the memory) or a newer GPU."
     ]
 
 
@@ -285,10 +382,16 @@ _RULES: tuple[_Rule, ...] = (
         _GPU_WORKER,
     ),
     _Rule(
+        "available_kv_memory",
+        re.compile(rf"Memory profiling results:.*?\bkv_cache_size=(?P<available_kv_gib>-?{_N}) ?GiB"),
+        lambda v: f"{v['available_kv_gib']} GiB per GPU is left for KV after weights and the activation peak",
+        "vllm/worker/worker.py (V0 determine_num_available_blocks)",
+    ),
+    _Rule(
         "model_loading",
-        re.compile(rf"Model loading took (?P<weights_gib>{_N}) ?GiB"),
+        re.compile(rf"(?:Model loading|Loading model weights) took (?P<weights_gib>{_N}) ?Gi?B"),  # V0: "GB", in GiB
         lambda v: f"the weights take {v['weights_gib']} GiB per GPU",
-        _RUNNER,
+        f"{_RUNNER} (V0: vllm/worker/model_runner.py)",
     ),
     _Rule(
         "kv_memory_set",
@@ -332,11 +435,113 @@ _RULES: tuple[_Rule, ...] = (
         ),
         lambda v: (
             f"max_model_len {v['max_model_len']:,} is above the model's own limit, {v['derived_max_len']:,} "
-            f"({v.get('limit_key', 'config.json')}), so vLLM refuses the configuration"
+            f"({v['limit_key'] if v.get('limit_key', 'None') != 'None' else 'config.json'}), so vLLM refuses the "
+            "configuration"
         ),
         "vllm/config/model.py (older: vllm/config.py, _get_and_verify_max_len)",
         role="cause",
         advice=_max_len_over_model_advice,
+    ),
+    _Rule(
+        "batched_tokens_below_len",
+        re.compile(
+            r"max_num_batched_tokens \((?P<max_num_batched_tokens>\d+)\) is smaller than max_model_len "
+            r"\((?P<max_model_len>\d+)\)"
+        ),
+        lambda v: (
+            f"with chunked prefill off, one step takes at most max_num_batched_tokens "
+            f"({v['max_num_batched_tokens']:,}) tokens, fewer than a {v['max_model_len']:,}-token prompt "
+            "(max_model_len), so vLLM refuses the configuration"
+        ),
+        "vllm/config/scheduler.py (verify_max_model_len; older: vllm/config.py, SchedulerConfig)",
+        role="cause",
+        advice=_batched_tokens_advice,
+    ),
+    _Rule(
+        "parallel_size",
+        re.compile(
+            r"Total number of (?:attention heads \((?P<num_heads>\d+)\) must be divisible by tensor parallel size"
+            r"|hidden layers \((?P<num_layers>\d+)\) must be divisible by pipeline parallel size) "
+            r"\((?P<parallel_size>\d+)\)"
+        ),
+        lambda v: (
+            f"{v.get('num_heads', v.get('num_layers'))} "
+            + ("attention heads" if "num_heads" in v else "hidden layers")
+            + f" do not split evenly over {v['parallel_size']} GPUs, so vLLM refuses the "
+            + ("tensor" if "num_heads" in v else "pipeline")
+            + " parallel size"
+        ),
+        "vllm/config/model.py (verify_with_parallel_config; older: vllm/config.py)",
+        role="cause",
+        advice=_parallel_advice,
+    ),
+    _Rule(
+        "too_few_gpus",
+        re.compile(
+            r"World size \((?P<world_size>\d+)\) is larger than the number of available GPUs \((?P<gpus>\d+)\)"
+            r"|The number of required GPUs exceeds the total number of available GPUs in the "
+            r"(?P<ray_pool>placement group|cluster)"
+        ),
+        lambda v: (
+            f"the tensor × pipeline parallel size ({v['world_size']}) is more than the {v['gpus']} GPU(s) visible"
+            if "world_size" in v
+            else f"Ray's {v['ray_pool']} has fewer GPUs than tensor × pipeline parallel size asks for"
+        ),
+        "vllm/config/parallel.py (world size check); Ray: vllm/v1/executor/ray_utils.py (V0: vllm/executor/)",
+        role="cause",
+        advice=_gpus_advice,
+    ),
+    _Rule(
+        "dtype_unsupported",
+        re.compile(
+            r"Bfloat16 is only supported on GPUs with compute capability of at least "
+            r"(?P<min_capability>\d+(?:\.\d+)?)\. Your (?P<gpu_name>.+?) GPU has compute capability "
+            r"(?P<capability>\d+(?:\.\d+)?)"
+        ),
+        lambda v: (
+            f"the {v['gpu_name']} (compute capability {v['capability']}) has no bfloat16, which the model's "
+            f"dtype asks for (it needs {v['min_capability']}+)"
+        ),
+        "vllm/platforms/cuda.py (check_if_supports_dtype; older: vllm/worker/worker.py, _check_if_gpu_supports_dtype)",
+        role="cause",
+        advice=_dtype_advice,
+    ),
+    _Rule(
+        "dtype_unsupported",
+        re.compile(
+            r"The quantization method (?P<quantization>\S+) is not supported for the current GPU\. Minimum "
+            r"capability: (?P<min_capability>\d+)\. Current capability: (?P<capability>\d+)"
+        ),
+        lambda v: (
+            f"the {v['quantization']} quantization needs compute capability {_capability(v['min_capability'])}+, "
+            f"this GPU has {_capability(v['capability'])}"
+        ),
+        "vllm/config/vllm.py (_get_quantization_config; older: vllm/model_executor/model_loader/utils.py)",
+        role="cause",
+        advice=_dtype_advice,
+    ),
+    _Rule(
+        "dtype_unsupported",
+        re.compile(r"The model type '(?P<model_type>[\w.-]+)' does not support float16"),
+        lambda v: f"vLLM refuses float16 for {v['model_type']} models (numerically unstable in float16)",
+        "vllm/config/model.py (_check_valid_dtype, _FLOAT16_NOT_SUPPORTED_MODELS)",
+        role="cause",
+        advice=_dtype_advice,
+    ),
+    _Rule(
+        "no_kernel_image",
+        re.compile(r"no kernel image is available for execution on the device"),
+        lambda v: (
+            "the installed torch/vLLM build has no CUDA kernels for this GPU's architecture (too old, or too new, "
+            "for the CUDA version it was built with)"
+        ),
+        "torch / vLLM CUDA kernels (cudaErrorNoKernelImageForDevice), raised in a vLLM worker",
+        role="cause",
+        advice=_constant(
+            "Install a torch and vLLM built for this GPU's compute capability and your driver's CUDA (check "
+            "`torch.cuda.get_arch_list()` lists its sm_XY; older GPUs need older CUDA wheels, e.g. cu12x not cu13x), "
+            "or build vLLM from source with TORCH_CUDA_ARCH_LIST set to it."
+        ),
     ),
     _Rule(
         "no_kv_memory",
@@ -350,9 +555,20 @@ _RULES: tuple[_Rule, ...] = (
         advice=_no_memory_advice,
     ),
     _Rule(
+        "no_kv_memory",
+        re.compile(rf"Memory profiling results:.*?\bkv_cache_size=(?P<available_kv_gib>-{_N}|0(?:\.0+)?) ?GiB"),
+        lambda v: (
+            f"{v['available_kv_gib']} GiB is left for the KV cache: weights and the activation peak take more than "
+            "gpu_memory_utilization × memory, so vLLM raises 'No available memory for the cache blocks'"
+        ),
+        "vllm/worker/worker.py (V0 determine_num_available_blocks)",
+        role="cause",
+        advice=_no_memory_advice,
+    ),
+    _Rule(
         "max_len_too_long",
         re.compile(
-            rf"max seq len \((?P<max_model_len>\d+)\), \((?P<needed_gib>{_N}) GiB KV cache is needed, which is "
+            rf"max seq len \((?P<max_model_len>\d+)\),? \(?(?P<needed_gib>{_N}) GiB KV cache is needed, which is "
             rf"larger than the available KV cache memory \((?P<available_gib>{_N}) GiB\)"
             r"(?:.*?estimated maximum model length is (?P<estimated_max_len>\d+))?"
         ),
@@ -390,7 +606,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         "device_memory",
         re.compile(
-            rf"Free memory on device (?:\S+ )?\((?P<free_gib>{_N})/(?P<total_gib>{_N}) GiB\) on startup is less "
+            rf"(?i:free) memory on device (?:\S+ )?\((?P<free_gib>{_N})/(?P<total_gib>{_N}) GiB\) on startup is less "
             rf"than desired GPU memory utilization \((?P<utilization>{_N}), (?P<requested_gib>{_N}) GiB\)"
         ),
         lambda v: (
@@ -482,14 +698,19 @@ _RULES: tuple[_Rule, ...] = (
         re.compile(
             r"NCCL error:? (?:in: \S+ )?(?P<nccl_reason>[^,(]{0,80})"
             r"|\b(?P<nccl_code>nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error)\b"
+            r"|Cuda failure '(?P<nccl_cuda>[^']+)'"
         ),
-        lambda v: f"NCCL, the GPUs' communication library, failed ({v.get('nccl_reason') or v.get('nccl_code')})",
+        lambda v: (
+            "NCCL, the GPUs' communication library, failed "
+            f"({v.get('nccl_reason') or v.get('nccl_code') or v.get('nccl_cuda')})"
+        ),
         "vllm/distributed/device_communicators/pynccl_wrapper.py, torch.distributed",
         role="cause",
         advice=lambda v, ctx: [
             "Run with NCCL_DEBUG=INFO to see which transport failed; in a container give it shared memory "
             "(--ipc=host or --shm-size 16g); on GPUs without peer-to-peer access set NCCL_P2P_DISABLE=1; check all "
-            f"{ctx.tp} GPUs are visible (CUDA_VISIBLE_DEVICES), or try a smaller --tensor-parallel-size."
+            + (f"{ctx.tp} " if "tensor_parallel_size" in ctx.settings else "the tensor-parallel ")
+            + "GPUs are visible (CUDA_VISIBLE_DEVICES), or try a smaller --tensor-parallel-size."
         ],
     ),
     # symptoms: the engine or a worker gave up; the cause is another line
@@ -509,6 +730,23 @@ _RULES: tuple[_Rule, ...] = (
             + (" (killed by SIGKILL, usually the host's OOM killer)" if v["exit_code"] == -9 else "")
         ),
         "vllm/executor/multiproc_worker_utils.py (V0)",
+        role="symptom",
+        advice=_WORKER_ADVICE,
+    ),
+    _Rule(
+        "worker_died",
+        re.compile(
+            r"A worker died or was killed while executing a task by an unexpected system error"
+            r"(?:.*?Worker PID: (?P<pid>\d+))?(?:.*?Worker exit type: (?P<exit_type>\w+))?"
+            r"|ray\.exceptions\.ActorDiedError: The actor died"
+        ),
+        lambda v: (
+            "a Ray worker process died"
+            + (f" (pid {v['pid']})" if "pid" in v else "")
+            + (f", exit type {v['exit_type']}" if "exit_type" in v else "")
+            + " without a Python error of its own: usually killed (the host's OOM killer) or crashed (SIGSEGV)"
+        ),
+        "ray (raylet), under vllm/v1/executor/ray_executor.py (V0: ray_distributed_executor.py)",
         role="symptom",
         advice=_WORKER_ADVICE,
     ),
@@ -564,20 +802,24 @@ _PHASES: tuple[tuple[re.Pattern[str], str], ...] = (
      "torch.compile"),
     (re.compile(r"Available KV cache memory|# \w+ blocks:|in (?:initialize_kv_cache|_allocate_kv_cache\w*|"
                 r"initialize_cache|_init_cache)$"), "allocating the KV cache"),
-    (re.compile(r"Model loading took|torch\.compile takes|in (?:profile_run|determine_available_memory|"
-                r"determine_num_available_blocks)$"), "the profiling run"),
+    (re.compile(r"Model loading took|Loading model weights took|torch\.compile takes|"
+                r"in (?:profile_run|determine_available_memory|determine_num_available_blocks)$"), "the profiling run"),
     (re.compile(r"Starting to load model|Loading (?:weights|safetensors|pt checkpoint|model weights)|"
                 r"in (?:load_model|load_weights)$"), "loading the weights"),
 )  # fmt: skip
 
-# What wraps vLLM's message: ANSI colours, then timestamps and a compose service's `name |`, then process
-# prefixes, then the logger's `LEVEL MM-DD HH:MM:SS [file.py:N]` (V0 has no opening bracket).
+# What wraps vLLM's message: ANSI colours, then timestamps, a compose service's `name |`, journalctl's
+# `Mon DD HH:MM:SS host unit[pid]:` and `kubectl logs --prefix`'s `[pod/…]`, then process prefixes, then the
+# logger's `LEVEL MM-DD HH:MM:SS [file.py:N]` (V0 has no opening bracket), then torch's `[rankN]:`.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _WRAPPER = re.compile(
-    r"^(?:\s*\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+|\s*[\w.-]+\s+\|\s?|\s*\|\s+)*"
+    r"^(?:\s*\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?\s+|\s*[\w.-]+\s+\|\s?|\s*\|\s+"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]+ [\w.@-]+(?:\[\d+\])?:\s+"  # journalctl
+    r"|\[pod/[^\]\s]+\]\s+)*"  # kubectl logs --prefix: `[pod/name/container] `
     r"(?P<processes>(?:\([A-Za-z_][\w.-]*(?:[ ,]+\w+=[^\s,)]+)*\)\s*)*)"
-    r"(?P<logger>(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"\[?[\w./-]+:\d+\] ?)?"
+    r"(?P<logger>(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (?:(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"\[?|\[)[\w./-]+:\d+\] ?)?"  # the date left out (a quoted log): then the bracket is there
+    r"(?:\[rank\d+\]:\s?)?"  # torch.distributed's prefix on a rank's stderr
 )
 _PROCESS = re.compile(r"\(([^()]*)\)")
 _EXCEPTION_TYPE = re.compile(r"^(?:(?:[\w.]+(?:Error|Exception)(?:\[\w+\])?: |Value error, ))+")
@@ -614,11 +856,16 @@ def _settings(lines: Iterable[_Line]) -> dict[str, LogValue]:
             for m in _SETTING.finditer(line.message):
                 key = "max_model_len" if m["key"] == "max_seq_len" else m["key"]
                 value = m["value"]
+                if value == "None":  # an argparse Namespace's unset flag
+                    continue
                 found.setdefault(key, _num(value) if re.fullmatch(r"[\d.]+", value) else value)
     return found
 
 
-_SETTINGS_LINE = re.compile(r"non-default args:|Initializing a V1 LLM engine")
+# vLLM >= 0.10 logs `non-default args: {...}`; V1 and V0 the engine config (`Initializing a V1 LLM engine`,
+# V0 `Initializing an LLM engine (v0.5.4) with config:` / `Initializing a V0 LLM engine`); older api_servers
+# `args: Namespace(...)`, where unset flags are None.
+_SETTINGS_LINE = re.compile(r"non-default args:|Initializing an? (?:V[01] )?LLM engine|\bargs: Namespace\(")
 _SETTING = re.compile(
     r"(?<![\w])['\"]?(?P<key>max_model_len|max_seq_len|kv_cache_memory_bytes|gpu_memory_utilization|"
     r"tensor_parallel_size|pipeline_parallel_size|kv_cache_dtype|block_size|device_config|max_num_seqs|"

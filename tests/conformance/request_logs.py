@@ -15,6 +15,7 @@ session's think times; `ignored`, a fragment of stderr's count of lines ignored.
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 from pathlib import Path
@@ -134,6 +135,47 @@ def _helicone(created: str, answered: str, body: dict[str, Any] | None, **fields
     }
 
 
+_HELICONE_CSV_COLUMNS = (
+    "response_id",
+    "response_created_at",
+    "response_status",
+    "request_created_at",
+    "request_body",
+    "request_properties",
+    "request_user_id",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency",
+    "cost",
+)
+
+
+def _helicone_csv(*rows: dict[str, Any]) -> str:
+    """Rows as `npx @helicone/export --format csv` writes them (examples/export/typescript/index.ts
+    `convertToCSVRow`): every cell quoted, an object's JSON with its quotes doubled before the cell's are."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        text = json.dumps(value, separators=(",", ":")).replace('"', '""') if isinstance(value, dict) else str(value)
+        return '"' + text.replace('"', '""') + '"'
+
+    lines = [",".join(_HELICONE_CSV_COLUMNS)]
+    lines += [",".join(cell(row.get(column)) for column in _HELICONE_CSV_COLUMNS) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    """Rows as CSV with a header, objects as JSON text in their cells, null as an empty cell."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
+    return out.getvalue()
+
+
 def _attribute(key: str, value: Any) -> dict[str, Any]:
     """An OTLP/JSON attribute (64-bit integers as strings)."""
     encoded = {"intValue": str(value)} if isinstance(value, int) else {"stringValue": value}
@@ -155,6 +197,66 @@ def _otlp_span(name: str, start_ns: int, end_ns: int, attributes: dict[str, Any]
 
 def _parts(role: str, text: str) -> dict[str, Any]:
     return {"role": role, "parts": [{"type": "text", "content": text}]}
+
+
+def _spend_log(n: int, start: str, end: str, **fields: Any) -> dict[str, Any]:
+    """A row of LiteLLM's `LiteLLM_SpendLogs` table as exported (schema.prisma; ISO times, JSON columns)."""
+    return {
+        "request_id": f"chatcmpl-{n}",
+        "call_type": "acompletion",
+        "api_key": "88dc28d0f030c55ed4ab77ed8faf098196cb1c05df778539800c9f1243fe6b4b",
+        "spend": 0.00012,
+        "total_tokens": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "startTime": start,
+        "endTime": end,
+        "completionStartTime": end,
+        "model": "gpt-4o",
+        "model_id": "model-1",
+        "model_group": "gpt-4o",
+        "custom_llm_provider": "openai",
+        "api_base": "https://api.openai.com/v1",
+        "user": "",
+        "metadata": {"user_api_key_alias": None, "status": "success"},
+        "cache_hit": "False",
+        "cache_key": "Cache OFF",
+        "request_tags": [],
+        "team_id": None,
+        "end_user": "",
+        "requester_ip_address": "",
+        "messages": {},
+        "response": {},
+        "session_id": f"sess-{n}",
+        "status": "success",
+        "proxy_server_request": {},
+        **fields,
+    }
+
+
+def _sdk_span(name: str, start: str, end: str, attributes: dict[str, Any]) -> dict[str, Any]:
+    """A span as the OpenTelemetry Python SDK's `Span.to_json()` writes it (flat attributes, ISO times)."""
+    return {
+        "name": name,
+        "context": {
+            "trace_id": "0x5b8efff798038103d269b633813fc60c",
+            "span_id": "0x051581bf3cb55c13",
+            "trace_state": "[]",
+        },
+        "kind": "SpanKind.CLIENT",
+        "parent_id": None,
+        "start_time": start,
+        "end_time": end,
+        "status": {"status_code": "UNSET"},
+        "attributes": attributes,
+        "events": [],
+        "links": [],
+        "resource": {"attributes": {"telemetry.sdk.language": "python", "service.name": "app"}, "schema_url": ""},
+    }
+
+
+def _text_parts(*texts: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": t} for t in texts]
 
 
 _T0_NS = 1_732_874_400_000_000_000
@@ -195,6 +297,20 @@ CASES: list[Case] = [
             "args": ("--output-tokens", "fixed:7"),
             "format": "messages-jsonl",
             "turns": [2, 2],
+            "first": ["Hello"],
+            "offsets": [None, None],
+        },
+    ),
+    Case(
+        "json-array-of-message-arrays-indented",
+        "issue 55's shape saved as one JSON file: an indented array of conversations, each an array of OpenAI "
+        "chat messages (json.dump(conversations, f, indent=2))",
+        json.dumps([_chat("Hello", "Hi!", "Write me a poem"), _chat("2+2?", "4")], indent=2) + "\n",
+        {
+            "file": "conversations.json",
+            "args": ("--output-tokens", "fixed:7"),
+            "format": "messages-jsonl",
+            "turns": [2, 1],
             "first": ["Hello"],
             "offsets": [None, None],
         },
@@ -543,6 +659,700 @@ CASES: list[Case] = [
             }
         ),
         {"format": "otel-genai", "args": ("--output-tokens", "fixed:7"), "first": ["Be kind.", "Hello"]},
+    ),
+    Case(
+        "jsonl-of-message-arrays-content-as-text-parts",
+        "OpenAI chat messages whose content is a list of parts ([{type: text, text}], the vision-era shape, "
+        "and the Responses API's input_text) in a JSONL of message arrays",
+        _lines(
+            [
+                {"role": "system", "content": _text_parts("Be brief.")},
+                {"role": "user", "content": [*_text_parts("Summarize: "), {"type": "input_text", "text": "a b c"}]},
+                {"role": "assistant", "content": _text_parts("abc")},
+            ]
+        ),
+        {"format": "messages-jsonl", "turns": [1], "first": ["Be brief.", "Summarize: a b c"], "offsets": [None]},
+    ),
+    Case(
+        "message-with-an-image-part-refused-by-name-at-its-line",
+        "OpenAI chat content parts (image_url): llmload replays text only, so an image prompt is refused, named",
+        _lines(
+            _chat("Hi", "Hello!"),
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        *_text_parts("What is this?"),
+                        {"type": "image_url", "image_url": {"url": "https://x/cat.png"}},
+                    ],
+                }
+            ],
+        ),
+        {"exit": 2, "refusal": "{log}:2: unsupported content: messages[0] has a 'image_url' part (text only)"},
+    ),
+    Case(
+        "azure-openai-batch-input-chat-completions-url",
+        "learn.microsoft.com azure/ai-services/openai/how-to/batch (input lines with url /chat/completions)",
+        _lines(*({**line, "url": "/chat/completions"} for line in _BATCH_INPUT)),
+        {"format": "openai-batch", "turns": [1, 1], "max_tokens": [[100], [200]], "offsets": [None, None]},
+    ),
+    Case(
+        "openai-batch-output-error-objects-and-400-bodies-counted",
+        "platform.openai.com/docs/guides/batch (output lines: error object, or a response with status_code 400 "
+        "and an error body)",
+        _lines(
+            {
+                "id": "batch_req_1",
+                "custom_id": "request-1",
+                "response": {"status_code": 200, "request_id": "req_1", "body": _completion("Hi!", 22, 3)},
+                "error": None,
+            },
+            {
+                "id": "batch_req_2",
+                "custom_id": "request-2",
+                "response": {
+                    "status_code": 400,
+                    "request_id": "req_2",
+                    "body": {
+                        "error": {
+                            "message": "Invalid 'max_tokens'",
+                            "type": "invalid_request_error",
+                            "param": "max_tokens",
+                            "code": "integer_below_min_value",
+                        }
+                    },
+                },
+                "error": None,
+            },
+            {
+                "id": "batch_req_3",
+                "custom_id": "request-3",
+                "response": None,
+                "error": {"code": "batch_expired", "message": "This request could not be executed before the end."},
+            },
+        ),
+        {"format": "openai-batch", "prompt_tokens": [[22]], "offsets": [0.0], "ignored": "failed request: 2"},
+    ),
+    Case(
+        "litellm-spend-logs-export-without-prompts-is-length-only-with-times",
+        "BerriAI/litellm schema.prisma LiteLLM_SpendLogs (request_id, startTime, endTime, messages/response '{}' "
+        "unless store_prompts_in_spend_logs), exported as JSON rows",
+        _lines(
+            _spend_log(
+                1,
+                "2026-11-20T10:00:00.000Z",
+                "2026-11-20T10:00:01.200Z",
+                prompt_tokens=120,
+                completion_tokens=30,
+                total_tokens=150,
+            ),
+            _spend_log(
+                2,
+                "2026-11-20T10:00:04.500Z",
+                "2026-11-20T10:00:05.000Z",
+                prompt_tokens=80,
+                completion_tokens=12,
+                total_tokens=92,
+            ),
+            _spend_log(
+                3, "2026-11-20T10:00:06.000Z", "2026-11-20T10:00:06.100Z", call_type="aembedding", prompt_tokens=5
+            ),
+        ),
+        {
+            "format": "litellm",
+            "prompt_tokens": [[120], [80]],
+            "output_tokens": [[30], [12]],
+            "offsets": [0.0, 4.5],
+            "ignored": "not a chat call: 1",
+        },
+    ),
+    Case(
+        "litellm-spend-logs-prompts-as-json-text-postgres-times",
+        "BerriAI/litellm schema.prisma LiteLLM_SpendLogs with store_prompts_in_spend_logs: messages and response "
+        "JSON columns exported as text, timestamps as Postgres writes them ('2026-11-20 10:00:00.5+00')",
+        _lines(
+            _spend_log(
+                1,
+                "2026-11-20 10:00:00.5+00",
+                "2026-11-20 10:00:01.5+00",
+                prompt_tokens=9,
+                completion_tokens=6,
+                messages=json.dumps(_chat("Hi")),
+                response=json.dumps(_completion("Hello! How can I help?", 9, 6)),
+                proxy_server_request=json.dumps({"model": "gpt-4o", "messages": _chat("Hi"), "max_tokens": 64}),
+            ),
+            _spend_log(
+                2,
+                "2026-11-20 10:00:11.5+00",
+                "2026-11-20 10:00:12+00",
+                prompt_tokens=27,
+                completion_tokens=7,
+                messages=json.dumps(_chat("Hi", "Hello! How can I help?", "A joke?")),
+                response=json.dumps(_completion("No.", 27, 7)),
+            ),
+        ),
+        {
+            "format": "litellm",
+            "turns": [2],
+            "first": ["Hi"],
+            "prompt_tokens": [[9, 27]],
+            "max_tokens": [[64, None]],
+            "offsets": [0.0],
+            "think": [[0.0, 10.0]],
+        },
+    ),
+    Case(
+        "litellm-text-completion-and-streamed-chat-payloads",
+        "litellm/types/utils.py CallTypes (atext_completion), StandardLoggingPayload of a streamed call "
+        "(stream true, response the assembled ModelResponse), TextCompletionResponse choices[].text",
+        _lines(
+            _litellm(
+                1732874400.0,
+                _chat("Once upon a time"),
+                "",
+                call_type="atext_completion",
+                response={
+                    "object": "text_completion",
+                    "choices": [{"index": 0, "text": " there was"}],
+                    "usage": {"prompt_tokens": 4, "completion_tokens": 3},
+                },
+            ),
+            _litellm(
+                1732874405.0,
+                [{"role": "user", "content": _text_parts("Hi")}],
+                "Hello!",
+                stream=True,
+                completion_tokens=2,
+                prompt_tokens=8,
+            ),
+        ),
+        {
+            "format": "litellm",
+            "turns": [1, 1],
+            "prompt_tokens": [[4], [8]],
+            "output_tokens": [[3], [2]],
+            "offsets": [0.0, 5.0],
+        },
+    ),
+    Case(
+        "langfuse-public-api-page-indented-data-meta",
+        "langfuse public API GET /api/public/observations response {data: [Observation], meta: {page, limit, "
+        "totalItems, totalPages}}, saved indented; v3 fields (providedModelName, usageDetails, costDetails)",
+        json.dumps(
+            {
+                "data": [
+                    _observation(
+                        "GENERATION",
+                        "2026-11-20T10:00:00.200Z",
+                        "2026-11-20T10:00:01.400Z",
+                        completionStartTime="2026-11-20T10:00:00.500Z",
+                        model="gpt-4o",
+                        providedModelName="gpt-4o-2024-08-06",
+                        modelParameters={"max_tokens": 256},
+                        input=[{"role": "user", "content": _text_parts("Hi")}],
+                        output={"role": "assistant", "content": _text_parts("Hello!")},
+                        usageDetails={"input": 14, "output": 3, "total": 17},
+                        costDetails={"input": 3.5e-05, "output": 3e-05, "total": 6.5e-05},
+                    ),
+                    _observation("SPAN", "2026-11-20T10:00:02.000Z", "2026-11-20T10:00:02.100Z"),
+                    _observation(
+                        "GENERATION",
+                        "2026-11-20T10:00:07.000Z",
+                        "2026-11-20T10:00:07.500Z",
+                        model="gpt-4o",
+                        input=_chat("2+2?"),
+                        output="4",
+                        usageDetails={"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
+                    ),
+                ],
+                "meta": {"page": 1, "limit": 50, "totalItems": 3, "totalPages": 1},
+            },
+            indent=2,
+        ),
+        {
+            "file": "observations-page-1.json",
+            "format": "langfuse",
+            "turns": [1, 1],
+            "first": ["Hi"],
+            "prompt_tokens": [[14], [8]],
+            "output_tokens": [[3], [1]],
+            "offsets": [0.0, 6.8],
+            "ignored": "not a generation: 1",
+        },
+    ),
+    Case(
+        "langfuse-traces-export-refused-naming-observations",
+        "langfuse public API GET /api/public/traces / the Traces table export (id, timestamp, input, output, "
+        "sessionId, htmlPath): traces hold no per-call timing or usage",
+        json.dumps(
+            [
+                {
+                    "id": "trace-1",
+                    "timestamp": "2026-11-20T10:00:00.000Z",
+                    "name": "chat",
+                    "input": {"question": "Hi"},
+                    "output": "Hello!",
+                    "sessionId": "s1",
+                    "userId": None,
+                    "metadata": {},
+                    "tags": [],
+                    "htmlPath": "/project/p/traces/trace-1",
+                    "latency": 1.2,
+                    "totalCost": 6.5e-05,
+                    "observations": ["obs-1"],
+                }
+            ],
+            indent=2,
+        ),
+        {"file": "traces.json", "exit": 2, "refusal": "{log}:2: a Langfuse trace, not an observation"},
+    ),
+    Case(
+        "helicone-query-api-page-anthropic-body-system-kept",
+        "Helicone API POST /v1/request/query response {data: [HeliconeRequest], error: null} saved as returned "
+        "(sort created_at asc); an Anthropic Messages body (top-level system, text blocks) and response (content, "
+        "usage input_tokens/output_tokens)",
+        json.dumps(
+            {
+                "data": [
+                    _helicone(
+                        created,
+                        answered,
+                        {
+                            "model": "claude-3-5-sonnet-20241022",
+                            "max_tokens": 300,
+                            "system": "You are terse.",
+                            "messages": [{"role": "user", "content": _text_parts(question)}],
+                        },
+                        request_path="https://api.anthropic.com/v1/messages",
+                        provider="ANTHROPIC",
+                        response_body={
+                            "id": "msg_1",
+                            "type": "message",
+                            "role": "assistant",
+                            "content": _text_parts("ok"),
+                            "stop_reason": "end_turn",
+                            "usage": {"input_tokens": 12, "output_tokens": 1},
+                        },
+                    )
+                    for question, created, answered in (
+                        ("Ping?", "2026-11-20T10:00:00.000Z", "2026-11-20T10:00:00.900Z"),
+                        ("Pong?", "2026-11-20T10:00:03.000Z", "2026-11-20T10:00:03.700Z"),
+                    )
+                ],
+                "error": None,
+            }
+        ),
+        {
+            "file": "query.json",
+            "format": "helicone",
+            "turns": [1, 1],
+            "first": ["You are terse.", "Ping?"],
+            "prompt_tokens": [[12], [12]],
+            "output_tokens": [[1], [1]],
+            "max_tokens": [[300], [300]],
+            "offsets": [0.0, 3.0],
+        },
+    ),
+    Case(
+        "otel-console-span-exporter-indented-spans-one-after-another",
+        "open-telemetry/opentelemetry-python sdk/trace/export ConsoleSpanExporter (formatter span.to_json() + "
+        "os.linesep, to_json indent=4); traceloop/openllmetry _set_prompts (a list content as json.dumps text)",
+        "".join(
+            json.dumps(
+                _sdk_span(
+                    "openai.chat",
+                    start,
+                    end,
+                    {
+                        "llm.request.type": "chat",
+                        "gen_ai.system": "OpenAI",
+                        "gen_ai.request.model": "gpt-4o",
+                        "gen_ai.request.max_tokens": 50,
+                        "gen_ai.prompt.0.role": "user",
+                        "gen_ai.prompt.0.content": json.dumps(_text_parts(question)),
+                        "gen_ai.completion.0.role": "assistant",
+                        "gen_ai.completion.0.content": "ok",
+                        "gen_ai.usage.prompt_tokens": 11,
+                        "gen_ai.usage.completion_tokens": 1,
+                    },
+                ),
+                indent=4,
+            )
+            + "\n"
+            for question, start, end in (
+                ("Ping?", "2026-11-20T10:00:00.000000Z", "2026-11-20T10:00:00.400000Z"),
+                ("Pong?", "2026-11-20T10:00:02.500000Z", "2026-11-20T10:00:03.000000Z"),
+            )
+        ),
+        {
+            "file": "spans.txt",
+            "format": "otel-genai",
+            "turns": [1, 1],
+            "first": ["Ping?"],
+            "prompt_tokens": [[11], [11]],
+            "max_tokens": [[50], [50]],
+            "offsets": [0.0, 2.5],
+        },
+    ),
+    Case(
+        "otel-openllmetry-legacy-llm-attributes",
+        "traceloop/openllmetry before the gen_ai.* rename: llm.prompts.N.role/.content, llm.completions.N.content, "
+        "llm.usage.prompt_tokens/completion_tokens, llm.request.max_tokens, llm.request.type",
+        _lines(
+            _sdk_span(
+                "openai.chat",
+                "2026-11-20T10:00:00.000000Z",
+                "2026-11-20T10:00:01.000000Z",
+                {
+                    "llm.request.type": "chat",
+                    "llm.vendor": "OpenAI",
+                    "llm.request.model": "gpt-3.5-turbo",
+                    "llm.request.max_tokens": 40,
+                    "llm.prompts.0.role": "user",
+                    "llm.prompts.0.content": "Tell me a joke",
+                    "llm.completions.0.role": "assistant",
+                    "llm.completions.0.content": "No.",
+                    "llm.usage.prompt_tokens": 12,
+                    "llm.usage.completion_tokens": 2,
+                    "llm.usage.total_tokens": 14,
+                },
+            )
+        ),
+        {
+            "format": "otel-genai",
+            "first": ["Tell me a joke"],
+            "prompt_tokens": [[12]],
+            "output_tokens": [[2]],
+            "max_tokens": [[40]],
+            "offsets": [0.0],
+        },
+    ),
+    Case(
+        "otlp-json-semconv-image-part-refused-by-name",
+        "open-telemetry/semantic-conventions gen-ai-input-messages.json (BlobPart / UriPart in parts): a prompt "
+        "with media cannot be replayed as text",
+        _lines(
+            {
+                "resourceSpans": [
+                    {
+                        "scopeSpans": [
+                            {
+                                "spans": [
+                                    _otlp_span(
+                                        "chat gpt-4o",
+                                        _T0_NS,
+                                        _T0_NS + 10**9,
+                                        {
+                                            **_CHAT_SPAN,
+                                            "gen_ai.input.messages": json.dumps(
+                                                [
+                                                    {
+                                                        "role": "user",
+                                                        "parts": [
+                                                            {"type": "text", "content": "What is this?"},
+                                                            {
+                                                                "type": "uri",
+                                                                "modality": "image",
+                                                                "uri": "https://x/cat.png",
+                                                            },
+                                                        ],
+                                                    }
+                                                ]
+                                            ),
+                                        },
+                                    )
+                                ]
+                            }
+                        ]
+                    }
+                ]
+            }
+        ),
+        {"exit": 2, "refusal": "{log}:1: unsupported content: a gen_ai message has a 'uri' part (text only)"},
+    ),
+    Case(
+        "helicone-csv-export-doubled-json-quotes-rows-in-time-order",
+        "Helicone/helicone examples/export/typescript/index.ts --format csv (writeCSVHeader columns; "
+        "convertToCSVRow doubles an object's JSON quotes, then the cell's), rows put in time order",
+        _helicone_csv(
+            *(
+                _helicone(
+                    created,
+                    answered,
+                    {"model": "gpt-4o", "messages": _chat(*texts), "max_tokens": 50},
+                    prompt_tokens=tokens,
+                    completion_tokens=2,
+                    latency=700,
+                    request_properties={"app": "support"},
+                )
+                for texts, tokens, created, answered in (
+                    (("Hi",), 8, "2026-11-20T10:00:00.000Z", "2026-11-20T10:00:00.700Z"),
+                    (("Hi", "Hello!", 'Say "bye"'), 21, "2026-11-20T10:00:04.700Z", "2026-11-20T10:00:05.400Z"),
+                )
+            )
+        ),
+        {
+            "file": "output.csv",
+            "format": "helicone",
+            "turns": [2],
+            "first": ["Hi"],
+            "prompt_tokens": [[8, 21]],
+            "output_tokens": [[2, 2]],
+            "max_tokens": [[50, 50]],
+            "offsets": [0.0],
+            "think": [[0.0, 4.0]],
+        },
+    ),
+    Case(
+        "langfuse-csv-export-json-cells",
+        "langfuse/langfuse batch export of the observations table as CSV (the JSON export's camelCase columns; "
+        "input, output, modelParameters, usageDetails as JSON text; numbers as text; null empty)",
+        _csv(
+            [
+                _observation(
+                    "GENERATION",
+                    start,
+                    end,
+                    model="gpt-4o-mini",
+                    modelParameters={"max_tokens": 128},
+                    input=_chat(question),
+                    output={"role": "assistant", "content": "ok"},
+                    usageDetails={"input": tokens, "output": 1, "total": tokens + 1},
+                    costDetails={},
+                )
+                for question, tokens, start, end in (
+                    ("Ping?", 10, "2026-11-20T10:00:00.000Z", "2026-11-20T10:00:00.600Z"),
+                    ("Pong?", 12, "2026-11-20T10:00:09.000Z", "2026-11-20T10:00:09.500Z"),
+                )
+            ]
+        ),
+        {
+            "file": "observations.csv",
+            "format": "langfuse",
+            "turns": [1, 1],
+            "first": ["Ping?"],
+            "prompt_tokens": [[10], [12]],
+            "output_tokens": [[1], [1]],
+            "max_tokens": [[128], [128]],
+            "offsets": [0.0, 9.0],
+        },
+    ),
+    Case(
+        "gateway-log-created-at-duration-and-streamed-chunks",
+        "a gateway's request log naming its times created_at and duration_ms, the streamed response logged as its "
+        "chat.completion.chunk objects (platform.openai.com/docs/api-reference/chat-streaming; the last chunk's "
+        "usage with stream_options.include_usage)",
+        _lines(
+            *(
+                {
+                    "id": f"log-{n}",
+                    "created_at": created,
+                    "duration_ms": 1000,
+                    "request": {
+                        "model": "gpt-4o-mini",
+                        "messages": messages,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                    },
+                    "response": [
+                        {
+                            "id": "c",
+                            "object": "chat.completion.chunk",
+                            "created": 1,
+                            "model": "gpt-4o-mini",
+                            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+                            "usage": None,
+                        },
+                        *(
+                            {
+                                "id": "c",
+                                "object": "chat.completion.chunk",
+                                "created": 1,
+                                "model": "gpt-4o-mini",
+                                "choices": [{"index": 0, "delta": {"content": piece}}],
+                                "usage": None,
+                            }
+                            for piece in ("Hel", "lo!")
+                        ),
+                        {
+                            "id": "c",
+                            "object": "chat.completion.chunk",
+                            "created": 1,
+                            "model": "gpt-4o-mini",
+                            "choices": [],
+                            "usage": {"prompt_tokens": tokens, "completion_tokens": 2},
+                        },
+                    ],
+                }
+                for n, (created, messages, tokens) in enumerate(
+                    [
+                        ("2026-11-20T10:00:00Z", _chat("Hi"), 8),
+                        ("2026-11-20T10:00:06Z", _chat("Hi", "Hello!", "Bye"), 19),
+                    ]
+                )
+            )
+        ),
+        {
+            "format": "openai-jsonl",
+            "turns": [2],
+            "prompt_tokens": [[8, 19]],
+            "output_tokens": [[2, 2]],
+            "offsets": [0.0],
+            "think": [[0.0, 5.0]],
+        },
+    ),
+    Case(
+        "openinference-llm-spans-otlp-json",
+        "Arize-ai/openinference spec/semantic_conventions.md (openinference.span.kind LLM, "
+        "llm.input_messages.N.message.role/content, llm.token_count.prompt, llm.invocation_parameters), "
+        "exported as OTLP/JSON by the collector's file exporter",
+        _lines(
+            {
+                "resourceSpans": [
+                    {
+                        "scopeSpans": [
+                            {
+                                "spans": [
+                                    _otlp_span(
+                                        "ChatCompletion",
+                                        _T0_NS + offset,
+                                        _T0_NS + offset + 800_000_000,
+                                        {
+                                            "openinference.span.kind": "LLM",
+                                            "llm.model_name": "gpt-4o",
+                                            "llm.invocation_parameters": json.dumps({"max_tokens": 90}),
+                                            "llm.input_messages.0.message.role": "system",
+                                            "llm.input_messages.0.message.content": "Be brief.",
+                                            "llm.input_messages.1.message.role": "user",
+                                            "llm.input_messages.1.message.contents.0.message_content.type": "text",
+                                            "llm.input_messages.1.message.contents.0.message_content.text": question,
+                                            "llm.output_messages.0.message.role": "assistant",
+                                            "llm.output_messages.0.message.content": "ok",
+                                            "llm.token_count.prompt": 17,
+                                            "llm.token_count.completion": 1,
+                                        },
+                                    )
+                                    for offset, question in ((0, "Ping?"), (3_000_000_000, "Pong?"))
+                                ]
+                            }
+                        ]
+                    }
+                ]
+            }
+        ),
+        {
+            "format": "otel-genai",
+            "turns": [1, 1],
+            "first": ["Be brief.", "Ping?"],
+            "prompt_tokens": [[17], [17]],
+            "output_tokens": [[1], [1]],
+            "max_tokens": [[90], [90]],
+            "offsets": [0.0, 3.0],
+        },
+    ),
+    Case(
+        "otel-semconv-messages-on-the-operation-details-event",
+        "open-telemetry/semantic-conventions docs/gen-ai/gen-ai-events.md (event "
+        "gen_ai.client.inference.operation.details carrying gen_ai.input.messages and gen_ai.system_instructions)",
+        _lines(
+            {
+                **_otlp_span(
+                    "chat gpt-4o",
+                    _T0_NS,
+                    _T0_NS + 10**9,
+                    {
+                        "gen_ai.operation.name": "chat",
+                        "gen_ai.request.max_tokens": 32,
+                        "gen_ai.usage.input_tokens": 15,
+                        "gen_ai.usage.output_tokens": 3,
+                    },
+                ),
+                "events": [
+                    {
+                        "timeUnixNano": str(_T0_NS + 10**9),
+                        "name": "gen_ai.client.inference.operation.details",
+                        "attributes": [
+                            _attribute(
+                                "gen_ai.system_instructions", json.dumps([{"type": "text", "content": "Be kind."}])
+                            ),
+                            _attribute("gen_ai.input.messages", json.dumps([_parts("user", "Hello")])),
+                        ],
+                    }
+                ],
+            }
+        ),
+        {"format": "otel-genai", "first": ["Be kind.", "Hello"], "prompt_tokens": [[15]], "offsets": [0.0]},
+    ),
+    Case(
+        "openai-batch-responses-api-input-lines",
+        "platform.openai.com/docs/guides/batch (url /v1/responses; body input, instructions, max_output_tokens)",
+        _lines(
+            {
+                "custom_id": "r1",
+                "method": "POST",
+                "url": "/v1/responses",
+                "body": {
+                    "model": "gpt-4.1-mini",
+                    "instructions": "Be brief.",
+                    "input": "Name a river.",
+                    "max_output_tokens": 40,
+                },
+            },
+            {
+                "custom_id": "r2",
+                "method": "POST",
+                "url": "/v1/responses",
+                "body": {
+                    "model": "gpt-4.1-mini",
+                    "max_output_tokens": 80,
+                    "input": [{"role": "user", "content": [{"type": "input_text", "text": "Name a lake."}]}],
+                },
+            },
+        ),
+        {
+            "format": "openai-batch",
+            "turns": [1, 1],
+            "first": ["Be brief.", "Name a river."],
+            "max_tokens": [[40], [80]],
+            "offsets": [None, None],
+        },
+    ),
+    Case(
+        "openai-batch-responses-api-output-usage-and-created-at",
+        "platform.openai.com/docs/api-reference/responses/object (object response, created_at, output message "
+        "output_text, usage input_tokens/output_tokens) in a batch output line",
+        _lines(
+            *(
+                {
+                    "id": f"batch_req_{n}",
+                    "custom_id": f"r{n}",
+                    "response": {
+                        "status_code": 200,
+                        "request_id": f"req_{n}",
+                        "body": {
+                            "id": f"resp_{n}",
+                            "object": "response",
+                            "created_at": created,
+                            "status": "completed",
+                            "model": "gpt-4.1-mini-2025-04-14",
+                            "output": [
+                                {
+                                    "type": "message",
+                                    "id": "msg_1",
+                                    "status": "completed",
+                                    "role": "assistant",
+                                    "content": [{"type": "output_text", "text": "Nile.", "annotations": []}],
+                                }
+                            ],
+                            "usage": {"input_tokens": tokens, "output_tokens": 3, "total_tokens": tokens + 3},
+                        },
+                    },
+                    "error": None,
+                }
+                for n, (created, tokens) in enumerate([(1741476542, 20), (1741476549, 24)])
+            )
+        ),
+        {"format": "openai-batch", "prompt_tokens": [[20], [24]], "output_tokens": [[3], [3]], "offsets": [0.0, 7.0]},
     ),
     Case(
         "a-json-object-of-no-known-format-refused-at-line-1",

@@ -10,9 +10,10 @@ Each format is one module declaring its `FORMAT` (name, sniff, parser); `FORMATS
 the order `--format` offers them. Adding a format is one new module and one entry in `FORMATS`.
 Today: `openai_jsonl`, `messages_jsonl`, `openai_batch`, `sharegpt`, `litellm`, `langfuse`, `helicone`,
 `otel_genai`, `vllm_log`, `azure_trace`, `mooncake` and `weka`, over the shared types and JSON helpers
-of `common`. The JSON formats read JSONL or JSON arrays of the same records alike (`json_records`):
-detection sees a JSON array's first element as it sees a first line (docs/workload-format.md lists
-every format's detection rule and what it keeps).
+of `common`. The JSON formats read JSONL, JSON arrays of the same records, indented JSON objects one
+after another, and saved API response pages (`{"data": [...], "meta": ...}`) alike (`json_records`):
+detection sees a JSON array's first element, an indented first object, or a page's first record as it
+sees a first line (docs/workload-format.md lists every format's detection rule and what it keeps).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ from llmload.workload.formats.common import (
     LogFormat,
     LogRequest,
     Parsed,
+    envelope,
     json_array_items,
+    json_values,
 )
 
 __all__ = [
@@ -111,9 +114,19 @@ def _sniff(path: Path) -> tuple[LogFormat | None, dict[str, Any] | None]:
     record: dict[str, Any] | None = None
     if first.startswith("{"):
         try:
-            record = orjson.loads(first)
+            value = orjson.loads(first)
         except orjson.JSONDecodeError:
-            raise FormatError(f"{path}:1: first line is not a JSON object; use --format") from None
+            value = None
+        if value is None and not first.endswith("}"):  # an indented JSON value: read it whole
+            try:
+                item = next(json_values(path), None)
+            except (UnicodeDecodeError, OSError):
+                item = None
+            value = item[1] if isinstance(item, tuple) else None
+        if not isinstance(value, dict):
+            raise FormatError(f"{path}:1: first line is not a JSON object; use --format")
+        records = envelope(value)  # an API response page: its first record tells the format
+        record = value if records is None else records[0] if records and isinstance(records[0], dict) else None
     elif first.startswith("["):
         element = _first_element(path)
         record = element if isinstance(element, dict) else None

@@ -3,6 +3,7 @@ yields, the `LogFormat` each format module declares, and the helpers the JSON fo
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -180,8 +181,21 @@ def log_timestamp(value: object) -> float | None:
     raise BadLine(f"bad timestamp: {value!r}")
 
 
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+"""Content part types that hold text (`text`: OpenAI chat and Anthropic; `input_text`/`output_text`: the
+OpenAI Responses API). Any other part (an image, audio, a file) is refused: replaying the text alone
+would send a different, shorter prompt."""
+
+
+_CALL_PARTS = frozenset({"tool_use", "thinking", "redacted_thinking"})
+"""Anthropic content blocks that carry no prompt text of their own (sent as an OpenAI tool-call turn's
+null content is: nothing); a `tool_result` block's text is the tool's output, kept."""
+
+
 def _content(value: object, where: str) -> str:
-    """Message content as text: a string, null (tool-call turns) or a list of text parts."""
+    """Message content as text: a string, null (tool-call turns) or a list of text parts (a part may
+    also be a bare string; Anthropic's tool_use and thinking blocks give none, a tool_result its content,
+    an OpenAI refusal part its text)."""
     if value is None:
         return ""
     if isinstance(value, str):
@@ -189,8 +203,19 @@ def _content(value: object, where: str) -> str:
     if isinstance(value, list):
         texts = []
         for part in value:
+            if isinstance(part, str):
+                texts.append(part)
+                continue
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
+            if kind in _CALL_PARTS:
+                continue  # a tool call or reasoning: no text, as an OpenAI tool-call turn's null content
+            if kind == "tool_result":
+                texts.append(_content(part.get("content"), where))
+                continue
+            if kind == "refusal" and isinstance(part.get("refusal"), str):
+                texts.append(part["refusal"])
+                continue
+            if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
                 raise BadLine(f"unsupported content: {where} has a {kind or part!r} part (text only)")
             texts.append(part["text"])
         return "".join(texts)
@@ -216,27 +241,98 @@ def chat_messages(value: object) -> list[dict[str, str]]:
     return out
 
 
+def request_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    """A request body's messages, with an Anthropic Messages API body's top-level `system` (a string or a
+    list of text blocks) put first as a system message, as the model sees it."""
+    messages = chat_messages(body.get("messages"))
+    system = body.get("system")
+    if not system:
+        return messages
+    return [{"role": "system", "content": _content(system, "system")}, *messages]
+
+
+def responses_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    """An OpenAI Responses API request's prompt as chat messages: `instructions` as a system message, then
+    `input`, a string (one user message) or a list of message items (`{"role", "content"}`, text parts
+    `input_text`); other items (function calls, their outputs, reasoning) are refused by name."""
+    value = body.get("input")
+    items = [{"role": "user", "content": value}] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise BadLine("no messages: input is neither text nor a list")
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type", "message") != "message":
+            raise BadLine(f"unsupported input: input[{index}] is a {item['type']!r} item (messages only)")
+    instructions = body.get("instructions")
+    system = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions else []
+    return system + chat_messages(items)
+
+
 def request_max_tokens(body: dict[str, Any]) -> int | None:
-    """A chat request's output limit: `max_completion_tokens`, else `max_tokens` (None: no limit given)."""
-    return optional_integer(body.get("max_completion_tokens", body.get("max_tokens")), "max_tokens", minimum=1)
+    """A request's output limit: `max_completion_tokens`, else `max_tokens`, else the Responses API's
+    `max_output_tokens` (None: no limit given)."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
+    return optional_integer(limit, "max_tokens", minimum=1)
+
+
+def _reply_text(response: dict[str, Any]) -> str | None:
+    """The reply of a chat completion (`choices[0].message.content`, text or text parts), a text
+    completion (`choices[0].text`), an Anthropic message (the text blocks of `content`) or a Responses API
+    response (the `output_text` parts of its `output` messages)."""
+    output = response.get("output")
+    if isinstance(output, list) and response.get("object") == "response":  # the Responses API
+        texts = [_reply_text({"type": "message", "content": item.get("content")})
+                 for item in output if isinstance(item, dict) and item.get("type") == "message"]  # fmt: skip
+        return "".join(t for t in texts if t is not None)
+    choices = response.get("choices")
+    if isinstance(choices, list):
+        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        message = choice.get("message")
+        content = message.get("content") if isinstance(message, dict) else choice.get("text")
+    else:
+        content = response.get("content") if response.get("type") == "message" else None
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") in _TEXT_PARTS]
+        return "".join(t for t in texts if isinstance(t, str))
+    return content if isinstance(content, str) else None
+
+
+def _streamed(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A streamed response logged as its chunks (`chat.completion.chunk`s, or text completion chunks) as
+    one completion: the deltas' text joined, the last `usage` given (the final chunk's, with
+    `stream_options.include_usage`), the first chunk's `created`."""
+    texts: list[str] = []
+    usage = None
+    for chunk in chunks:
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+        usage = chunk.get("usage") or usage
+    created = chunks[0].get("created") if chunks else None
+    reply = {"role": "assistant", "content": "".join(texts)}
+    return {"choices": [{"message": reply}], "usage": usage, "created": created}
 
 
 def chat_completion(response: object, what: str) -> tuple[str | None, int | None, int | None]:
-    """(reply text, usage.prompt_tokens, usage.completion_tokens) of an OpenAI `chat.completion` object,
-    None for each one it lacks (and all three for a null response); BadLine where it is not an object."""
+    """(reply text, prompt tokens, output tokens) of an OpenAI `chat.completion` (or `text_completion`)
+    object's choices and `usage` {prompt_tokens, completion_tokens}, or an Anthropic message's content and
+    `usage` {input_tokens, output_tokens}, or a streamed response logged as its list of chunks; None for
+    each one it lacks (and all three for a null response); BadLine where it is none of these."""
     if response is None:
         return None, None, None
+    if isinstance(response, list) and all(isinstance(chunk, dict) for chunk in response):
+        response = _streamed(response)
     if not isinstance(response, dict):
         raise BadLine(f"bad record: {what} is not an object")
     usage = object_field(response, "usage")
-    choices = response.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message")
-    reply = message.get("content") if isinstance(message, dict) else None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    output = usage.get("completion_tokens", usage.get("output_tokens"))
     return (
-        reply if isinstance(reply, str) else None,
-        optional_integer(usage.get("prompt_tokens"), f"{what}.usage.prompt_tokens"),
-        optional_integer(usage.get("completion_tokens"), f"{what}.usage.completion_tokens"),
+        _reply_text(response),
+        optional_integer(prompt, f"{what}.usage.prompt_tokens"),
+        optional_integer(output, f"{what}.usage.completion_tokens"),
     )
 
 
@@ -342,16 +438,150 @@ def json_array_items(path: Path) -> Iterator[Item]:
             yield Issue(f"{path}:{line}", "not valid JSON: the file ends inside a JSON array")
 
 
-def _is_array_file(path: Path) -> bool:
-    """The file's first non-blank character opens a JSON array."""
+_ENVELOPE_KEYS = frozenset({"meta", "error", "object", "has_more", "first_id", "last_id", "pagination"})
+_DATA_ARRAY = re.compile(r'"data"\s*:\s*\[')
+
+
+def envelope(value: object) -> list[Any] | None:
+    """The records of an API response page, `{"data": [...], ...}` with nothing but paging beside it
+    (Langfuse's `GET /api/public/observations` `{data, meta}`, Helicone's `/v1/request/query`
+    `{data, error}`, an OpenAI list `{object, data, has_more}`); None for any other value."""
+    if isinstance(value, dict) and isinstance(value.get("data"), list) and set(value) - {"data"} <= _ENVELOPE_KEYS:
+        return value["data"]
+    return None
+
+
+def _element_lines(text: str, start: int, end: int, line: int, count: int) -> list[int] | None:
+    """The line of each element of the `data` array of the envelope text[start:end] (which starts at
+    `line`), None where they cannot be told apart."""
+    decoder = json.JSONDecoder()
+    for match in _DATA_ARRAY.finditer(text, start, end):
+        position, lines = match.end(), []
+        try:
+            while True:
+                position = _SEPARATORS.match(text, position).end()  # type: ignore[union-attr]  # `*`: always matches
+                if position >= end or text.startswith("]", position):
+                    break
+                lines.append(line + text.count("\n", start, position))
+                position = decoder.raw_decode(text, position)[1]
+        except json.JSONDecodeError:
+            continue
+        if len(lines) == count:
+            return lines
+    return None
+
+
+def json_values(path: Path) -> Iterator[Item]:
+    """(where, value) for each JSON value of a file of JSON values one after another, each over many
+    lines (the OpenTelemetry Python SDK's `ConsoleSpanExporter` writes spans so, indented; a saved API
+    response is one indented object), decoded one at a time from a sliding buffer. An API response page
+    (`envelope`) gives its records, each at its own line. A malformed value is an Issue at its line, and
+    the read goes on from the next line that opens an object (every value after it is still read)."""
+    decoder = json.JSONDecoder()
+    with path.open(encoding="utf-8") as handle:
+        buffer, position, line, eof = "", 0, 1, False
+        while True:
+            end = _WHITESPACE.match(buffer, position).end()  # type: ignore[union-attr]  # `*`: always matches
+            line += buffer.count("\n", position, end)
+            position = end
+            if position >= len(buffer):
+                if eof:
+                    return
+                chunk = handle.read(_CHUNK_CHARS)
+                eof = not chunk
+                buffer, position = buffer[position:] + chunk, 0
+                continue
+            try:
+                value, end = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError as exc:
+                if not eof:  # a value cut by the buffer's end: read on and retry
+                    chunk = handle.read(_CHUNK_CHARS)
+                    eof = not chunk
+                    buffer, position = buffer[position:] + chunk, 0
+                    continue
+                yield Issue(f"{path}:{line}", f"not valid JSON: {exc.msg}")
+                restart = buffer.find("\n{", position)  # read on from the next object that opens a line
+                if restart < 0:
+                    return
+                line += buffer.count("\n", position, restart + 1)
+                position = restart + 1
+                continue
+            records = envelope(value)
+            if records is None:
+                yield f"{path}:{line}", value
+            else:
+                lines = _element_lines(buffer, position, end, line, len(records)) or [line] * len(records)
+                yield from ((f"{path}:{n}", record) for n, record in zip(lines, records, strict=True))
+            line += buffer.count("\n", position, end)
+            position = end
+
+
+def _unwrapped(items: Iterator[Item]) -> Iterator[Item]:
+    """Values as they are, and an API response page (`envelope`) as its records, each where the page is."""
+    for item in items:
+        records = None if isinstance(item, Issue) else envelope(item[1])
+        if isinstance(item, Issue) or records is None:
+            yield item
+        else:
+            yield from ((item[0], record) for record in records)
+
+
+def _layout(path: Path) -> str:
+    """How a file of JSON holds its values: "array" (JSON arrays), "lines" (JSONL) or "values" (JSON
+    values over many lines each, one after another: the first line does not end its value)."""
     with path.open("rb") as handle:
-        return handle.read(DETECT_BYTES).lstrip().startswith(b"[")
+        head = handle.read(DETECT_BYTES).lstrip()
+        if head.startswith(b"["):
+            return "array"
+        handle.seek(0)
+        first = next((line.strip() for line in handle if line.strip()), b"")
+    return "values" if first.startswith(b"{") and not first.endswith(b"}") else "lines"
 
 
 def json_records(path: Path) -> Iterator[Item]:
-    """The JSON values of a log that is JSONL or JSON arrays of the same values (as UI exports write
-    them), by its first character: `json_array_items` or `json_lines`."""
-    return json_array_items(path) if _is_array_file(path) else json_lines(path)
+    """The JSON values of a log that is JSONL, JSON arrays of the same values (as UI exports write
+    them), or indented JSON values one after another, by its first line: `json_array_items`,
+    `json_lines` or `json_values`; an API response page (`envelope`) gives its records."""
+    layout = _layout(path)
+    if layout == "array":
+        return json_array_items(path)
+    return json_values(path) if layout == "values" else _unwrapped(json_lines(path))
+
+
+def csv_header(head: Head) -> frozenset[str]:
+    """The column names of a log whose first line is a CSV header (empty for a JSON log)."""
+    if head.first_line[:1] in ("{", "["):
+        return frozenset()
+    return frozenset(name.strip().strip('"') for name in next(csv.reader([head.first_line]), []))
+
+
+def csv_records(path: Path) -> Iterator[Item]:
+    """(where, row) for each row of a CSV export with a header, the row a dict of the header's names;
+    an empty cell is None (the exporters write null so). Values stay text: each format reads its own
+    columns (JSON text, numbers). A row with more cells than the header has is an Issue."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            return
+        names = [name.strip() for name in header]
+        line = reader.line_num + 1
+        for row in reader:
+            where, line = f"{path}:{line}", reader.line_num + 1
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) > len(names):
+                yield Issue(where, f"bad row: {len(row)} cells under a header of {len(names)}")
+                continue
+            yield where, {name: (cell if cell != "" else None) for name, cell in zip(names, row, strict=False)}
+
+
+def table_records(path: Path) -> Iterator[Item]:
+    """The records of a log exported as JSON (`json_records`) or as CSV with a header (`csv_records`),
+    by its first non-blank character."""
+    with path.open("rb") as handle:
+        first = handle.read(DETECT_BYTES).lstrip()[:1]
+    return json_records(path) if first in (b"{", b"[") else csv_records(path)
 
 
 def parse_records(

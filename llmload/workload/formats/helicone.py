@@ -1,5 +1,7 @@
-"""`helicone`: Helicone request exports (`npx @helicone/export`, JSONL or JSON; the REST API's
-`/v1/request/query-clickhouse` rows): one request a row.
+"""`helicone`: Helicone request exports (`npx @helicone/export`, JSONL, JSON or CSV; the REST API's
+`/v1/request/query-clickhouse` rows, or a saved response page `{"data": [...], "error": null}`): one
+request a row. The CSV export has no response bodies, and its JSON cells carry the export tool's doubled
+quotes (read as they were meant).
 
 Kept: `request_created_at` (ISO 8601, or ClickHouse's "2026-11-20 10:00:00.000", UTC), the response's end
 (`response_created_at`, else the start plus `delay_ms` or `latency`, milliseconds), the messages and
@@ -10,7 +12,7 @@ endpoints (a body without `messages`: embeddings, completions) are ignored and c
 
 Source: Helicone/helicone `examples/export/typescript/index.ts` (the export tool) and the
 `HeliconeRequest` row type of its API (`request_created_at`, `request_body`, `response_body`,
-`response_status`, `delay_ms`, `prompt_tokens`, `completion_tokens`).
+`response_status`, `delay_ms`, `prompt_tokens`, `completion_tokens`; the CSV writer's `convertToCSVRow`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from llmload.workload.formats.common import (
     BadLine,
@@ -27,15 +31,54 @@ from llmload.workload.formats.common import (
     LogRequest,
     Parsed,
     chat_completion,
-    chat_messages,
-    json_records,
+    csv_header,
     log_timestamp,
     milliseconds,
     object_field,
     parse_records,
     request_max_tokens,
+    request_messages,
+    table_records,
     token_count,
 )
+
+_JSON_COLUMNS = ("request_body", "response_body", "request_properties")
+_NUMBER_COLUMNS = ("response_status", "prompt_tokens", "completion_tokens", "delay_ms", "latency")
+
+
+def _json_text(value: str, column: str) -> Any:
+    """A CSV cell of JSON. The export tool doubles the quotes of an object's JSON before it quotes the
+    cell (so each is doubled twice): the cell read is JSON with `""` for `"`, undone here."""
+    for text in (value, value.replace('""', '"')):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue
+    raise BadLine(f"bad record: {column} is not JSON")
+
+
+def _number(value: str, column: str) -> int | float:
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            raise BadLine(f"bad record: {column} is {value!r}, not a number") from None
+
+
+def _from_text(record: dict[str, Any]) -> dict[str, Any]:
+    """A row of the CSV export (every cell text) with its JSON and number columns read; a JSON row as it is."""
+    if not any(isinstance(record.get(c), str) for c in _JSON_COLUMNS + _NUMBER_COLUMNS):
+        return record
+    out = dict(record)
+    for column in _JSON_COLUMNS:
+        if isinstance(out.get(column), str) and out[column].lstrip()[:1] in ("{", "["):
+            out[column] = _json_text(out[column], column)
+    for column in _NUMBER_COLUMNS:
+        if isinstance(out.get(column), str):
+            out[column] = _number(out[column], column)
+    return out
 
 
 def _helicone_record(where: str, record: dict[str, Any]) -> Iterator[Parsed]:
@@ -50,6 +93,7 @@ def _helicone_record(where: str, record: dict[str, Any]) -> Iterator[Parsed]:
          "response_body": {"choices": [{"message": {"role": "assistant", "content": "Hello"}}], "usage": {...}},
          "model": "gpt-4o", "prompt_tokens": 9, "completion_tokens": 2, "delay_ms": 840, "cost": 2.5e-05}
     """
+    record = _from_text(record)
     status = record.get("response_status")
     if status is not None and status != 200:
         yield Issue(where, f"failed request: response_status {status!r}", fatal=False, category="failed request")
@@ -73,7 +117,7 @@ def _helicone_record(where: str, record: dict[str, Any]) -> Iterator[Parsed]:
         where=where,
         timestamp=timestamp,
         finished=finished,
-        messages=chat_messages(body["messages"]) if body else None,
+        messages=request_messages(body) if body else None,
         max_tokens=request_max_tokens(body),
         prompt_tokens=prompt_tokens,
         output_tokens=token_count(record.get("completion_tokens"), "completion_tokens") or usage_output,
@@ -86,15 +130,15 @@ def parse_helicone(path: Path) -> Iterator[Parsed]:
     first row's time. The export tool writes the newest request first: a row earlier than one before it is
     a bad line (skipped with --skip-bad), asking for the file reversed."""
     latest: float | None = None
-    for item in parse_records(json_records(path), _helicone_record):
+    for item in parse_records(table_records(path), _helicone_record):
         if (
             isinstance(item, LogRequest)
             and item.timestamp is not None
             and latest is not None
             and item.timestamp < latest
         ):
-            yield Issue(item.where, "out of order: request_created_at is before an earlier row's; the export"
-                        " lists the newest first: reverse the file (tac, for JSONL)")  # fmt: skip
+            yield Issue(item.where, "out of order: request_created_at is before an earlier row's; the export lists"
+                        " the newest first: reverse its rows (tac, for JSONL; a CSV's header stays first)")  # fmt: skip
             continue
         if isinstance(item, LogRequest) and item.timestamp is not None:
             latest = item.timestamp
@@ -102,8 +146,9 @@ def parse_helicone(path: Path) -> Iterator[Parsed]:
 
 
 def _sniff(head: Head) -> bool:
-    """A first JSON object with Helicone's `request_created_at` or `request_body`."""
-    return head.record is not None and ("request_created_at" in head.record or "request_body" in head.record)
+    """A first JSON object with Helicone's `request_created_at` or `request_body`, or a CSV header naming them."""
+    names = head.record if head.record is not None else csv_header(head)
+    return "request_created_at" in names or "request_body" in names
 
 
 FORMAT = LogFormat(name="helicone", title="a Helicone request export", sniff=_sniff, parse=parse_helicone)

@@ -5,6 +5,10 @@ times to keep). Output lines hold no prompt text: each is a length-only request 
 `usage`, at the completion's `created` time (unix seconds). Build from the input file for the text, or
 from the output file for real lengths and times; a file of both would count every request twice.
 
+Azure OpenAI's batch files are the same with `"url": "/chat/completions"`. Responses API lines
+(`/v1/responses`: `input`, `instructions`, `max_output_tokens`; output bodies of object `response` with
+`created_at` and `usage` input/output tokens) read alike.
+
 Source: the Batch API reference (platform.openai.com/docs/api-reference/batch, "The request input
 object" and "The request output object"; openapi `BatchRequestInput`, `BatchRequestOutput`).
 """
@@ -23,15 +27,19 @@ from llmload.workload.formats.common import (
     LogRequest,
     Parsed,
     chat_completion,
-    chat_messages,
     json_records,
     log_timestamp,
     object_field,
     parse_records,
     request_max_tokens,
+    request_messages,
+    responses_messages,
 )
 
-_CHAT_URL = "/v1/chat/completions"
+_CHAT_PATH = "/chat/completions"
+"""The chat endpoint's path: OpenAI's batch files say `/v1/chat/completions`, Azure OpenAI's `/chat/completions`."""
+_RESPONSES_PATH = "/responses"
+"""The Responses API's (`/v1/responses`): `input` and `instructions` for messages, `max_output_tokens`."""
 
 
 def _batch_record(where: str, record: dict[str, Any]) -> Iterator[Parsed]:
@@ -51,18 +59,20 @@ def _batch_record(where: str, record: dict[str, Any]) -> Iterator[Parsed]:
     """
     if "body" in record:
         url = record.get("url")
-        if url != _CHAT_URL:
+        path = url.split("?", 1)[0] if isinstance(url, str) else ""
+        if not path.endswith((_CHAT_PATH, _RESPONSES_PATH)):
             yield Issue(where, f"not a chat request: url {url!r}", fatal=False, category="not a chat request")
             return
         body = object_field(record, "body")
-        yield LogRequest(where=where, messages=chat_messages(body.get("messages")), max_tokens=request_max_tokens(body))
+        messages = request_messages(body) if path.endswith(_CHAT_PATH) else responses_messages(body)
+        yield LogRequest(where=where, messages=messages, max_tokens=request_max_tokens(body))
         return
     response = object_field(record, "response")
     if record.get("error") is not None or response.get("status_code") != 200:
         yield Issue(where, "failed request: no response body", fatal=False, category="failed request")
         return
     body = object_field(response, "body")
-    if body.get("object") != "chat.completion":
+    if body.get("object") not in ("chat.completion", "response"):
         yield Issue(where, f"not a chat request: a {body.get('object')!r} response", fatal=False,
                     category="not a chat request")  # fmt: skip
         return
@@ -71,7 +81,7 @@ def _batch_record(where: str, record: dict[str, Any]) -> Iterator[Parsed]:
         raise BadLine("no usage: response.body.usage lacks prompt_tokens or completion_tokens")
     yield LogRequest(
         where=where,
-        timestamp=log_timestamp(body.get("created")),
+        timestamp=log_timestamp(body.get("created", body.get("created_at"))),
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
     )

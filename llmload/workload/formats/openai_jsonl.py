@@ -13,19 +13,36 @@ from llmload.workload.formats.common import (
     LogRequest,
     Parsed,
     chat_completion,
-    chat_messages,
     json_records,
     log_timestamp,
     milliseconds,
     parse_records,
     request_max_tokens,
+    request_messages,
 )
+
+_START_KEYS = ("timestamp", "created_at", "start_time", "request_time")
+_END_KEYS = ("response_timestamp", "end_time", "completed_at")
+_LATENCY_KEYS = ("latency_ms", "duration_ms")
+
+
+def _first(record: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    """The first of `keys` the record has a value for (gateways name the same time differently)."""
+    return next((record[key] for key in keys if record.get(key) is not None), None)
+
+
+def _created(response: dict[str, Any] | list[Any]) -> Any:
+    """A logged response's `created` (unix seconds; a streamed one's first chunk's)."""
+    first = response[0] if isinstance(response, list) and response else response
+    return first.get("created") if isinstance(first, dict) else None
 
 
 def _openai_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]:
     """A bare chat-completions request body, or a `{timestamp, request, response}` record. The
     response's end, when given as `response_timestamp` or `latency_ms`, separates a user's think
-    time from the time the reply took.
+    time from the time the reply took. Gateways name these otherwise: the start may be `created_at`,
+    `start_time` or `request_time` (else the logged completion's `created`), the end `end_time` or
+    `completed_at`, the latency `duration_ms`; a streamed response may be logged as its chunks.
 
     Example lines::
 
@@ -37,17 +54,20 @@ def _openai_record(where: str, record: dict[str, Any]) -> Iterator[LogRequest]:
     body = record.get("request", record)
     if not isinstance(body, dict):
         raise BadLine("bad record: request is not an object")
-    reply, prompt_tokens, output_tokens = chat_completion(record.get("response") or {}, "response")
-    timestamp = log_timestamp(record.get("timestamp"))
-    finished = log_timestamp(record.get("response_timestamp"))
-    latency = milliseconds(record.get("latency_ms"), "latency_ms")
+    response = record.get("response") or {}
+    reply, prompt_tokens, output_tokens = chat_completion(response, "response")
+    timestamp = log_timestamp(_first(record, _START_KEYS))
+    if timestamp is None and isinstance(response, dict | list) and body is not record:
+        timestamp = log_timestamp(_created(response))  # the completion's `created`: when it was asked
+    finished = log_timestamp(_first(record, _END_KEYS))
+    latency = milliseconds(_first(record, _LATENCY_KEYS), "latency_ms")
     if latency is not None and timestamp is not None:
         finished = timestamp + latency
     yield LogRequest(
         where=where,
         timestamp=timestamp,
         finished=finished,
-        messages=chat_messages(body.get("messages")),
+        messages=request_messages(body),
         max_tokens=request_max_tokens(body),
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 @contextmanager
@@ -21,3 +23,10 @@ def client_on_core_0() -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def write_between_markers(doc: Path, begin: str, end: str, text: str) -> None:
+    """Replace what stands between the `begin` and `end` marker lines of `doc` (a docs/ page whose
+    tables a benchmark regenerates) with `text`, the markers kept."""
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    doc.write_text(pattern.sub(lambda _: f"{begin}\n{text}\n{end}", doc.read_text()))

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from benchmarks import write_between_markers
 from llmload.errorrates.compare import CompareTally, tally_compare
 from llmload.errorrates.grid import ARRIVALS, HOLDS, LOADS, SERVERS, TARGET_RATE, Arrivals, Cell, Tally, tally
 from llmload.errorrates.search import HIGH, LOW, SearchTally, tally_search
@@ -137,12 +137,6 @@ def compare_table(tallies: list[CompareTally]) -> str:
     return "\n".join([*head, *rows])
 
 
-def write_doc(text: str) -> None:
-    doc = DOC.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    DOC.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", doc))
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=500)
@@ -166,7 +160,7 @@ def main(argv: list[str]) -> None:
         text += "\n\n" + compare_table(compares)
     print(text)
     if not args.no_doc:
-        write_doc(text)
+        write_between_markers(DOC, BEGIN, END, text)
 
 
 if __name__ == "__main__":

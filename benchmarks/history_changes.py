@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from benchmarks import write_between_markers
 from llmload.errorrates.grid import SERVERS
 from llmload.errorrates.runs import NO_SERVER_FILE, hold_plan, records
 from llmload.history import changes
@@ -283,12 +283,6 @@ def gate_table(pools: list[Pool], series: int, processes: int) -> str:
     return "\n".join([*head, *rows])
 
 
-def write_doc(text: str) -> None:
-    doc = DOC.read_text()
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    DOC.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", doc))
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=200, help="harness soaks per server")
@@ -316,7 +310,7 @@ def main(argv: list[str]) -> None:
     text = "\n\n".join(parts)
     print(text)
     if not args.no_doc:
-        write_doc(text)
+        write_between_markers(DOC, BEGIN, END, text)
 
 
 if __name__ == "__main__":

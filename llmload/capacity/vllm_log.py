@@ -789,7 +789,6 @@ _RULES: tuple[_Rule, ...] = (
         advice=_ENGINE_ADVICE,
     ),
 )
-FAILURE_KINDS = frozenset(rule.kind for rule in _RULES if rule.role == "cause")  # what stops vLLM at startup
 _PRECEDENCE = {rule.kind: i for i, rule in reversed(list(enumerate(_RULES)))}
 _SYMPTOMS = tuple(rule.regex for rule in _RULES if rule.role == "symptom")
 

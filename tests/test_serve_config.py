@@ -194,24 +194,50 @@ def test_flags_win_over_the_config_and_a_gpu_is_named(tmp_path: Path, capsys: py
 
 
 def test_preflight_says_which_stage_stops_fitting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The sample workload (history up to ~4k tokens) on a tiny-llama with 64 MiB of KV: at 150% of
-    2 req/s with 5 s E2E, 15 requests are in flight; max-num-seqs 8 queues them, 32 does not."""
+    """The sample workload (history up to ~4k tokens) on a tiny-llama with 64 MiB of KV, timed by the CPU
+    server's calibrated profile: with max-num-seqs 8 the server completes fewer requests a second than
+    the 150% stage of 5 req/s asks (compute-bound, never "fits"), with 32 it keeps up with a margin; with
+    8 MiB of KV (8,192 tokens) neither memory nor compute holds it."""
     workload = str(REPO / "workloads" / "chat-multiturn.yaml")
-    common = ["--workload", workload, "--target-qps", "2", "--ttft-ms", "200", "--tpot-ms", "23.5", "--json"]
+    common = ["--workload", workload, "--target-qps", "5", "--profile", "vllm-cpu-tiny", "--json"]
     rc, out, _ = capacity(capsys, "--vllm-config", str(tiny(tmp_path, 4096, "64M", seqs=8)), *common)
     fit = json.loads(out)["preflight"]
+    compute = fit["compute"]
     assert rc == 1 and not fit["passes"]
     by_stage = {s["stage"]: s for s in fit["stages"]}
     assert list(by_stage) == ["25%", "50%", "100%", "150%"]
-    assert by_stage["50%"]["outcome"] == "fits" and by_stage["150%"]["outcome"] == "queueing"
-    assert by_stage["150%"]["in_flight"] == pytest.approx(3 * by_stage["150%"]["e2e_s"])  # Little's law
+    assert by_stage["150%"]["in_flight"] == pytest.approx(7.5 * by_stage["150%"]["e2e_s"])  # Little's law
+    for stage in compute["stages"]:
+        assert stage["utilization"] == pytest.approx(stage["qps"] / compute["saturation_qps"])
+        expected = (
+            "compute-bound"
+            if stage["utilization"] >= 1
+            else "near saturation"
+            if stage["utilization"] >= 0.9
+            else "keeps up"
+        )
+        assert stage["outcome"] == expected
+    assert compute["stages"][-1]["outcome"] == "compute-bound" and compute["stages"][0]["outcome"] == "keeps up"
+    assert compute["stages"][-1]["ttft_mean_s"] is None  # no steady state to predict
+    assert any("compute-bound: the queue grows without bound" in reason for reason in fit["reasons"])
     assert fit["context"]["refused"] == 0.0 and fit["context"]["recommended_max_model_len"] == 4000
     rc, out, _ = capacity(capsys, "--vllm-config", str(tiny(tmp_path, 4096, "64M", seqs=32)), *common)
-    assert rc == 0 and json.loads(out)["preflight"]["passes"]
-    # the same server with 8 MiB of KV: 8,192 tokens cannot hold 15 requests of ~1,300
+    wide = json.loads(out)["preflight"]
+    assert rc == 0 and wide["passes"] and "150%" in wide["margin"]
+    assert wide["compute"]["saturation_qps"] > compute["saturation_qps"]  # more sequences per step
+    ttfts = [s["ttft_mean_s"] for s in wide["compute"]["stages"]]
+    assert ttfts == sorted(ttfts)  # queueing grows with the rate
+    # the same server with 8 MiB of KV: 8,192 tokens hold ~6 requests of ~1,300
     rc, out, _ = capacity(capsys, "--vllm-config", str(tiny(tmp_path, 4096, "8M", seqs=32)), *common)
-    last = json.loads(out)["preflight"]["stages"][-1]
-    assert rc == 1 and last["outcome"] == "preemptions" and last["kv_tokens"] == 8192
+    small = json.loads(out)["preflight"]
+    assert rc == 1 and small["stages"][-1]["kv_tokens"] == 8192
+    assert small["compute"]["saturation_qps"] < wide["compute"]["saturation_qps"]
+
+
+def test_preflight_needs_the_servers_timing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workload = str(REPO / "workloads" / "chat-multiturn.yaml")
+    rc, _, err = capacity(capsys, "--vllm-config", str(tiny(tmp_path, 4096, "64M")), "--workload", workload)
+    assert rc == 2 and "give --gpu NAME" in err
 
 
 def test_preflight_without_target_qps_takes_the_workloads_own(
@@ -220,7 +246,9 @@ def test_preflight_without_target_qps_takes_the_workloads_own(
     """The sample workload's file says 4 req/s: the stages are percents of that, as the load test's are."""
     workload = str(REPO / "workloads" / "chat-multiturn.yaml")
     config = str(tiny(tmp_path, 4096, "64M", seqs=32))
-    rc, out, _ = capacity(capsys, "--vllm-config", config, "--workload", workload, "--json")
+    rc, out, _ = capacity(
+        capsys, "--vllm-config", config, "--workload", workload, "--profile", "vllm-cpu-tiny", "--json"
+    )
     assert rc in (0, 1)
     assert [s["qps"] for s in json.loads(out)["preflight"]["stages"]] == [1.0, 2.0, 4.0, 6.0]
     rc, _, err = capacity(capsys, "--vllm-config", config, "--workload", workload, "--target-qps", "-1")
@@ -230,14 +258,23 @@ def test_preflight_without_target_qps_takes_the_workloads_own(
 def test_preflight_counts_context_refusals_per_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """max-model-len 2048: late turns of the sample workload carry more history than that."""
     workload = str(REPO / "workloads" / "chat-multiturn.yaml")
+    timing = ("--profile", "vllm-cpu-tiny")
     rc, out, _ = capacity(
-        capsys, "--vllm-config", str(tiny(tmp_path, 2048, "64M", 64)), "--workload", workload, "--target-qps", "1"
+        capsys,
+        "--vllm-config",
+        str(tiny(tmp_path, 2048, "64M", 64)),
+        "--workload",
+        workload,
+        "--target-qps",
+        "1",
+        *timing,
     )
     assert rc == 1
     assert "requests refused (HTTP 400 context_length)" in out
     rc, out, _ = capacity(
         capsys,
         "--vllm-config", str(tiny(tmp_path, 2048, "64M", 64)), "--workload", workload, "--target-qps", "1", "--json",
+        *timing,
     )  # fmt: skip
     context = json.loads(out)["preflight"]["context"]
     turns = context["by_turn"]
@@ -257,12 +294,12 @@ def test_preflight_takes_e2e_from_a_measured_run(tmp_path: Path, capsys: pytest.
     config = tiny(tmp_path, 4096, "64M", seqs=64)
     rc, out, _ = capacity(
         capsys, "--vllm-config", str(config), "--workload", str(workload), "--target-qps", "4", "--stages", "100,150",
-        "--from-run", str(run.run_dir), "--json",
+        "--from-run", str(run.run_dir), "--profile", "vllm-cpu-tiny", "--json",
     )  # fmt: skip
     stages = json.loads(out)["preflight"]["stages"]
     assert rc == 0
     assert stages[0]["e2e_s"] == pytest.approx(e2e_s, rel=1e-6) and "stage 100%" in stages[0]["e2e_source"]
-    assert "all judged stages" in stages[1]["e2e_source"]  # no 150% stage in that run
+    assert "predicted" in stages[1]["e2e_source"]  # no 150% stage in that run: the prediction's
 
 
 # --------------------------------------------------------------------------- the simulator from a config
@@ -286,7 +323,9 @@ def _chat(url: str, prompt_words: int) -> tuple[int, dict[str, object]]:
 
 
 def test_the_simulator_is_sized_like_the_configured_server(tmp_path: Path) -> None:
-    with SimProcess("--vllm-config", str(tiny(tmp_path, length=1024, kv="4M", seqs=4))) as sim:
+    with SimProcess(
+        "--profile", "vllm-cpu-tiny", "--vllm-config", str(tiny(tmp_path, length=1024, kv="4M", seqs=4))
+    ) as sim:
         models = _get(f"{sim.url}/v1/models")["data"]
         assert models == [models[0]] and models[0]["id"] == "tiny-llama" and models[0]["max_model_len"] == 1024
         status, error = _chat(sim.url, 2000)
@@ -300,7 +339,7 @@ def test_the_simulator_is_sized_like_the_configured_server(tmp_path: Path) -> No
 
 def test_the_simulator_refuses_a_config_vllm_refuses(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="exited with code 1") as caught:
-        SimProcess("--vllm-config", str(tiny(tmp_path, length=8192, kv="4M"))).start()
+        SimProcess("--profile", "vllm-cpu-tiny", "--vllm-config", str(tiny(tmp_path, length=8192, kv="4M"))).start()
     assert "estimated maximum model length is 3968" in str(caught.value)
 
 

@@ -106,7 +106,7 @@ def test_capacity_predicts_the_startup_lines_of_the_shared_server(vllm_server: V
     assert facts["concurrency"] == predicted["at_max_model_len"]["max_concurrency"] == 32.0
     # the simulator sized by the same file reports the same cache on vLLM's cache_config_info
     real = _metric_labels(vllm_server.url, "vllm:cache_config_info")
-    with SimProcess("--vllm-config", str(vllm_server.config_path)) as sim:
+    with SimProcess("--profile", "vllm-cpu-tiny", "--vllm-config", str(vllm_server.config_path)) as sim:
         simulated = _metric_labels(sim.url, "vllm:cache_config_info")
     for label in ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "kv_cache_max_concurrency"):
         assert simulated[label] == real[label], label

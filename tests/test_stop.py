@@ -33,7 +33,8 @@ def _command(name: str, tmp_path: Path) -> tuple[list[str], Path]:
         flags = ["--workload", workload, *SHORT_SEARCH, "--search-id", "s", "--reports-dir", str(reports)]
         return [name, *flags], reports / "s" / "search.json"
     config = tiny_llama_config(tmp_path / "base.yaml", length=2048, kv="64M", seqs=8)
-    flags = ["--serve", simulator_serve(), "--vllm-config", str(config), "--vary", "max-num-seqs=2,4"]
+    serve = simulator_serve("--profile", "vllm-cpu-tiny")
+    flags = ["--serve", serve, "--vllm-config", str(config), "--vary", "max-num-seqs=2,4"]
     return [name, *flags, "--workload", workload, *SHORT_SEARCH, "--sweep-id", "w", "--reports-dir", str(reports)], (
         reports / "w" / "sweep.json"
     )

@@ -421,7 +421,8 @@ def test_a_predicted_sweep_ranks_configurations_as_the_engine_saturates(tmp_path
 def test_soak_mode_passes_the_configuration_that_holds_150_percent(tmp_path: Path) -> None:
     """Target 8 req/s, so 12 at 150%: one running sequence saturates near 5 req/s, four near 17."""
     code, output = _sweep(
-        tmp_path, "--serve", simulator_serve(), "--vllm-config", str(_config(tmp_path, "base")),
+        tmp_path, "--serve", simulator_serve("--profile", "vllm-cpu-tiny"),
+        "--vllm-config", str(_config(tmp_path, "base")),
         "--vary", "max-num-seqs=1,4", "--mode", "soak", "--target-qps", "8", "--ramp-stage-duration", "2s",
         "--soak-duration", "6s", "--workload", str(fixed_output_workload(tmp_path, OUTPUT_TOKENS)),
         "--arrival", "constant", "--slo-ttft-p99-ms", "1000",
@@ -448,7 +449,8 @@ def test_soak_mode_passes_the_configuration_that_holds_150_percent(tmp_path: Pat
 def test_ctrl_c_leaves_no_server_and_resume_finishes_the_rest(tmp_path: Path) -> None:
     base = _config(tmp_path, "base")
     flags = (
-        "--serve", simulator_serve("--ttft-ms", "10", "--itl-ms", "2"), "--vllm-config", str(base),
+        "--serve", simulator_serve("--profile", "vllm-cpu-tiny", "--ttft-ms", "10", "--itl-ms", "2"),
+        "--vllm-config", str(base),
         "--vary", "max-num-seqs=2,4", "--workload", str(small_workload(tmp_path)), "--start-qps", "2",
         "--max-qps", "2", "--repeats", "1", "--probe-warmup", "0", "--probe-duration", "8s",
     )  # fmt: skip

@@ -122,7 +122,7 @@ def test_a_sweep_of_real_vllm_ranks_its_configurations_and_explains_a_refusal(
     facts = {k: v for finding in explain_vllm_log(log).findings for k, v in finding.values.items()}
     assert facts["estimated_max_len"] == 3968
     with pytest.raises(InputError, match="estimated maximum model length is 3968"):
-        SimProcess("--vllm-config", str(where / "too-long" / "config.yaml")).start()
+        SimProcess("--profile", "vllm-cpu-tiny", "--vllm-config", str(where / "too-long" / "config.yaml")).start()
     assert "did not start" in (where / "sweep.md").read_text()
     assert "The prefix cache was emptied before each probe" in (where / "sweep.md").read_text()
     # the frontier holds a passing probe at least, and its chart is a PNG beside the page and loads in it

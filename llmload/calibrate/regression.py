@@ -230,7 +230,9 @@ def fit_steady_load(
     measured_e2e, measured_ttft, measured_itl = _means_ms(arrivals, [r.token_times_s for r in requests])
 
     def run(factor: float) -> Replay:
-        timing = profile.timing.model_copy(update={"steady_load_factor": factor})
+        fitted = profile.step_timing
+        assert isinstance(fitted, StepTiming), "a calibration fits a linear step timing"
+        timing = fitted.model_copy(update={"steady_load_factor": factor})
         return replay(profile.model_copy(update={"timing": timing}), num_blocks, arrivals)
 
     burst_e2e = _means_ms(arrivals, run(1.0).token_times)[0]

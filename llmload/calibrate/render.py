@@ -35,7 +35,7 @@ def render_fit(profile: EngineProfile, sources: dict[str, str] | None = None) ->
             f"| {what} | {p.streams} | {p.prompt_tokens:,} | {p.output_tokens} | {p.repeats} | {p.measured_ms:,.2f} "
             f"| {p.spread_pct:.0f}% | {p.fitted_ms:,.2f} | {p.residual_pct:+.1f}% |"
         )
-    timing = profile.timing.model_dump()
+    timing = profile.step_timing.model_dump()
     lines += [
         "",
         "timing: "

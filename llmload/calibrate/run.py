@@ -88,7 +88,7 @@ def _steady_plan(
     user = max(SHORT_PROMPT, int(STEADY_USER_PROMPT * longest))
     prompt = sum(systems) / len(systems) + user
     running = max(1, min(profile.max_num_seqs, sequences_held(facts.num_blocks, prompt + output_tokens, block)))
-    rate = STEADY_LOAD_UTILIZATION * profile.timing.saturation_qps(running, prompt, output_tokens)
+    rate = STEADY_LOAD_UTILIZATION * profile.step_timing.saturation_qps(running, prompt, output_tokens)
     if rate * duration_s < MIN_STEADY_REQUESTS:
         return None
     windows = max(1, min(MAX_STEADY_WINDOWS, int(duration_s // STEADY_WINDOW_S)))

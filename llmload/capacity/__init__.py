@@ -9,7 +9,10 @@ prints at startup; docs/capacity.md explains each formula.
 
 - ``model``: ModelSpec read from a HF config.json, the parameter estimate, and the bundled
   configs in ``models/`` (``known_models``, ``load_bundled_model``, ``load_config_file``).
+- ``max_len``: the model's limit on max_model_len as vLLM derives and enforces it (``verify_max_model_len``).
 - ``kv``: one GPU's KV page geometry (``kv_layout``), the block pool, concurrency per request length.
+- ``overhead``: what vLLM's profile run takes per GPU besides weights (activation peak, non-torch
+  memory), from the model and the batch settings (``estimate_overhead``).
 - ``plan``: serving inputs, the per-GPU memory budget and ``plan_capacity``'s report with advice.
 - ``vllm_log``: the start-up log explainer, ``explain_vllm_log``.
 - ``render``: the text ``llmload capacity`` prints.

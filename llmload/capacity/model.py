@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
+from llmload.capacity.max_len import ContextLimit, read_context_limit
 from llmload.errors import InputError, json_object
 from llmload.models import Strict
 
@@ -63,7 +65,14 @@ class ModelSpec(Strict):
     tie_word_embeddings: bool
     dtype: str = Field(description="the config's dtype/torch_dtype; float32 when absent, as in vLLM")
     max_position_embeddings: PositiveInt | None
+    context_limit: ContextLimit = Field(
+        default_factory=ContextLimit,
+        description="the longest max_model_len vLLM starts with (llmload/capacity/max_len.py)",
+    )
     weight_bytes_per_param: PositiveFloat | None = Field(description="from quantization_config; None: dtype size")
+    quantization: str | None = Field(
+        default=None, description="the checkpoint's quant_method (compressed-tensors: with its scheme)"
+    )
     mla: MLAConfig | None = None
     moe: MoEConfig | None = None
     notes: list[str] = Field(default_factory=list)
@@ -103,18 +112,48 @@ def _required_int(cfg: Mapping[str, object], keys: tuple[str, ...], source: str,
     return value
 
 
-def _weight_bytes_per_param(quant: object, source: str, notes: list[str]) -> float | None:
-    """Bytes per weight from ``quantization_config``: fp8 → 1, GPTQ/AWQ ``bits`` → bits/8."""
+class Quantization(NamedTuple):
+    """A checkpoint's quantization_config as a step reads it: the method and the weights' bytes each."""
+
+    method: str
+    """quant_method, with compressed-tensors' scheme: `awq`, `fp8`, `compressed-tensors-w8a8-int8`..."""
+    weight_bytes: float | None
+    """Bytes per quantized weight (None: not understood; the dtype's size is used)."""
+
+
+def _compressed_tensors(quant: Mapping[str, object]) -> Quantization:
+    """compressed-tensors (llm-compressor): its first config group's weight and activation types, e.g.
+    INT8 weights and activations (W8A8), FP8 (W8A8), or 4-bit INT weights (W4A16)."""
+    groups = quant.get("config_groups")
+    group = next(iter(groups.values()), None) if isinstance(groups, Mapping) and groups else None
+    weights = group.get("weights") if isinstance(group, Mapping) else None
+    inputs = group.get("input_activations") if isinstance(group, Mapping) else None
+    if not isinstance(weights, Mapping) or not isinstance(weights.get("num_bits"), int):
+        return Quantization("compressed-tensors", None)
+    bits = int(weights["num_bits"])
+    kind = "fp" if weights.get("type") == "float" else "int"
+    act = f"a{inputs.get('num_bits')}" if isinstance(inputs, Mapping) and inputs.get("num_bits") else "a16"
+    return Quantization(f"compressed-tensors-w{bits}{act}-{kind}{bits}", bits / 8)
+
+
+def _quantization(quant: object, source: str, notes: list[str]) -> Quantization | None:
+    """The checkpoint's quantization_config: GPTQ/AWQ ``bits`` → bits/8 bytes, fp8 → 1, compressed-tensors
+    by its config groups (vLLM's compressed_tensors.py reads the same fields)."""
     if not isinstance(quant, Mapping):
         return None
     method = str(quant.get("quant_method", "?"))
     bits = quant.get("bits")
     if isinstance(bits, int) and bits > 0:
-        return bits / 8
+        return Quantization(method, bits / 8)
+    if method == "compressed-tensors":
+        found = _compressed_tensors(quant)
+        if found.weight_bytes is None:
+            notes.append(f"{source}: compressed-tensors without a weight width; weights estimated at the dtype's size")
+        return found
     if "fp8" in method:
-        return 1.0
+        return Quantization(method, 1.0)
     notes.append(f"{source}: quantization {method!r} not understood; weights estimated at the dtype's size")
-    return None
+    return Quantization(method, None)
 
 
 def model_spec_from_config(config: Mapping[str, object], *, name: str, source: str) -> ModelSpec:
@@ -169,6 +208,7 @@ def model_spec_from_config(config: Mapping[str, object], *, name: str, source: s
         (d for d in (config.get("dtype"), config.get("torch_dtype"), cfg.get("dtype"), cfg.get("torch_dtype")) if d),
         "float32",
     )
+    quant = _quantization(config.get("quantization_config", cfg.get("quantization_config")), where, notes)
     return ModelSpec(
         name=name,
         source=source,
@@ -183,23 +223,44 @@ def model_spec_from_config(config: Mapping[str, object], *, name: str, source: s
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
         dtype=_normalize_dtype(str(raw_dtype), where),
         max_position_embeddings=_int_field(cfg, ("max_position_embeddings", "max_seq_len", "n_positions"), where),
-        weight_bytes_per_param=_weight_bytes_per_param(
-            config.get("quantization_config", cfg.get("quantization_config")), where, notes
-        ),
+        context_limit=read_context_limit(cfg, where),
+        weight_bytes_per_param=quant.weight_bytes if quant else None,
+        quantization=quant.method if quant else None,
         mla=mla,
         moe=moe,
         notes=notes,
     )
 
 
-def estimate_parameters(model: ModelSpec) -> int:
-    """Parameter count from the config: embeddings, attention (GQA/MLA), gated MLPs incl. experts.
+class ParameterCounts(NamedTuple):
+    """A model's weights by where a forward pass reads them (counts of parameters, not bytes)."""
 
-    Norms and biases are left out (well under 0.1%), so it is an estimate, close to the published
-    counts (Llama-3.1-8B 8.03 B, Mixtral-8x7B 46.7 B, DeepSeek-V3 671 B).
-    """
+    embedding: int
+    """The input embedding table: a step reads only its tokens' rows."""
+    lm_head: int
+    """The output projection (the embedding again when tied): read whole by every step that samples."""
+    attention: int
+    """Every layer's attention projections (q, k, v, o; MLA's low-rank ones)."""
+    dense_mlp: int
+    """Every dense gated MLP (gate, up, down), and MoE layers' shared experts and routers."""
+    experts: int
+    """Every routed expert of every MoE layer: a step reads only the experts its tokens chose."""
+    expert_layers: int
+    """MoE layers (0: a dense model)."""
+
+    @property
+    def total(self) -> int:
+        tied = self.embedding if self.lm_head == 0 else self.embedding + self.lm_head
+        return tied + self.attention + self.dense_mlp + self.experts
+
+
+def parameter_counts(model: ModelSpec) -> ParameterCounts:
+    """The config's parameters by kind: embeddings, attention (GQA/MLA), gated MLPs incl. experts.
+
+    Norms and biases are left out (well under 0.1%). A tied LM head is the embedding table itself
+    (``lm_head`` 0 in the count, read as the embedding by a step)."""
     h, heads = model.hidden_size, model.num_attention_heads
-    embeddings = model.vocab_size * h * (1 if model.tie_word_embeddings else 2)
+    embedding = model.vocab_size * h
     if model.mla is not None:
         m = model.mla
         qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -211,17 +272,27 @@ def estimate_parameters(model: ModelSpec) -> int:
     else:
         attention = h * model.head_dim * (2 * heads + 2 * model.num_kv_heads)
     dense_mlp = 3 * h * model.intermediate_size  # gate, up, down
+    lm_head = 0 if model.tie_word_embeddings else embedding
     if model.moe is None:
-        return embeddings + model.num_layers * (attention + dense_mlp)
+        return ParameterCounts(embedding, lm_head, model.num_layers * attention, model.num_layers * dense_mlp, 0, 0)
     moe = model.moe
-    moe_mlp = 3 * h * (moe.num_experts * moe.moe_intermediate_size + moe.shared_intermediate_size) + h * moe.num_experts
     dense_layers = min(moe.first_dense_layers, model.num_layers)
-    return (
-        embeddings
-        + model.num_layers * attention
-        + dense_layers * dense_mlp
-        + (model.num_layers - dense_layers) * moe_mlp
+    moe_layers = model.num_layers - dense_layers
+    shared_and_router = 3 * h * moe.shared_intermediate_size + h * moe.num_experts
+    return ParameterCounts(
+        embedding,
+        lm_head,
+        model.num_layers * attention,
+        dense_layers * dense_mlp + moe_layers * shared_and_router,
+        moe_layers * 3 * h * moe.num_experts * moe.moe_intermediate_size,
+        moe_layers,
     )
+
+
+def estimate_parameters(model: ModelSpec) -> int:
+    """Parameter count from the config (``parameter_counts``), close to the published counts
+    (Llama-3.1-8B 8.03 B, Mixtral-8x7B 46.7 B, DeepSeek-V3 671 B)."""
+    return parameter_counts(model).total
 
 
 # Package data (pyproject [tool.setuptools.package-data]); a plain path works installed or editable.

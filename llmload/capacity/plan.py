@@ -27,12 +27,15 @@ from llmload.capacity.kv import (
     max_len_for_concurrency,
     resolve_dtype,
 )
+from llmload.capacity.max_len import MaxLenCheck, allow_long_max_model_len, verify_max_model_len
 from llmload.capacity.model import ModelSpec, estimate_parameters
+from llmload.capacity.overhead import estimate_overhead
 from llmload.errors import InputError
 from llmload.models import AUTO_FIT, ServeConfig, Strict
 
-# Per-GPU reserve for what vLLM's profiling run measures besides weights: the activation peak
-# (grows with --max-num-batched-tokens), CUDA graphs and non-torch memory (NCCL, cuBLAS).
+# A fixed per-GPU overhead, for what has no model to size one from (a simulator profile's default, the
+# CPU backend's). A plan with no --overhead-gib sizes it from the model and the server's settings
+# instead (llmload/capacity/overhead.py, as vLLM's profile run measures it).
 DEFAULT_OVERHEAD_GIB = 2.0
 # vLLM's --max-num-seqs default for the OpenAI server on most GPUs (engine/arg_utils.py).
 MAX_NUM_SEQS_DEFAULT = 256
@@ -47,7 +50,9 @@ class CapacityInputs(Strict):
     serving: ServeConfig = ServeConfig()
     gpu_memory_gib: PositiveFloat | None = Field(default=None, description="total memory of one GPU")
     weights_gib: NonNegativeFloat | None = Field(default=None, description="whole model; None: estimate")
-    overhead_gib: NonNegativeFloat = Field(default=DEFAULT_OVERHEAD_GIB, description="per GPU, besides weights")
+    overhead_gib: NonNegativeFloat | None = Field(
+        default=None, description="per GPU, besides weights; None: estimated (llmload.capacity.overhead)"
+    )
     request_tokens: PositiveInt | None = None
     min_concurrency: PositiveFloat | None = None
 
@@ -105,7 +110,11 @@ class MemoryBudget(BaseModel):
     weights_gib: float | None = Field(default=None, description="per GPU (whole model / TP / PP − CPU offload)")
     weights_estimated: bool = False
     parameters: int | None = None
-    overhead_gib: float | None = None
+    overhead_gib: float | None = Field(default=None, description="activation peak + non-torch memory")
+    overhead_estimated: bool = Field(default=False, description="sized by llmload.capacity.overhead, not given")
+    activation_gib: float | None = Field(default=None, description="estimated torch_peak_increase of the profile run")
+    non_torch_gib: float | None = Field(default=None, description="estimated non_torch_increase (NCCL, cuBLAS)")
+    profile_tokens: int | None = Field(default=None, description="tokens of vLLM's dummy forward pass")
 
 
 class CapacityReport(BaseModel):
@@ -118,6 +127,10 @@ class CapacityReport(BaseModel):
     vllm_log_kv_cache_tokens: int = Field(description="what vLLM's 'KV cache size: N tokens' line will say")
     at_request_tokens: RequestFit | None = None
     recommended_max_model_len: int = Field(description="longest one sequence can be, capped by the model")
+    max_model_len_limit: int | None = Field(
+        default=None, description="the longest max_model_len vLLM starts with for the model; None: any"
+    )
+    max_model_len_limit_key: str | None = Field(default=None, description="the config key that limit comes from")
     min_concurrency: float | None = None
     max_model_len_for_min_concurrency: int | None = None
     starts: bool = Field(description="vLLM would pass its KV-cache startup check with max_model_len")
@@ -144,8 +157,24 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
         0.0,
         weights / (vllm.tensor_parallel_size * vllm.pipeline_parallel_size) - vllm.cpu_offload_gb,
     )
+    overhead = inputs.overhead_gib
+    estimate = None
+    if overhead is None:
+        given_len = inputs.serving.max_model_len
+        estimate = estimate_overhead(
+            model,
+            activation_bytes=DTYPE_BYTES[resolve_dtype(model, inputs.dtype)],
+            gpu_memory_gib=inputs.gpu_memory_gib,
+            tensor_parallel_size=vllm.tensor_parallel_size,
+            pipeline_parallel_size=vllm.pipeline_parallel_size,
+            max_num_batched_tokens=vllm.max_num_batched_tokens,
+            max_num_seqs=vllm.max_num_seqs,
+            enable_chunked_prefill=vllm.enable_chunked_prefill,
+            max_model_len=given_len if given_len and given_len > 0 else model.max_position_embeddings,
+        )
+        overhead = estimate.total_gib
     return MemoryBudget(
-        kv_cache_gib=requested - per_gpu - inputs.overhead_gib,
+        kv_cache_gib=requested - per_gpu - overhead,
         kv_cache_explicit=False,
         gpu_memory_gib=inputs.gpu_memory_gib,
         gpu_memory_utilization=vllm.gpu_memory_utilization,
@@ -153,7 +182,11 @@ def _budget(model: ModelSpec, inputs: CapacityInputs) -> MemoryBudget:
         weights_gib=per_gpu,
         weights_estimated=params is not None,
         parameters=params,
-        overhead_gib=inputs.overhead_gib,
+        overhead_gib=overhead,
+        overhead_estimated=estimate is not None,
+        activation_gib=estimate.activation_gib if estimate else None,
+        non_torch_gib=estimate.non_torch_gib if estimate else None,
+        profile_tokens=estimate.profile_tokens if estimate else None,
     )
 
 
@@ -171,27 +204,42 @@ def _what_if(model: ModelSpec, inputs: CapacityInputs, max_model_len: int, **cha
 
 
 def _advice(model: ModelSpec, inputs: CapacityInputs, report: CapacityReport) -> list[str]:
-    """What to change, only when the KV cache falls short (no start, or below --min-concurrency); a scheduler
-    refusal says its own remedy."""
+    """What to change, only when the model refuses max_model_len or the KV cache falls short (no start, or below
+    --min-concurrency); a scheduler refusal says its own remedy. No length advised exceeds the model's limit."""
     short_of_concurrency = (
         report.min_concurrency is not None and report.at_max_model_len.max_concurrency < report.min_concurrency
     )
-    if report.at_max_model_len.fits and not short_of_concurrency:
+    too_long = _length_check(model, inputs)[0].error is not None
+    if report.at_max_model_len.fits and not short_of_concurrency and not too_long:
         return []
     length = report.max_model_len
     advice = []
+    concurrency_length = report.max_model_len_for_min_concurrency
+    concurrency = (
+        f"--max-model-len {concurrency_length:,}{capped_note(report, concurrency_length)} gives "
+        f"{report.min_concurrency:g}x concurrency at full length."
+        if short_of_concurrency and concurrency_length
+        else None
+    )
+    if too_long:  # past the model's positions, what the KV cache holds there does not matter
+        advice.append(
+            f"Lower --max-model-len to {report.recommended_max_model_len:,}"
+            f"{capped_note(report, report.recommended_max_model_len) or ' (the longest that fits)'}: vLLM refuses "
+            f"a longer one than the model's {report.max_model_len_limit_key} unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, "
+            "and positions past it give NaN (RoPE) or out-of-bounds errors."
+        )
+        return advice + ([concurrency] if concurrency else [])
     if report.cache.longest_servable_len == 0:
         advice.append(
             "No memory is left for even one KV block (vLLM: 'No available memory for the cache blocks'): "
             "use more GPUs, a quantized checkpoint, or a larger --gpu-memory-utilization."
         )
     elif not report.at_max_model_len.fits:
-        advice.append(f"Lower --max-model-len to {report.recommended_max_model_len:,} (the longest that fits).")
-    if short_of_concurrency and report.max_model_len_for_min_concurrency:
-        advice.append(
-            f"--max-model-len {report.max_model_len_for_min_concurrency:,} gives {report.min_concurrency:g}x "
-            "concurrency at full length."
-        )
+        recommended = report.recommended_max_model_len
+        note = capped_note(report, recommended) or " (the longest that fits)"
+        advice.append(f"Lower --max-model-len to {recommended:,}{note}.")
+    if concurrency:
+        advice.append(concurrency)
     if report.layout.dtype_bytes > 1:
         advice.append(
             f"--kv-cache-dtype fp8 halves bytes per token: {_what_if(model, inputs, length, kv_cache_dtype='fp8')}."
@@ -212,25 +260,17 @@ def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
     """KV bytes/token, cache size, concurrency and max_model_len for one model on one server."""
     layout, budget, cache = _pool(model, inputs)
     tp = inputs.serving.resolved().tensor_parallel_size
-    longest = cache.longest_servable_len
-    recommended = min(longest, model.max_position_embeddings or longest)
-    given = inputs.serving.max_model_len
-    length = recommended if given == AUTO_FIT else given or model.max_position_embeddings
-    if not length:
-        raise InputError(f"{model.source}: no max_position_embeddings; give --max-model-len")
+    check, limit, limit_key = _length_check(model, inputs)
+    recommended = _capped(cache.longest_servable_len, limit)
+    length = recommended if inputs.serving.max_model_len == AUTO_FIT else check.max_model_len
     at_max = capacity_for_request_tokens(layout, cache, length)
     scheduler_refusal = _scheduler_error(inputs.serving, length)
     at_request = capacity_for_request_tokens(layout, cache, inputs.request_tokens) if inputs.request_tokens else None
-    warnings = list(model.notes)
+    warnings = [*model.notes, *check.warnings]
     if budget.weights_estimated:
         warnings.append(
             f"weights estimated from the config: {budget.parameters or 0:,} parameters; pass --weights-gib "
             "(vLLM logs 'Model loading took X GiB') for the real size"
-        )
-    if model.max_position_embeddings and length > model.max_position_embeddings:
-        warnings.append(
-            f"max_model_len {length:,} exceeds the model's max_position_embeddings "
-            f"{model.max_position_embeddings:,}: vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
     if inputs.kv_cache_gib is not None and inputs.gpu_memory_gib is not None:
         warnings.append(
@@ -258,16 +298,50 @@ def plan_capacity(model: ModelSpec, inputs: CapacityInputs) -> CapacityReport:
         vllm_log_kv_cache_tokens=logged_kv_cache_tokens(at_max),
         at_request_tokens=at_request,
         recommended_max_model_len=recommended,
+        max_model_len_limit=limit,
+        max_model_len_limit_key=limit_key,
         min_concurrency=inputs.min_concurrency,
         max_model_len_for_min_concurrency=(
-            max_len_for_concurrency(layout, cache, inputs.min_concurrency) if inputs.min_concurrency else None
+            _capped(max_len_for_concurrency(layout, cache, inputs.min_concurrency), limit)
+            if inputs.min_concurrency
+            else None
         ),
-        starts=at_max.fits and scheduler_refusal is None,
+        starts=at_max.fits and scheduler_refusal is None and check.error is None,
         warnings=warnings,
     )
-    report.startup_error = startup_error(report) or scheduler_refusal
+    # vLLM checks the length against the model's config first (ModelConfig), the scheduler's budget next.
+    report.startup_error = check.error or startup_error(report) or scheduler_refusal
     report.advice = _advice(model, inputs, report)
     return report
+
+
+def _length_check(model: ModelSpec, inputs: CapacityInputs) -> tuple[MaxLenCheck, int | None, str | None]:
+    """vLLM's verdict on the server's --max-model-len for the model (llmload/capacity/max_len.py, after
+    vllm/config/model.py ``_get_and_verify_max_len``, with VLLM_ALLOW_LONG_MAX_MODEL_LEN read from this
+    process's environment as vllm/envs.py reads it), the longest length it accepts (None: any) and the
+    config key that sets it."""
+    not_modelled = inputs.serving.not_modelled  # keyed as the reader spells vLLM's flags: dashes
+    disable = any(not_modelled.get(k) is True for k in ("disable-sliding-window", "disable_sliding_window"))
+    limit = model.context_limit
+    check = verify_max_model_len(
+        limit, inputs.serving.max_model_len, disable_sliding_window=disable, allow_long=allow_long_max_model_len()
+    )
+    longest = limit.longest_accepted(disable_sliding_window=disable)
+    return check, longest, limit.limiting_key(disable_sliding_window=disable) if longest is not None else None
+
+
+def _capped(length: int, limit: int | None) -> int:
+    """A recommended max_model_len, no longer than the model's limit."""
+    return length if limit is None else min(length, limit)
+
+
+def capped_note(report: CapacityReport, length: int | None) -> str:
+    """' (capped at the model's limit of 4,096 (max_position_embeddings))' when `length` is the model's limit
+    rather than what the KV cache holds, else ''."""
+    limit = report.max_model_len_limit
+    if length is None or limit is None or length != limit or report.cache.longest_servable_len <= limit:
+        return ""
+    return f" (capped at the model's limit of {limit:,} ({report.max_model_len_limit_key}))"
 
 
 def _scheduler_error(serving: ServeConfig, max_model_len: int) -> str | None:

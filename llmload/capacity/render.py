@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llmload.capacity.kv import GIB, RequestFit
-from llmload.capacity.plan import CapacityReport
+from llmload.capacity.plan import CapacityReport, capped_note
 from llmload.capacity.vllm_log import LogExplanation
 from llmload.models import ServeConfig
 
@@ -75,12 +75,20 @@ def render_capacity(report: CapacityReport) -> str:
     else:
         cache_rows.append(("vLLM will refuse", f"ValueError: {report.startup_error}"))
     fits = [_fit_row("at max_model_len", report.at_max_model_len)]
+    limit = report.max_model_len_limit
+    if not report.starts and limit is not None and report.max_model_len > limit:
+        label, value = fits[0]
+        fits[0] = (label, f"{value}  (past the model's limit of {limit:,}: vLLM refuses to start)")
     if report.at_request_tokens is not None:
         fits.append(_fit_row("at request tokens", report.at_request_tokens))
-    recommended = [("one sequence fits", f"{report.recommended_max_model_len:,}")]
-    if report.max_model_len_for_min_concurrency is not None:
+    one = report.recommended_max_model_len
+    recommended = [("one sequence fits", f"{one:,}{capped_note(report, one)}")]
+    if (for_concurrency := report.max_model_len_for_min_concurrency) is not None:
         recommended.append(
-            (f"≥ {report.min_concurrency:g}x concurrency", f"{report.max_model_len_for_min_concurrency:,}")
+            (
+                f"≥ {report.min_concurrency:g}x concurrency",
+                f"{for_concurrency:,}{capped_note(report, for_concurrency)}",
+            )
         )
     out = [
         f"llmload capacity: {report.model.name} ({lay.attention}), TP {tp}, KV {lay.dtype}, block {lay.block_size}",

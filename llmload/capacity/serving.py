@@ -8,29 +8,34 @@ from pathlib import Path
 from llmload.capacity.model import ModelSpec, known_models, load_model
 from llmload.capacity.plan import CapacityInputs
 from llmload.errors import InputError
-from llmload.models import ServeConfig
+from llmload.hardware.gpus import gpu
+from llmload.models import ServeConfig, gpu_batch_defaults
 
-# Memory of one GPU as torch reports it (GiB, what vLLM logs as total): `--gpu NAME`.
-GPUS: dict[str, float] = {
-    "a10g": 22.06,
-    "l4": 22.03,
-    "rtx-4090": 23.53,
-    "l40s": 44.53,
-    "a100-40gb": 39.39,
-    "a100-80gb": 79.15,
-    "h100-80gb": 79.19,
-    "h200": 139.81,
-    "b200": 178.36,
-}
 # --quantization methods whose weight width llmload knows (bytes per parameter).
 _QUANTIZED_BYTES = {"fp8": 1.0, "awq": 0.5, "awq_marlin": 0.5, "gptq": 0.5, "gptq_marlin": 0.5, "bitsandbytes": 0.5}
 
 
 def gpu_memory_gib(name: str) -> float:
+    """Total memory of the GPU called `name` (`--gpu NAME`, llmload/hardware/gpus.yaml) as torch reports
+    it, GiB: what vLLM logs as the device's total."""
     try:
-        return GPUS[name.lower()]
-    except KeyError:
-        raise InputError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (or give --gpu-memory-gib)") from None
+        return gpu(name).memory_gib
+    except InputError as exc:
+        raise InputError(f"{exc} (or give --gpu-memory-gib)") from None
+
+
+def on_gpu(config: ServeConfig, name: str) -> ServeConfig:
+    """`config` as vLLM's OpenAI server runs it on the GPU called `name`: max_num_seqs and
+    max_num_batched_tokens, where the config leaves them out, are the defaults vLLM picks by the GPU
+    (`gpu_batch_defaults`: an A100 keeps 256 and 2048 whatever its memory)."""
+    card = gpu(name)
+    defaults = gpu_batch_defaults(card.memory_gib, card.product)
+    return config.model_copy(
+        update={
+            "max_num_seqs": config.max_num_seqs or defaults.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        }
+    )
 
 
 def model_reference(config: ServeConfig) -> str:

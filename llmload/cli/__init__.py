@@ -4,8 +4,9 @@ error is an InputError, and becomes exit code 2 here and nowhere else. A command
 STOPS_CLEANLY runs under `stop_signals`: SIGINT or SIGTERM stops it, it writes what was measured,
 and exits 128 + the signal (130, 143), decided here too.
 
-Commands: `workload` (build, stats, synth), `capacity`, `sim` and `sim_calibrate` (the embedded
-target and its calibration), `demo`, `report`, `verdict` (run directories judged again), `compare`,
+Commands: `workload` (build, stats, synth), `capacity`, `predict` (what `vllm bench serve` would
+print, without a server), `sim` and `sim_calibrate` (the embedded target and its calibration),
+`demo`, `report`, `verdict` (run directories judged again), `compare`,
 `history` (every run under some folders: trends and change points), `soak`, `search`, `sweep`, `run`
 (the plain Locust run) and `locustfile` (the packaged locustfile's path); `aliases` keeps a retired
 flag spelling working, with a warning."""
@@ -21,8 +22,8 @@ from llmload.errors import InputError
 from llmload.process_group import Stopped, stop_signals
 
 COMMANDS = (
-    "workload", "sim", "capacity", "compare", "history", "report", "verdict", "soak", "search", "sweep", "demo",
-    "run", "locustfile",
+    "workload", "sim", "capacity", "predict", "compare", "history", "report", "verdict", "soak", "search", "sweep",
+    "demo", "run", "locustfile",
 )  # fmt: skip
 
 

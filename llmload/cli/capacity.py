@@ -19,27 +19,30 @@ from pydantic import ValidationError
 
 from llmload.capacity.kv import GIB
 from llmload.capacity.model import ModelSpec, known_models, load_bundled_model, load_config_file
-from llmload.capacity.plan import DEFAULT_OVERHEAD_GIB, CapacityReport, plan_capacity
+from llmload.capacity.plan import CapacityReport, plan_capacity
 from llmload.capacity.render import render_capacity, render_log_explanation, render_serve_config
-from llmload.capacity.serving import GPUS, gpu_memory_gib, serve_inputs, serve_model, with_quantization
+from llmload.capacity.serving import gpu_memory_gib, on_gpu, serve_inputs, serve_model, with_quantization
 from llmload.capacity.vllm_log import explain_vllm_log
 from llmload.cli.aliases import DeprecatedAlias
 from llmload.errors import InputError, validation_message
+from llmload.gates.soak import DEFAULT_HOLD_S
+from llmload.hardware.gpus import GPUS
 from llmload.models import ServeConfig
 from llmload.plan import PlanFlags
+from llmload.preflight.compute import compute_fit
 from llmload.preflight.memory import (
     DEFAULT_MAX_ERROR_RATE,
-    DEFAULT_TPOT_MS,
-    DEFAULT_TTFT_MS,
     Preflight,
     TimingBasis,
-    assumed_timing,
+    measured_saturation,
     measured_timing,
+    predicted_timing,
     preflight,
 )
 from llmload.preflight.render import render_preflight
 from llmload.schedule import DEFAULT_STAGE_PERCENTS, DEFAULT_STAGES, build_stages, parse_stage_percents
 from llmload.server.arguments import add_serving_arguments, serving_config
+from llmload.sim.profiles import StartupRefusal, resolve_profile
 
 HELP = "KV-cache capacity of a model or a vLLM config, a workload's preflight, or explain a vLLM startup log"
 
@@ -106,8 +109,8 @@ def _add_memory_arguments(parser: argparse.ArgumentParser) -> None:
         "--overhead-gib",
         metavar="GIB",
         type=_number(float, allow_zero=True),
-        default=DEFAULT_OVERHEAD_GIB,
-        help="per GPU: activation peak, CUDA graphs, NCCL/cuBLAS (default %(default)s)",
+        help="per GPU: activation peak, CUDA graphs, NCCL/cuBLAS (default: estimated from the model, "
+        "--max-num-batched-tokens, --max-num-seqs, TP and the GPU, as vLLM's profile run measures it)",
     )
     memory.add_argument(
         "--kv-cache-gib",
@@ -138,12 +141,16 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_STAGE_PERCENTS,
         help=f"stage rates as %% of --target-qps, as the load test runs them (default {DEFAULT_STAGES})",
     )
-    check.add_argument("--from-run", metavar="RUN_DIR", type=Path, help="take E2E times measured in this run")
     check.add_argument(
-        "--ttft-ms", type=_number(float), default=DEFAULT_TTFT_MS, help="assumed without --from-run (%(default)s)"
+        "--profile",
+        metavar="NAME|FILE.yaml",
+        help="the server's timing from a calibrated profile (llmload sim calibrate) instead of derived from --gpu",
     )
     check.add_argument(
-        "--tpot-ms", type=_number(float), default=DEFAULT_TPOT_MS, help="assumed without --from-run (%(default)s)"
+        "--from-run",
+        metavar="RUN_DIR",
+        type=Path,
+        help="take E2E times and, where a stage fell behind, the throughput measured in this run",
     )
     check.add_argument(
         "--max-error-rate",
@@ -155,6 +162,8 @@ def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _serve_config(args: argparse.Namespace) -> ServeConfig:
     config = serving_config(args)
+    if args.gpu:
+        config = on_gpu(config, args.gpu)
     if args.kv_cache_gib is None:
         return config
     kv_bytes = math.floor(args.kv_cache_gib * GIB)
@@ -196,24 +205,52 @@ def _preflight(args: argparse.Namespace, config: ServeConfig, model: ModelSpec, 
     if target_qps is None:
         raise InputError("--workload needs --target-qps (the 100% rate the stages are percents of): its file has none")
     table = request_table(workload)
-    recommended_len = workload_stats(table).recommended_max_model_len
+    wanted = workload_stats(table).recommended_max_model_len
+    limit = plan.max_model_len_limit
+    recommended_len = min(wanted, limit) if wanted and limit else wanted
     recommended = (
         _plan(args, config.model_copy(update={"max_model_len": recommended_len}), model) if recommended_len else None
     )
     try:
-        stages = build_stages(target_qps, args.stages)
+        stages = build_stages(target_qps, args.stages, hold_duration_s=DEFAULT_HOLD_S)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    if args.gpu is None and args.profile is None:
+        raise InputError(
+            "the preflight judges the server's compute as well as its memory: give --gpu NAME (the timing derived "
+            "from its data sheet) or --profile (a calibrated one)"
+        )
+    served = config if config.model is not None else config.model_copy(update={"model": model.source})
+    try:
+        profile, profile_plan = resolve_profile(args.profile, served, args.gpu_memory_gib, args.gpu)
+    except StartupRefusal as exc:
+        raise InputError(f"the server timed for the preflight would not start: {exc}") from None
     measured: dict[str, TimingBasis] = {}
+    saturation = None
     if args.from_run is not None:
-        measured, overall = measured_timing(args.from_run)
-    else:
-        overall = assumed_timing(table, plan.max_model_len, args.ttft_ms, args.tpot_ms)
+        measured, _ = measured_timing(args.from_run)
+        saturation = measured_saturation(args.from_run)
+    try:
+        compute = compute_fit(
+            table,
+            profile,
+            profile_plan.cache.num_blocks,
+            [(stage.name, stage.qps, stage.duration_s) for stage in stages],
+            saturation,
+        )
+    except ValueError as exc:
+        raise InputError(f"--workload {args.workload}: {exc}") from None
+    timings = [
+        measured.get(stage.name) or predicted_timing(fit, compute)
+        for stage, fit in zip(stages, compute.stages, strict=True)
+    ]
     return preflight(
         table,
         plan,
         recommended,
-        [(stage.name, stage.qps, measured.get(stage.name, overall)) for stage in stages],
+        [(stage.name, stage.qps, timing) for stage, timing in zip(stages, timings, strict=True)],
+        compute,
+        wanted_beyond_limit=wanted if wanted != recommended_len else None,
         max_num_seqs=config.max_num_seqs,
         target_qps=target_qps,
         max_error_rate=args.max_error_rate,
@@ -243,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         config = _serve_config(args)
         model = _model(args, config)
         report = _plan(args, config, model)
-        fit = _preflight(args, config, model, report) if args.workload else None
+        fit = _preflight(args, config, model, report) if args.workload and report.starts else None
     except ValidationError as exc:
         raise InputError(validation_message(exc)) from None
     if args.json:

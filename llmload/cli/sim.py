@@ -10,13 +10,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llmload.capacity.serving import GPUS, gpu_memory_gib
 from llmload.cli import sim_calibrate
 from llmload.cli.aliases import DeprecatedAlias as _DeprecatedAlias
 from llmload.errors import InputError, validation_message
+from llmload.hardware.gpus import GPUS
 from llmload.server.arguments import add_serving_arguments, serving_config, serving_files_given
 from llmload.sim.config import FAULT_KINDS, FaultPlan, FaultSpec, SimConfig, SlowTokens
-from llmload.sim.profiles import PROFILES, STARTUP_WARNING, StartupRefusal, profile_for, resolve_profile
+from llmload.sim.profiles import DERIVED, PROFILES, STARTUP_WARNING, StartupRefusal, resolve_profile
 from llmload.workload.distributions import parse_distribution
 from llmload.yamlfile import load_yaml_model
 
@@ -87,8 +87,8 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default=None,
         metavar="NAME|FILE.yaml",
-        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file (default with --vllm-config/--vllm-args: "
-        "the one whose model the config serves)",
+        help=f"engine profile: {', '.join(PROFILES)}, or a YAML file (default with --gpu: the server its vLLM "
+        "settings describe, its timing derived from the GPU's data sheet)",
     )
     gpu = engine.add_mutually_exclusive_group()
     gpu.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU (default: the profile's)")
@@ -190,8 +190,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(validation_message(e, flags=_FLAG_OF)) from None
     serving = serving_config(args)
     values = {k: v for k, v in vars(args).items() if k in SimConfig.model_fields and v is not None and k != "faults"}
-    if serving_files_given(args) and "profile" not in values:
-        values["profile"] = profile_for(serving)
+    if "profile" not in values and (serving_files_given(args) or args.gpu):
+        if args.gpu is None:
+            raise InputError(
+                "a vLLM configuration is timed by --gpu NAME (derived from its data sheet: llmload predict, "
+                "docs/prediction.md) or --profile (a calibrated profile, e.g. vllm-cpu-tiny for the tests' CPU server)"
+            )
+        values["profile"] = DERIVED
     if "model_name" not in values and (serving.served_model_name or serving.model):
         values["model_name"] = serving.served_model_name or serving.model
     try:
@@ -201,8 +206,7 @@ def run(args: argparse.Namespace) -> int:
     engine_plan = None
     if config.profile is not None:
         try:
-            memory = args.gpu_memory_gib or (gpu_memory_gib(args.gpu) if args.gpu else None)
-            engine_plan = resolve_profile(config.profile, config.serving, memory)
+            engine_plan = resolve_profile(config.profile, config.serving, args.gpu_memory_gib, args.gpu)
         except StartupRefusal as e:
             print(str(e), file=sys.stderr)
             return 1
@@ -210,6 +214,11 @@ def run(args: argparse.Namespace) -> int:
         print(  # vLLM's startup line, so what reads a server's log reads the simulator's
             f"INFO llmload sim: GPU KV cache size: {plan.vllm_log_kv_cache_tokens:,} tokens, Maximum concurrency for "
             f"{plan.max_model_len:,} tokens per request: {plan.at_max_model_len.max_concurrency:.2f}x",
+            file=sys.stderr,
+            flush=True,
+        )
+        print(
+            f"INFO llmload sim: timing: {engine_plan[0].calibration} ({engine_plan[0].timing_source})",
             file=sys.stderr,
             flush=True,
         )

@@ -13,12 +13,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmload.capacity.serving import GPUS, gpu_memory_gib
+from llmload.capacity.serving import gpu_memory_gib
 from llmload.cli.search import add_search_arguments, holds_latency, probe_flags, search_bounds
 from llmload.errors import InputError
 from llmload.gates.passthrough import refuse_closed_loop, refuse_overrides
 from llmload.gates.search import probe_options, write_criteria
 from llmload.gates.soak import DEFAULT_HOLD_S, SoakRun
+from llmload.hardware.gpus import GPUS
 from llmload.models import SweepResult, SweepRow
 from llmload.plan import PlanFlags
 from llmload.schedule import DEFAULT_STAGE_S, parse_duration
@@ -65,8 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reports-dir", default="reports")
 
 
-def _predictor_serve(args: argparse.Namespace, memory: float | None) -> str:
-    extra = ["--gpu-memory-gib", f"{memory:g}"] if memory else []
+def _predictor_serve(args: argparse.Namespace) -> str:
+    """The embedded target sized like each configuration: on --gpu its timing is derived (docs/prediction.md)."""
+    extra = (
+        ["--gpu", args.gpu]
+        if args.gpu
+        else ["--gpu-memory-gib", f"{args.gpu_memory_gib:g}"]
+        if args.gpu_memory_gib
+        else []
+    )
     if args.profile:
         extra += ["--profile", args.profile]
     return simulator_serve(*extra)
@@ -75,6 +83,11 @@ def _predictor_serve(args: argparse.Namespace, memory: float | None) -> str:
 def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
     if args.serve is None and not args.predict_only:
         raise InputError('give --serve "vllm serve --config {config} --port {port}" (or --predict-only)')
+    if (args.predict or args.predict_only) and not (args.gpu or args.profile):
+        raise InputError(
+            "--predict times each configuration: give --gpu NAME (derived from its data sheet) or --profile "
+            "(a calibrated profile)"
+        )
     if args.mode == "search" and args.max_qps is None:
         raise InputError("--mode search needs --max-qps, the highest rate to probe")
     criteria, probe = probe_flags(args)
@@ -92,7 +105,7 @@ def run(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> int:
         raise InputError(f"{directory} already holds a sweep: give --resume to go on with it, or another --sweep-id")
     passes: list[tuple[str, Path]] = []
     if args.predict or args.predict_only:
-        passes.append((_predictor_serve(args, memory), directory / PREDICTED_DIR))
+        passes.append((_predictor_serve(args), directory / PREDICTED_DIR))
     if not args.predict_only:
         passes.append((args.serve, directory))
     for _, where in passes:

@@ -49,6 +49,7 @@ from llmload.models.serving import (
     ResolvedServeConfig,
     ServeConfig,
     ServerIdentity,
+    gpu_batch_defaults,
 )
 from llmload.models.strict import Strict
 from llmload.models.summary import (
@@ -188,5 +189,6 @@ __all__ = [
     "answer_words",
     "block_runs",
     "conversations",
+    "gpu_batch_defaults",
     "parse_labels",
 ]

@@ -105,6 +105,18 @@ DEVICE_DEFAULTS: dict[Device, DeviceDefaults] = {
 }
 
 
+def gpu_batch_defaults(memory_gib: float, product: str) -> DeviceDefaults:
+    """vLLM's max_num_seqs and max_num_batched_tokens for the OpenAI server on one GPU of `memory_gib`
+    (as torch reports it) called `product` (EngineArgs.get_batch_defaults, vLLM 0.11-0.32): 1024 and
+    16384 from 160 GiB (B200 class), 1024 and 8192 from 70 GiB unless an A100 (H100, H200), else 256
+    and 2048."""
+    if memory_gib >= 160:
+        return DeviceDefaults(block_size=VLLM_DEFAULTS.block_size, max_num_seqs=1024, max_num_batched_tokens=16384)
+    if memory_gib >= 70 and "a100" not in product.lower():
+        return DeviceDefaults(block_size=VLLM_DEFAULTS.block_size, max_num_seqs=1024, max_num_batched_tokens=8192)
+    return DEVICE_DEFAULTS["gpu"]
+
+
 # --------------------------------------------------------------------------- the server a run met
 
 

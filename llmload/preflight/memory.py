@@ -1,6 +1,7 @@
 """Does a workload fit a server's configuration at every stage, 150% included? Answered before any
 GPU time is spent, from the workload's request lengths, the KV pool capacity computes for the
-configuration, and Little's law (requests in flight = rate × E2E time).
+configuration, the server's compute (llmload/preflight/compute.py: its saturation rate and each
+stage's predicted E2E) and Little's law (requests in flight = rate × E2E time).
 
 - Context: vLLM 0.32 refuses a request whose prompt leaves no room for one output token, or
   whose max_tokens alone exceeds max_model_len (HTTP 400, `context_length`), and clamps the
@@ -13,6 +14,7 @@ configuration, and Little's law (requests in flight = rate × E2E time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -24,11 +26,9 @@ from pydantic import BaseModel, Field
 from llmload.capacity.plan import MAX_NUM_SEQS_DEFAULT, CapacityReport
 from llmload.capacity.render import format_bytes
 from llmload.errors import InputError
+from llmload.preflight.compute import SATURATED, ComputeFit, StageCompute
 from llmload.rundir import require_summary
 
-# Assumed timing when no run was measured: a loaded GPU server's typical figures (docs/capacity.md).
-DEFAULT_TTFT_MS = 300.0
-DEFAULT_TPOT_MS = 25.0
 # The soak verdict's error budget: more context_length failures than this fail the preflight too.
 DEFAULT_MAX_ERROR_RATE = 0.01
 # A shorter max_model_len is worth suggesting from this much more full-length concurrency.
@@ -51,7 +51,12 @@ class ContextFit(BaseModel):
     refused: float = Field(description="share of all requests refused with HTTP 400 (context_length)")
     truncated: float
     by_turn: list[TurnFit]
-    recommended_max_model_len: int | None = Field(description="P99 prompt + max_tokens, a multiple of 16")
+    recommended_max_model_len: int | None = Field(
+        description="P99 prompt + max_tokens, a multiple of 16, capped at the model's limit"
+    )
+    wanted_beyond_limit: int | None = Field(
+        default=None, description="P99 prompt + max_tokens where it exceeds the model's limit (then refused)"
+    )
     concurrency_at_max_model_len: float = Field(description="full-length requests the KV pool holds (vLLM's log)")
     concurrency_at_recommended: float | None
     startup_kv_bytes_at_max_model_len: int = Field(description="KV one full-length sequence needs at startup, per GPU")
@@ -85,7 +90,12 @@ class Preflight(BaseModel):
     startup_error: str | None
     context: ContextFit
     stages: list[StageFit]
-    passes: bool = Field(description="vLLM starts, the last stage fits, and refusals stay within the error budget")
+    compute: ComputeFit
+    margin: str = Field(description="how far the last stage is from the server's limits, in words")
+    passes: bool = Field(
+        description="vLLM starts, the last stage fits in memory and in compute, and refusals stay within the "
+        "error budget"
+    )
     reasons: list[str] = Field(description="why it does not pass")
     advice: list[str]
 
@@ -106,7 +116,9 @@ def _lengths(table: pd.DataFrame, max_model_len: int) -> tuple[np.ndarray, np.nd
     return prompt, served, refused, truncated
 
 
-def context_fit(table: pd.DataFrame, plan: CapacityReport, recommended: CapacityReport | None) -> ContextFit:
+def context_fit(
+    table: pd.DataFrame, plan: CapacityReport, recommended: CapacityReport | None, wanted: int | None = None
+) -> ContextFit:
     length = plan.max_model_len
     prompt, _, refused, truncated = _lengths(table, length)
     turns = table["turn"].to_numpy()
@@ -128,6 +140,7 @@ def context_fit(table: pd.DataFrame, plan: CapacityReport, recommended: Capacity
         truncated=float(truncated.mean()),
         by_turn=by_turn,
         recommended_max_model_len=recommended.max_model_len if recommended else None,
+        wanted_beyond_limit=wanted,
         concurrency_at_max_model_len=plan.at_max_model_len.max_concurrency,
         concurrency_at_recommended=recommended.at_max_model_len.max_concurrency if recommended else None,
         startup_kv_bytes_at_max_model_len=plan.at_max_model_len.kv_bytes_per_gpu,
@@ -147,12 +160,14 @@ def kv_tokens_per_request(table: pd.DataFrame, max_model_len: int, block_size: i
     return float(np.average(held, weights=weight))
 
 
-def assumed_timing(table: pd.DataFrame, max_model_len: int, ttft_ms: float, tpot_ms: float) -> TimingBasis:
-    _, served, refused, _ = _lengths(table, max_model_len)
-    mean_output = float(served[~refused].mean()) if (~refused).any() else 0.0
-    e2e = (ttft_ms + tpot_ms * max(mean_output - 1, 0)) / 1000
+def predicted_timing(stage: StageCompute, compute: ComputeFit) -> TimingBasis:
+    """A stage's E2E as the compute half predicts it; for a compute-bound stage, the E2E the running
+    requests have at saturation (the waiting ones come on top, without bound)."""
+    if stage.e2e_mean_s is not None:
+        return TimingBasis(e2e_s=stage.e2e_mean_s, source=f"predicted with queueing ({compute.timing})")
     return TimingBasis(
-        e2e_s=e2e, source=f"assumed: TTFT {ttft_ms:g} ms + {mean_output:.0f} output tokens × TPOT {tpot_ms:g} ms"
+        e2e_s=compute.running_at_saturation / compute.saturation_qps,
+        source="at saturation: the running requests' E2E; the queue grows without bound",
     )
 
 
@@ -200,6 +215,13 @@ def _advice(fit: Preflight, plan: CapacityReport) -> list[str]:
         )
     if rec is not None and context.refused > 0 and rec > context.max_model_len:
         advice.append(f"max_model_len {rec:,} would serve the P99 request instead of refusing it.")
+    if context.wanted_beyond_limit is not None and plan.max_model_len_limit is not None:
+        advice.append(
+            f"The P99 request needs {context.wanted_beyond_limit:,} tokens, past the model's limit of "
+            f"{plan.max_model_len_limit:,} ({plan.max_model_len_limit_key}): the recommendation is capped there, and "
+            "longer requests are refused (context_length) whatever the configuration; shorten them, or serve a "
+            "model with a longer context."
+        )
     last = fit.stages[-1]
     if "preemptions" in last.outcome and fit.kv_tokens_per_request:
         holds = last.kv_tokens / fit.kv_tokens_per_request
@@ -208,7 +230,15 @@ def _advice(fit: Preflight, plan: CapacityReport) -> list[str]:
             f"{last.stage}. Give KV more memory (--kv-cache-dtype fp8 halves bytes per token, more tensor "
             "parallelism splits it), or expect preemptions and longer TTFT."
         )
-    if "queueing" in last.outcome:
+    compute = fit.compute.stages[-1] if fit.compute.stages else None
+    if compute is not None and compute.outcome != "keeps up":
+        replicas = math.ceil(compute.qps / (SATURATED * fit.compute.saturation_qps))
+        advice.append(
+            f"The server completes at most {fit.compute.saturation_qps:.2f} req/s of this workload and stage "
+            f"{compute.stage} asks {compute.qps:g}: {replicas} replicas of it carry that below {SATURATED:.0%} "
+            "each, or a faster GPU does (`llmload predict --vllm-config FILE --gpu NAME` compares them)."
+        )
+    elif "queueing" in last.outcome:
         advice.append(
             f"{last.in_flight:.0f} requests in flight at {last.stage} but max_num_seqs {last.max_num_seqs}: "
             "the rest wait; raise --max-num-seqs if the KV pool holds them."
@@ -223,15 +253,18 @@ def preflight(
     plan: CapacityReport,
     recommended: CapacityReport | None,
     stages: Sequence[tuple[str, float, TimingBasis]],
+    compute: ComputeFit,
     *,
+    wanted_beyond_limit: int | None = None,
     max_num_seqs: int | None,
     target_qps: float,
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE,
 ) -> Preflight:
-    """The whole answer: context fit, each stage's concurrency fit, and whether the last stage passes."""
+    """The whole answer: context fit, each stage's concurrency and compute fit, and whether the last stage
+    passes (memory and compute both)."""
     seqs = max_num_seqs or MAX_NUM_SEQS_DEFAULT
     per_request = kv_tokens_per_request(table, plan.max_model_len, plan.layout.block_size)
-    context = context_fit(table, plan, recommended)
+    context = context_fit(table, plan, recommended, wanted_beyond_limit)
     fits = [
         stage_fit(name, qps, timing, per_request=per_request, kv_tokens=plan.cache.tokens, max_num_seqs=seqs)
         for name, qps, timing in stages
@@ -245,6 +278,17 @@ def preflight(
             f"stage {last.stage} ({last.qps:g} req/s): {last.in_flight:.1f} requests in flight, "
             f"{last.kv_tokens_needed:,.0f} KV tokens needed of {last.kv_tokens:,}, max_num_seqs {seqs}: "
             f"{last.outcome} expected"
+        )
+    last_compute = compute.stages[-1] if compute.stages else None
+    if last_compute is not None and last_compute.outcome != "keeps up":
+        why = (
+            "the queue grows without bound"
+            if last_compute.outcome == "compute-bound"
+            else f"at {last_compute.utilization:.0%} of saturation a queue's waits swing without a steady level"
+        )
+        reasons.append(
+            f"stage {last_compute.stage} ({last_compute.qps:g} req/s): {last_compute.outcome}: {why}; the server "
+            f"completes at most {compute.saturation_qps:.2f} req/s of this workload ({compute.saturation_source})"
         )
     if context.refused > max_error_rate:
         reasons.append(
@@ -260,12 +304,42 @@ def preflight(
         startup_error=plan.startup_error,
         context=context,
         stages=fits,
+        compute=compute,
+        margin=_margin(fits[-1] if fits else None, last_compute, compute),
         passes=not reasons,
         reasons=reasons,
         advice=[],
     )
     result.advice = _advice(result, plan)
     return result
+
+
+def _margin(memory: StageFit | None, stage: StageCompute | None, compute: ComputeFit) -> str:
+    if memory is None or stage is None:
+        return "no stage"
+    kv = memory.kv_tokens_needed / memory.kv_tokens if memory.kv_tokens else math.inf
+    return (
+        f"stage {stage.stage} asks {stage.qps:g} req/s, {stage.utilization:.0%} of the "
+        f"{compute.saturation_qps:.2f} req/s the server completes at most (judged below {SATURATED:.0%}); "
+        f"its running requests need {kv:.0%} of the KV pool and "
+        f"{memory.running / memory.max_num_seqs:.0%} of max_num_seqs"
+    )
+
+
+def measured_saturation(run_dir: Path) -> tuple[float, str] | None:
+    """The throughput a run measured where a judged stage fell behind (over 5% of its requests unfinished
+    when the run ended: the server completed what it could, `ok` / the stage's seconds), else None (the run
+    never reached the server's limit)."""
+    summary = require_summary(run_dir)
+    behind = [s for s in summary.stages if s.scheduled and s.unfinished > 0.05 * s.scheduled and s.duration_s > 0]
+    if not behind:
+        return None
+    stage = max(behind, key=lambda s: s.ok / s.duration_s)
+    rate = stage.ok / stage.duration_s
+    return rate, (
+        f"measured: {run_dir.name}, stage {stage.name} completed {rate:.2f} of {stage.target_qps:g} req/s "
+        f"({stage.unfinished:,} of {stage.scheduled:,} unfinished)"
+    )
 
 
 def measured_timing(run_dir: Path) -> tuple[dict[str, TimingBasis], TimingBasis]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import sys
 import time
 from collections import deque
@@ -26,7 +27,7 @@ from llmload.sim import wire
 from llmload.sim.config import FaultPlan, SlowTokens
 from llmload.sim.metrics import EngineMetrics
 from llmload.sim.pacing import LagStats, Pacer
-from llmload.sim.profiles import EngineProfile
+from llmload.sim.profiles import EngineProfile, Timing
 
 # What a CUDA OOM in the model runner leaves in vLLM's log before EngineDeadError reaches clients.
 OOM_LOG = (
@@ -321,7 +322,7 @@ class Engine:
         return max(clock, time.monotonic())
 
     def _step_s(self, scheduled: list[tuple[EngineRequest, int]], now: float) -> float:
-        seconds = self.profile.timing.step_s(*step_load(scheduled))
+        seconds = self.profile.step_timing.step_s(*step_load(scheduled))
         elapsed = now - self._started
         return seconds + sum(w.extra_ms for w in self._slow if w.start_s <= elapsed < w.end_s) / 1000
 
@@ -539,8 +540,25 @@ def dry_run(profile: EngineProfile, num_blocks: int, requests: Sequence[tuple[in
     return DryRun(steps, [sink.token_steps for sink in sinks])
 
 
+class ApiServer:
+    """vLLM's API server in front of the engine: each request takes `api_server_ms` of its CPU, one after
+    another (tokenizing, validating, handing over), then `frontend_ms` more before the engine sees it.
+    The serial part is what caps a server's rate of short requests."""
+
+    __slots__ = ("busy_until", "frontend_s", "serial_s")
+
+    def __init__(self, timing: Timing) -> None:
+        self.serial_s, self.frontend_s = timing.api_server_ms / 1000, timing.frontend_ms / 1000
+        self.busy_until = 0.0
+
+    def admit(self, sent_s: float) -> float:
+        """When a request sent at `sent_s` reaches the engine (s, the same clock)."""
+        self.busy_until = max(sent_s, self.busy_until) + self.serial_s
+        return self.busy_until + self.frontend_s
+
+
 class Arrival(NamedTuple):
-    """A request of a virtual-time replay: when it is sent (s), its prompt's token ids, its output."""
+    """A request of a virtual-time replay: when it is ready to be sent (s), its prompt's token ids, its output."""
 
     at_s: float
     prompt_ids: Sequence[int]
@@ -548,15 +566,18 @@ class Arrival(NamedTuple):
 
 
 class _TokenTimes:
-    """A Sink that notes when each of its request's tokens came."""
+    """A Sink that notes when each of its request's tokens came, and counts the requests it saw end."""
 
-    __slots__ = ("times",)
+    __slots__ = ("finished", "times")
 
-    def __init__(self) -> None:
+    def __init__(self, finished: list[int]) -> None:
         self.times: list[float] = []
+        self.finished = finished
 
     def token(self, request: EngineRequest, last: bool) -> bool:
         self.times.append(request.last_token_at)
+        if last:
+            self.finished[0] += 1
         return True
 
     def fail(self, error: wire.VllmError | None) -> None:
@@ -566,6 +587,8 @@ class _TokenTimes:
 class Replay(NamedTuple):
     """What a served run of the arrivals would show on an idle machine."""
 
+    sent_s: list[float]
+    """Per arrival (in the order given), when it was sent: its `at_s`, or later when every slot was taken."""
     token_times: list[list[float]]
     """Per arrival (in the order given), the time of each output token, in seconds."""
     preemptions: int
@@ -573,25 +596,40 @@ class Replay(NamedTuple):
     """Requests running, averaged over the time the engine was busy."""
 
 
-def replay(profile: EngineProfile, num_blocks: int, arrivals: Sequence[Arrival]) -> Replay:
-    """The arrivals through the engine on a virtual clock: each reaches the engine `frontend_ms`
-    after it is sent and each step takes what the profile's step model gives, as in a served run,
-    but with no event loop and no sleeping, so a minute of load replays in well under a second.
-    What the calibration compares with a server's own steady-load latencies."""
+def replay(
+    profile: EngineProfile, num_blocks: int, arrivals: Sequence[Arrival], max_concurrency: int | None = None
+) -> Replay:
+    """The arrivals through the API server and the engine on a virtual clock, as in a served run, but
+    with no event loop and no sleeping, so a minute of load replays in well under a second. An arrival
+    is sent at its `at_s`, or, with `max_concurrency`, once fewer than that many are in flight (as
+    `vllm bench serve --max-concurrency` does); each goes through the API server (`ApiServer`) and the
+    engine's steps take what the profile's step model gives. What `llmload predict` and the
+    calibration's steady-load point run."""
     engine = _offline_engine(profile, num_blocks)
-    timing = profile.timing
-    frontend_s = timing.frontend_ms / 1000
+    timing = profile.step_timing
+    api = ApiServer(timing)
     order = sorted(range(len(arrivals)), key=lambda i: arrivals[i].at_s)
-    sinks = [_TokenTimes() for _ in arrivals]
+    cap = max_concurrency or len(arrivals)
+    finished = [0]
+    sinks = [_TokenTimes(finished) for _ in arrivals]
+    sent_s = [0.0] * len(arrivals)
+    entering: list[tuple[float, int]] = []  # (when it reaches the engine, index), a heap
     clock = busy = running_time = 0.0
-    admitted = 0
-    while admitted < len(order) or engine.running or engine.waiting:
-        while admitted < len(order) and arrivals[order[admitted]].at_s + frontend_s <= clock:
-            arrival = arrivals[order[admitted]]
-            engine.add(EngineRequest(arrival.prompt_ids, arrival.output_tokens, sinks[order[admitted]], arrival.at_s))
-            admitted += 1
+    sent = 0
+    while sent < len(order) or entering or engine.running or engine.waiting:
+        while sent < len(order) and sent - finished[0] < cap and arrivals[order[sent]].at_s <= clock:
+            i = order[sent]
+            sent_s[i] = max(clock, arrivals[i].at_s)
+            heapq.heappush(entering, (api.admit(sent_s[i]), i))
+            sent += 1
+        while entering and entering[0][0] <= clock:
+            i = heapq.heappop(entering)[1]
+            engine.add(EngineRequest(arrivals[i].prompt_ids, arrivals[i].output_tokens, sinks[i], sent_s[i]))
         if not engine.running and not engine.waiting:
-            clock = arrivals[order[admitted]].at_s + frontend_s
+            ready = [entering[0][0]] if entering else []
+            if sent < len(order) and sent - finished[0] < cap:
+                ready.append(arrivals[order[sent]].at_s)
+            clock = max(clock, min(ready))
             continue
         scheduled = engine._schedule(clock)
         if not scheduled:
@@ -601,4 +639,6 @@ def replay(profile: EngineProfile, num_blocks: int, arrivals: Sequence[Arrival])
         busy += step
         clock += step
         engine._complete(scheduled, clock)
-    return Replay([sink.times for sink in sinks], engine.metrics.preemptions, running_time / busy if busy else 0.0)
+    return Replay(
+        sent_s, [sink.times for sink in sinks], engine.metrics.preemptions, running_time / busy if busy else 0.0
+    )

@@ -2,10 +2,13 @@
 
 A profile names a model config (one of llmload/capacity/models, or a config.json path) and the
 serving hardware; its KV pool comes from `plan_capacity` exactly as vLLM sizes it, so the
-simulator runs out of blocks where the real server would. The step timing is a linear model
-fitted to measurements (`llmload sim calibrate`, llmload/calibrate: `vllm-cpu-tiny` and any profile
-it writes, which keeps the fit's points in `fit`) or derived from the GPU's memory bandwidth and
-FLOPs (the GPU profiles; docs/simulator.md shows the arithmetic).
+simulator runs out of blocks where the real server would. Its step timing comes from one of three
+places (`EngineProfile.timing_source`):
+- derived: a GPU of llmload/hardware and no `timing`: the roofline of llmload/perf, from the model's
+  architecture and the GPU's data sheet (docs/prediction.md);
+- calibrated: a linear model fitted to a real server (`llmload sim calibrate`, llmload/calibrate:
+  `vllm-cpu-tiny` and any profile it writes, which keeps the fit's points in `fit`);
+- given in a file: a `timing` written by hand.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ from pydantic import (
     model_validator,
 )
 
+from llmload.capacity.max_len import verify_max_model_len
 from llmload.capacity.model import load_model
-from llmload.capacity.plan import DEFAULT_OVERHEAD_GIB, CapacityInputs, CapacityReport, plan_capacity
-from llmload.capacity.serving import model_reference
+from llmload.capacity.plan import CapacityInputs, CapacityReport, plan_capacity
+from llmload.capacity.serving import model_reference, on_gpu
 from llmload.errors import InputError, validation_message
+from llmload.hardware.gpus import gpu
 from llmload.models import ServeConfig, Strict
+from llmload.perf.derive import derive_timing
+from llmload.perf.roofline import RooflineTiming
 from llmload.yamlfile import load_yaml_model
 
 EXTRAPOLATION_MARGIN = 1.25  # a configuration's steps may hold this much more KV than calibrated before a warning
@@ -39,6 +46,9 @@ class StepTiming(Strict):
     + prefill attention pairs × their cost."""
 
     frontend_ms: NonNegativeFloat = Field(description="API server work before a request reaches the engine")
+    api_server_ms: NonNegativeFloat = Field(
+        default=0.0, description="the API server's CPU per request, one request after another (0: not modelled)"
+    )
     prefill_tokens_per_s: PositiveFloat
     decode_base_ms: NonNegativeFloat = Field(description="a step's fixed cost: weights read, launch overhead")
     decode_per_seq_ms: NonNegativeFloat = Field(description="each sequence scheduled in the step")
@@ -68,6 +78,11 @@ class StepTiming(Strict):
         prefill_s = prompt_tokens / self.prefill_tokens_per_s + self.prefill_attention_ns * pairs / 1e9
         return running / (output_tokens * decode_s + running * prefill_s)
 
+
+Timing = StepTiming | RooflineTiming
+"""A step-cost model: fitted or given (StepTiming, linear) or derived from a GPU (RooflineTiming)."""
+
+TimingSource = Literal["derived", "calibrated", "given in a file"]
 
 ProbeKind = Literal["prefill", "decode"]
 """prefill: single requests of one output token, TTFT measured; decode: concurrent streams, ITL."""
@@ -153,10 +168,15 @@ class EngineProfile(Strict):
         "path, and max_model_len (-1: the longest the KV cache holds), max_num_seqs and max_num_batched_tokens "
         "are required"
     )
-    gpu_memory_gib: PositiveFloat | None = None
+    gpu: str | None = Field(
+        default=None, description="a GPU of llmload/hardware: its memory, and the timing derived when `timing` is unset"
+    )
+    gpu_memory_gib: PositiveFloat | None = Field(default=None, description="one GPU's memory (default: the GPU's)")
     weights_gib: NonNegativeFloat | None = None
-    overhead_gib: NonNegativeFloat = DEFAULT_OVERHEAD_GIB
-    timing: StepTiming
+    overhead_gib: NonNegativeFloat | None = Field(
+        default=None, description="per GPU besides weights and KV; None: estimated as capacity estimates it"
+    )
+    timing: Timing | None = Field(default=None, description="None: derived from `gpu` (llmload/perf)")
     fit: CalibrationFit | None = Field(default=None, description="the calibration behind `timing`, when fitted")
 
     @model_validator(mode="after")
@@ -164,7 +184,23 @@ class EngineProfile(Strict):
         missing = [k for k in _REQUIRED if getattr(self.serving, k) is None]
         if missing:
             raise ValueError(f"serving must set {', '.join(missing)}")
+        if self.timing is None and self.gpu is None:
+            raise ValueError("give `timing`, or a `gpu` to derive it from")
         return self
+
+    @property
+    def timing_source(self) -> TimingSource:
+        """Where the step timing comes from: derived from the GPU, calibrated on a server, or given in a file."""
+        if self.timing is None or isinstance(self.timing, RooflineTiming):
+            return "derived"
+        return "calibrated" if self.fit is not None else "given in a file"
+
+    @property
+    def step_timing(self) -> Timing:
+        """The timing the engine runs (a derived one once `resolve_profile` sized the profile)."""
+        if self.timing is None:
+            raise ValueError(f"profile {self.name}: timing not derived yet (resolve_profile derives it)")
+        return self.timing
 
     # The settings every profile sets (_REQUIRED); the rest, vLLM's defaults filled, are `serving.resolved()`.
     @property
@@ -184,9 +220,10 @@ class EngineProfile(Strict):
         return int(self.serving.max_num_batched_tokens or 0)
 
     def capacity_inputs(self) -> CapacityInputs:
+        memory = self.gpu_memory_gib or (gpu(self.gpu).memory_gib if self.gpu else None)
         return CapacityInputs(
             serving=self.serving,
-            gpu_memory_gib=self.gpu_memory_gib,
+            gpu_memory_gib=memory,
             weights_gib=self.weights_gib,
             overhead_gib=self.overhead_gib,
         )
@@ -205,15 +242,32 @@ class EngineProfile(Strict):
             "extrapolated: calibrate against the configuration with the largest KV cache you will try"
         )
 
-    def with_serving(self, config: ServeConfig, gpu_memory_gib: float | None = None) -> EngineProfile:
-        """This profile's timing for the server `config` describes: every setting it sets replaces the
-        profile's (its model found as llmload finds a `vllm serve` model)."""
+    def with_serving(
+        self, config: ServeConfig, gpu_memory_gib: float | None = None, gpu_name: str | None = None
+    ) -> EngineProfile:
+        """This profile for the server `config` describes: every setting it sets replaces the profile's
+        (its model found as llmload finds a `vllm serve` model); a GPU named replaces the profile's, and
+        its timing is derived anew unless the profile was calibrated or given its timing."""
         if config.model is not None:
             config = config.model_copy(update={"model": model_reference(config)})
         changes: dict[str, object] = {"serving": self.serving.with_settings(config)}
+        if gpu_name is not None:
+            changes["gpu"] = gpu(gpu_name).name
+            changes["gpu_memory_gib"] = None
         if gpu_memory_gib is not None:
             changes["gpu_memory_gib"] = gpu_memory_gib
+        if self.timing_source == "derived":
+            changes["timing"] = None
         return self.model_validate({**self.model_dump(), **changes})
+
+    def derived(self, plan: CapacityReport) -> EngineProfile:
+        """This profile with its timing derived from its GPU and `plan`'s KV layout, when it is a derived one."""
+        if self.timing_source != "derived" or self.gpu is None:
+            return self
+        vllm = self.serving.resolved()
+        eager = bool(self.serving.not_modelled.get("enforce-eager"))
+        timing = derive_timing(plan.model, vllm, plan.layout, gpu(self.gpu), enforce_eager=eager)
+        return self.model_copy(update={"timing": timing, "calibration": timing.derivation})
 
     def plan(self) -> CapacityReport:
         """The KV pool vLLM would allocate, via llmload.capacity."""
@@ -251,31 +305,53 @@ def load_profile(name: str) -> EngineProfile:
         raise InputError(f"--profile {exc}") from None
 
 
-def profile_for(config: ServeConfig) -> str:
-    """The built-in profile whose model the config serves (its step timing stands in for that server)."""
-    model = (config.model or "").lower()
-    for profile in PROFILES.values():
-        if profile.model in model:
-            return profile.name
-    raise InputError(
-        f"no built-in profile serves {config.model!r}: give --profile (a built-in's timing, or a calibrated YAML)"
+DERIVED = "derived"
+"""The profile name of a server described by its vLLM settings and a GPU alone (`derived_profile`)."""
+
+
+def derived_profile(serving: ServeConfig, gpu_name: str) -> EngineProfile:
+    """The server `serving` describes on `gpu_name`s, as vLLM would run it: every key it leaves out is
+    vLLM's default (max_num_seqs and max_num_batched_tokens by the GPU, as EngineArgs picks them for the
+    OpenAI server; max_model_len the model's own), the timing derived (llmload/perf)."""
+    card = gpu(gpu_name)
+    if serving.model is None:
+        raise InputError("the vLLM config names no model: add `model:` to derive its timing")
+    model = load_model(model_reference(serving))
+    length = serving.max_model_len or int(verify_max_model_len(model.context_limit, None).max_model_len)
+    defaults = on_gpu(ServeConfig(model=serving.model, max_model_len=length), card.name)
+    return EngineProfile(
+        name=DERIVED,
+        description=f"{serving.model} on {card.product}, as its vLLM settings describe it",
+        calibration="derived",
+        serving=defaults,
+        gpu=card.name,
     )
 
 
 def resolve_profile(
-    name: str, serving: ServeConfig, gpu_memory_gib: float | None = None
+    name: str | None, serving: ServeConfig, gpu_memory_gib: float | None = None, gpu_name: str | None = None
 ) -> tuple[EngineProfile, CapacityReport]:
     """The profile sized by the server's settings (a `vllm serve` config and flags), and its KV pool.
 
-    Refuses like vLLM (StartupRefusal, its ValueError text) when the pool cannot hold one sequence
-    of max_model_len, or a step's token budget one whole prompt without chunked prefill; InputError
-    when the profile or model config is unusable.
+    `name` None (or `derived`): the server as its settings and `gpu_name` describe it, vLLM's defaults
+    for the rest, its timing derived (`derived_profile`). Refuses like vLLM (StartupRefusal, its
+    ValueError text) when the pool cannot hold one sequence of max_model_len, or a step's token
+    budget one whole prompt without chunked prefill; InputError when the profile or model config is
+    unusable.
     """
     try:
-        profile = load_profile(name).with_serving(serving, gpu_memory_gib)
+        if name in (None, DERIVED):
+            if gpu_name is None:
+                raise InputError(
+                    "give --gpu NAME (the timing derived from its data sheet) or --profile (a calibrated profile)"
+                )
+            base, gpu_name = derived_profile(serving, gpu_name), None
+        else:
+            base = load_profile(name)
+        profile = base.with_serving(serving, gpu_memory_gib, gpu_name)
         plan = profile.plan()
         resolved = profile.serving.model_copy(update={"max_model_len": plan.max_model_len})  # -1 as vLLM resolves it
-        profile = profile.model_copy(update={"serving": resolved})
+        profile = profile.model_copy(update={"serving": resolved}).derived(plan)
     except InputError as exc:
         raise InputError(f"--profile {name}: {exc}") from None
     except ValidationError as exc:

@@ -30,7 +30,7 @@ from llmload.capacity.plan import CapacityReport
 from llmload.errors import InputError
 from llmload.sim import wire
 from llmload.sim.config import SimConfig
-from llmload.sim.engine import Engine, EngineRequest
+from llmload.sim.engine import ApiServer, Engine, EngineRequest
 from llmload.sim.faults import NO_STRIKE, FaultPicker, Strike
 from llmload.sim.metrics import EngineMetrics
 from llmload.sim.pacing import LagStats, Pacer, Schedule
@@ -190,6 +190,7 @@ class SimServer:
             if engine_plan
             else None
         )
+        self.api_server = ApiServer(engine_plan[0].step_timing) if engine_plan else None
         self._engine_task: asyncio.Task[None] | None = None
         self.reset_counters()
 
@@ -448,9 +449,9 @@ class SimServer:
 
     async def _in_engine(self, request: web.Request, job: Job, engine: Engine, stream: bool) -> web.StreamResponse:
         """Hand the request to the engine after the API server's own latency; its steps write the tokens."""
-        assert self.pacer is not None
+        assert self.pacer is not None and self.api_server is not None
         strike = job.strike
-        ready = job.t0 + engine.profile.timing.frontend_ms / 1000 + (strike.pause_s if strike.pause_at == 0 else 0.0)
+        ready = self.api_server.admit(job.t0) + (strike.pause_s if strike.pause_at == 0 else 0.0)
         await self.pacer.sleep_until(ready, record=False)
         if self.dead:
             return self._error(wire.ENGINE_DEAD)

@@ -33,10 +33,6 @@ from llmload.capacity.overhead import estimate_overhead
 from llmload.errors import InputError
 from llmload.models import AUTO_FIT, ServeConfig, Strict
 
-# A fixed per-GPU overhead, for what has no model to size one from (a simulator profile's default, the
-# CPU backend's). A plan with no --overhead-gib sizes it from the model and the server's settings
-# instead (llmload/capacity/overhead.py, as vLLM's profile run measures it).
-DEFAULT_OVERHEAD_GIB = 2.0
 # vLLM's --max-num-seqs default for the OpenAI server on most GPUs (engine/arg_utils.py).
 MAX_NUM_SEQS_DEFAULT = 256
 # vLLM's --dtype spellings that name the same dtype.
